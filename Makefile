@@ -1,0 +1,21 @@
+# The two commands README.md opens with. Each installs what it needs (scripts/bootstrap.sh is
+# idempotent) and then does its job.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: bench test setup tools
+
+setup:
+	bash scripts/bootstrap.sh
+
+tools: setup
+	bash scripts/install-tools.sh
+
+# The main job: the default CPU matrix (every strategy at world sizes 1 and 2, tiny preset) on
+# this machine, then metrics.csv, plots and BENCHMARK_REPORT.md under reports/default.
+bench: setup
+	PYTHONWARNINGS=ignore::FutureWarning $(VENV)/bin/shardbench run --results results/default
+	$(VENV)/bin/shardbench report results/default --out reports/default
+
+test: tools
+	PYTHONWARNINGS=ignore::FutureWarning $(PY) -m pytest -q

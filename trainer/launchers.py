@@ -1,0 +1,105 @@
+"""Launcher command lines: the one source of truth for how a run is started.
+
+The local backend (tui/suite/backends/local.py) runs these argv lists; the Helm chart renders the
+same commands in its launcher pod, and tests/chart checks that the two agree flag for flag.
+Pure Python with no torch import, so the TUI and the chart tests can use it cheaply.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+LAUNCHERS = ("mpirun", "deepspeed", "torchrun")
+
+# Variables mpirun forwards to every rank (-x NAME) besides the NCCL_* ones of the environment.
+RUN_ENV_VARS = ("MASTER_ADDR", "MASTER_PORT", "PYTHONWARNINGS")
+
+# Running MPI as root (containers, CI) needs --allow-run-as-root; --oversubscribe lets a CPU run
+# place more ranks than cores; --bind-to none keeps OpenMPI from pinning every rank to one core.
+MPIRUN_BASE_FLAGS = ("--allow-run-as-root", "--oversubscribe", "--bind-to", "none")
+
+
+@dataclass
+class LaunchPlan:
+    """Everything a launcher needs besides the trainer's own arguments."""
+
+    launcher: str
+    """mpirun, deepspeed or torchrun."""
+    nodes: int
+    """Machines (MPIJob workers); 1 for a local run."""
+    procs_per_node: int
+    """Ranks per machine (GPUs per worker, or CPU processes locally)."""
+    trainer_args: list[str]
+    """Arguments after `python -m trainer`."""
+    hostfile: str | None = None
+    """Hostfile path for mpirun and deepspeed; None runs every rank on this machine."""
+    master_addr: str = "127.0.0.1"
+    """Rendezvous address of rank 0."""
+    master_port: int = 29500
+    """Rendezvous TCP port."""
+    forward_env: list[str] = field(default_factory=list)
+    """Extra variable names mpirun forwards to the ranks (NCCL_* and the like)."""
+    python: str = "python"
+    """Interpreter the ranks run."""
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.procs_per_node
+
+
+def nccl_env_names(environ: dict[str, str] | None = None) -> list[str]:
+    """Names of the NCCL_* variables set here: they must reach every rank, not just the launcher."""
+    env = os.environ if environ is None else environ
+    return sorted(k for k in env if k.startswith("NCCL_"))
+
+
+def mpirun_command(plan: LaunchPlan) -> list[str]:
+    cmd = ["mpirun", *MPIRUN_BASE_FLAGS, "-np", str(plan.world_size)]
+    if plan.hostfile:
+        cmd += ["--hostfile", plan.hostfile]
+    for name in [*RUN_ENV_VARS, *sorted(set(plan.forward_env) - set(RUN_ENV_VARS))]:
+        cmd += ["-x", name]
+    return cmd + [plan.python, "-u", "-m", "trainer", *plan.trainer_args]
+
+
+def deepspeed_command(plan: LaunchPlan) -> list[str]:
+    # --launcher openmpi --force_multi: even a one-host hostfile goes through mpirun, so a local
+    # run takes the same path as the cluster run; --no_ssh_check: no sshd on a laptop or CI.
+    # DeepSpeed forwards NCCL_* and PYTHON* itself; MASTER_* come from its own flags.
+    return [
+        "deepspeed",
+        "--hostfile", plan.hostfile or "hostfiles/local",
+        "--launcher", "openmpi",
+        "--force_multi",
+        "--no_ssh_check",
+        "--num_nodes", str(plan.nodes),
+        "--num_gpus", str(plan.procs_per_node),
+        "--master_addr", plan.master_addr,
+        "--master_port", str(plan.master_port),
+        "--launcher_args", " ".join(MPIRUN_BASE_FLAGS),
+        "--module", "trainer",
+        *plan.trainer_args,
+    ]
+
+
+def torchrun_command(plan: LaunchPlan) -> list[str]:
+    # torchrun is single-node here (the cluster path is MPI); rendezvous on the given address.
+    return [
+        "torchrun",
+        "--nnodes", str(plan.nodes),
+        "--nproc-per-node", str(plan.procs_per_node),
+        "--master-addr", plan.master_addr,
+        "--master-port", str(plan.master_port),
+        "-m", "trainer",
+        *plan.trainer_args,
+    ]
+
+
+BUILDERS = {"mpirun": mpirun_command, "deepspeed": deepspeed_command, "torchrun": torchrun_command}
+
+
+def build_command(plan: LaunchPlan) -> list[str]:
+    """The argv that starts `plan.world_size` trainer ranks with `plan.launcher`."""
+    if plan.launcher not in BUILDERS:
+        raise ValueError(f"unknown launcher {plan.launcher!r}: use one of {', '.join(LAUNCHERS)}")
+    return BUILDERS[plan.launcher](plan)
