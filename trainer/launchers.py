@@ -41,6 +41,9 @@ class LaunchPlan:
     """Extra variable names mpirun forwards to the ranks (NCCL_* and the like)."""
     python: str = "python"
     """Interpreter the ranks run."""
+    tcp_if_include: str | None = None
+    """Network interface(s) OpenMPI's TCP transport may use (e.g. eth0, lo); None: OpenMPI picks.
+    The DeepSpeed launcher otherwise forces eth0, which a laptop or a pod may not have."""
 
     @property
     def world_size(self) -> int:
@@ -53,8 +56,12 @@ def nccl_env_names(environ: dict[str, str] | None = None) -> list[str]:
     return sorted(k for k in env if k.startswith("NCCL_"))
 
 
+def _mca_flags(plan: LaunchPlan) -> list[str]:
+    return ["--mca", "btl_tcp_if_include", plan.tcp_if_include] if plan.tcp_if_include else []
+
+
 def mpirun_command(plan: LaunchPlan) -> list[str]:
-    cmd = ["mpirun", *MPIRUN_BASE_FLAGS, "-np", str(plan.world_size)]
+    cmd = ["mpirun", *MPIRUN_BASE_FLAGS, *_mca_flags(plan), "-np", str(plan.world_size)]
     if plan.hostfile:
         cmd += ["--hostfile", plan.hostfile]
     for name in [*RUN_ENV_VARS, *sorted(set(plan.forward_env) - set(RUN_ENV_VARS))]:
@@ -63,20 +70,26 @@ def mpirun_command(plan: LaunchPlan) -> list[str]:
 
 
 def deepspeed_command(plan: LaunchPlan) -> list[str]:
-    # --launcher openmpi --force_multi: even a one-host hostfile goes through mpirun, so a local
-    # run takes the same path as the cluster run; --no_ssh_check: no sshd on a laptop or CI.
-    # DeepSpeed forwards NCCL_* and PYTHON* itself; MASTER_* come from its own flags.
+    """The DeepSpeed launcher over OpenMPI. Its OpenMPI runner starts one rank per hostfile slot
+    (it rejects --num_nodes/--num_gpus), so the hostfile must hold exactly world_size slots.
+    --force_multi: a one-host hostfile goes through mpirun too, as on the cluster;
+    --no_ssh_check: no sshd on a laptop or CI. DeepSpeed forwards NCCL_* and PYTHON* itself but
+    not MASTER_*, so they go to the ranks as mpirun -x flags."""
+    launcher_args = [
+        *MPIRUN_BASE_FLAGS,
+        *_mca_flags(plan),
+        "-x", f"MASTER_ADDR={plan.master_addr}",
+        "-x", f"MASTER_PORT={plan.master_port}",
+    ]
     return [
         "deepspeed",
         "--hostfile", plan.hostfile or "hostfiles/local",
         "--launcher", "openmpi",
         "--force_multi",
         "--no_ssh_check",
-        "--num_nodes", str(plan.nodes),
-        "--num_gpus", str(plan.procs_per_node),
         "--master_addr", plan.master_addr,
         "--master_port", str(plan.master_port),
-        "--launcher_args", " ".join(MPIRUN_BASE_FLAGS),
+        "--launcher_args", " ".join(launcher_args),
         "--module", "trainer",
         *plan.trainer_args,
     ]
