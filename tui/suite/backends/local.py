@@ -1,0 +1,222 @@
+"""The local backend: runs each RunSpec on this machine with the launcher it names.
+
+The command line comes from trainer.launchers.build_command (the same one the chart renders).
+CPU-only machines run the ranks with gloo; a machine with GPUs runs them with NCCL (the trainer
+decides from --device). The combined stdout/stderr of all ranks is streamed line by line into
+run_dir/log.txt and turned into RunLogLine / RunProgress events; the record is then collected
+from that log (tui.suite.collect), falling back to the trainer's own result.json.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from trainer.launchers import LaunchPlan, build_command, nccl_env_names
+from trainer.record import write_atomic
+from tui.suite.collect import extract, failed_record, now_iso, parse_progress, validate
+from tui.suite.events import Emit, RunLogLine, RunProgress, RunStateChanged
+from tui.suite.matrix import RunSpec
+from tui.suite.procs import kill_session, session_pids
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+TRAINER_OUT = "trainer-output"
+"""Sub-directory of run_dir given to the trainer as --output-dir (its own result.json)."""
+
+
+def venv_bin() -> str:
+    """Directory of this interpreter: where the venv's mpirun, deepspeed and torchrun live."""
+    return os.path.dirname(sys.executable)
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now (the OS picks it), for one run's rendezvous."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launcher_path(launcher: str) -> str | None:
+    return shutil.which(launcher, path=os.pathsep.join([venv_bin(), os.environ.get("PATH", "")]))
+
+
+def run_env(spec: RunSpec, port: int) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PATH"] = os.pathsep.join([venv_bin(), env.get("PATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
+    env["PYTHONUNBUFFERED"] = "1"
+    # DeepSpeed and torch print FutureWarnings on every rank at every import: noise in the log.
+    env["PYTHONWARNINGS"] = "ignore::FutureWarning"
+    env["MASTER_ADDR"], env["MASTER_PORT"] = "127.0.0.1", str(port)
+    # CPU ranks share the cores: one intra-op thread pool per rank sized to its share, or every
+    # rank spins up one thread per core and they fight (seconds per step instead of ms).
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // spec.world_size)))
+    # OpenMPI refuses to run as root without these (containers, CI).
+    env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+    env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    return env
+
+
+def write_hostfile(run_dir: Path, spec: RunSpec) -> Path:
+    """This machine with one slot per rank: DeepSpeed's openmpi runner starts sum(slots) ranks."""
+    path = run_dir / "hostfile"
+    path.write_text(f"localhost slots={spec.procs_per_node}\n")
+    return path
+
+
+def command_for(spec: RunSpec, run_dir: Path, port: int) -> list[str]:
+    hostfile = write_hostfile(run_dir, spec) if spec.launcher == "deepspeed" else None
+    plan = LaunchPlan(
+        launcher=spec.launcher, nodes=spec.nodes, procs_per_node=spec.procs_per_node,
+        trainer_args=spec.trainer_args(output_dir=run_dir / TRAINER_OUT),
+        hostfile=str(hostfile) if hostfile else None, master_port=port,
+        forward_env=nccl_env_names(), python=sys.executable,
+        # One machine: ranks talk over loopback; DeepSpeed would otherwise force eth0.
+        tcp_if_include="lo",
+    )
+    return build_command(plan)
+
+
+class _LogPump(threading.Thread):
+    """Copies the launcher's output into log.txt line by line and emits events for each line."""
+
+    def __init__(self, stream, log_path: Path, run_id: str, emit: Emit):
+        super().__init__(daemon=True, name=f"log-{run_id}")
+        self.stream, self.log_path, self.run_id, self.emit = stream, log_path, run_id, emit
+        self.last_progress: dict | None = None
+
+    def run(self) -> None:
+        with open(self.log_path, "ab") as log:
+            for raw in iter(self.stream.readline, b""):
+                log.write(raw)
+                log.flush()
+                line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+                self.emit(RunLogLine(self.run_id, line))
+                prog = parse_progress(line)
+                if prog is not None:
+                    self.last_progress = prog
+                    self.emit(_progress_event(self.run_id, prog))
+
+
+def _progress_event(run_id: str, p: dict) -> RunProgress:
+    def num(key):
+        v = p.get(key)
+        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+    steps = p.get("steps") if isinstance(p.get("steps"), int) else 0
+    return RunProgress(run_id=run_id, step=p["step"], steps=steps, tokens_per_s=num("tokens_per_s"),
+                       loss=num("loss"), elapsed_s=num("elapsed_s"), eta_s=num("eta_s"),
+                       phase=str(p.get("phase") or ""))
+
+
+class LocalBackend:
+    """Runs ranks as processes on this machine (CPU + gloo, or local GPUs + NCCL)."""
+
+    name = "local"
+
+    def __init__(self, kill_grace_s: float = 5.0):
+        self.kill_grace_s = kill_grace_s
+        """Seconds between SIGTERM and SIGKILL when a run is stopped."""
+
+    def availability(self) -> tuple[bool, str]:
+        missing = [name for name in ("mpirun", "deepspeed", "torchrun") if launcher_path(name) is None]
+        if len(missing) == 3:
+            return False, f"no launcher found (mpirun, deepspeed, torchrun) in {venv_bin()} or PATH: run `make setup`"
+        return True, f"missing launchers: {', '.join(missing)}" if missing else ""
+
+    def run(self, spec: RunSpec, run_dir: Path, emit: Emit, cancel: threading.Event,
+            timeout_s: float | None) -> dict[str, Any]:
+        run_dir = Path(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "log.txt").write_bytes(b"")
+        started = now_iso()
+        if launcher_path(spec.launcher) is None:
+            record = failed_record(spec, f"{spec.launcher} not found on PATH or in {venv_bin()}: run `make setup`")
+        else:
+            record = self._launch(spec, run_dir, emit, cancel, timeout_s)
+        record["started_at"] = record.get("started_at") or started
+        _fill_from_spec(record, spec)
+        write_atomic(record, str(run_dir / "result.json"))
+        return record
+
+    def _launch(self, spec, run_dir, emit, cancel, timeout_s) -> dict[str, Any]:
+        port = free_port()
+        cmd = command_for(spec, run_dir, port)
+        log_path = run_dir / "log.txt"
+        with open(log_path, "ab") as log:
+            log.write(("$ " + " ".join(cmd) + "\n").encode())
+        try:
+            proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=run_env(spec, port), stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        except OSError as exc:
+            return failed_record(spec, f"could not start {spec.launcher}: {exc}")
+        emit(RunStateChanged(spec.run_id, "running", " ".join(cmd[:1])))
+        pump = _LogPump(proc.stdout, log_path, spec.run_id, emit)
+        pump.start()
+        stopped = self._wait(proc, cancel, timeout_s)
+        # The launcher is gone; anything still in its session is an orphan rank: end it too.
+        if session_pids(proc.pid):
+            kill_session(proc.pid, self.kill_grace_s)
+        proc.wait()
+        pump.join(timeout=10)
+        emit(RunStateChanged(spec.run_id, "collecting"))
+        return self._record(spec, run_dir, proc.returncode, stopped, timeout_s)
+
+    def _wait(self, proc: subprocess.Popen, cancel: threading.Event, timeout_s: float | None) -> str | None:
+        """Wait for the launcher; returns 'cancelled' or 'timeout' when it had to be stopped."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while proc.poll() is None:
+            if cancel.is_set():
+                kill_session(proc.pid, self.kill_grace_s)
+                return "cancelled"
+            if deadline is not None and time.monotonic() > deadline:
+                kill_session(proc.pid, self.kill_grace_s)
+                return "timeout"
+            cancel.wait(0.2)
+        return None
+
+    def _record(self, spec, run_dir, returncode, stopped, timeout_s) -> dict[str, Any]:
+        if stopped == "cancelled":
+            return failed_record(spec, "cancelled by the user before the run finished")
+        if stopped == "timeout":
+            return failed_record(spec, f"timed out after {timeout_s:g} s (per-run timeout)", status="timeout")
+        found = extract((run_dir / "log.txt").read_bytes(), spec.run_id)
+        record, notes = found.record, list(found.notes)
+        if record is None:
+            record = _trainer_file_record(run_dir)
+            if record is not None:
+                notes.append(f"no usable record in the log ({found.error}); took the trainer's result.json")
+            else:
+                error = found.error or "no result record in the log"
+                if returncode:
+                    error += f" (launcher exit code {returncode})"
+                record = failed_record(spec, error)
+        if record.get("status") == "ok" and returncode:
+            notes.append(f"launcher exited {returncode} after the record was printed; kept the record")
+        if notes:
+            (run_dir / "collect-notes.txt").write_text("\n".join(notes) + "\n")
+        return record
+
+
+def _trainer_file_record(run_dir: Path) -> dict | None:
+    """The trainer's own --output-dir result.json when it is a valid record."""
+    try:
+        record = json.loads((run_dir / TRAINER_OUT / "result.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return record if validate(record) is None else None
+
+
+def _fill_from_spec(record: dict, spec: RunSpec) -> None:
+    """Fields the trainer may not know but the matrix does (only where the record has none)."""
+    for key, value in (("run_id", spec.run_id), ("gpu_shape", spec.shape),
+                       ("usd_per_gpu_hour", spec.usd_per_gpu_hour), ("launcher", spec.launcher)):
+        if record.get(key) in (None, "", "none") and value is not None:
+            record[key] = value
