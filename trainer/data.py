@@ -1,0 +1,51 @@
+"""Deterministic synthetic tokens: the same tokens for every global step, whatever the strategy
+or world size, so that losses can be compared step by step.
+
+Step s's global batch (global_batch sequences) depends only on (seed, s). Rank r's micro-step m
+takes rows [(m * world + r) * micro_batch, ... + micro_batch): every row is used exactly once per
+step, and the step's mean loss is the same however the rows are split. Each row is an arithmetic
+progression modulo the vocabulary with a little noise, so the model has something to learn and
+the loss falls (pure noise would sit at ln(V) and hide a broken optimizer step).
+"""
+from __future__ import annotations
+
+import torch
+
+
+def global_batch_tokens(seed: int, step: int, rows: int, seq_len: int, vocab: int) -> torch.Tensor:
+    """(rows, seq_len + 1) int64 tokens of global step `step`."""
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
+    start = torch.randint(0, vocab, (rows, 1), generator=gen)
+    stride = torch.randint(1, 17, (rows, 1), generator=gen)
+    positions = torch.arange(seq_len + 1).unsqueeze(0)
+    tokens = (start + stride * positions) % vocab
+    noise = torch.rand(rows, seq_len + 1, generator=gen) < 0.05
+    return torch.where(noise, torch.randint(0, vocab, tokens.shape, generator=gen), tokens)
+
+
+class SyntheticBatches:
+    """Yields this rank's (inputs, targets) micro-batches, on the CPU; the trainer copies them."""
+
+    def __init__(self, seed: int, seq_len: int, vocab: int, micro_batch: int, grad_accum: int,
+                 rank: int, world_size: int, pin_memory: bool = False):
+        self.seed, self.seq_len, self.vocab = seed, seq_len, vocab
+        self.micro_batch, self.grad_accum = micro_batch, grad_accum
+        self.rank, self.world_size = rank, world_size
+        self.pin_memory = pin_memory
+
+    @property
+    def global_rows(self) -> int:
+        return self.micro_batch * self.grad_accum * self.world_size
+
+    def step_batches(self, step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """This rank's grad_accum micro-batches for global step `step`."""
+        tokens = global_batch_tokens(self.seed, step, self.global_rows, self.seq_len, self.vocab)
+        out = []
+        for micro in range(self.grad_accum):
+            first = (micro * self.world_size + self.rank) * self.micro_batch
+            rows = tokens[first:first + self.micro_batch]
+            x, y = rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
+            if self.pin_memory:
+                x, y = x.pin_memory(), y.pin_memory()
+            out.append((x, y))
+        return out

@@ -1,0 +1,18 @@
+"""Strategy registry: name -> class. DeepSpeed is imported only by the zero strategies."""
+from __future__ import annotations
+
+from trainer.strategies.base import Context, Strategy
+
+
+def make_strategy(ctx: Context) -> Strategy:
+    name = ctx.cfg.strategy
+    if name == "ddp":
+        from trainer.strategies.ddp import DDPStrategy as cls
+    elif name == "fsdp":
+        from trainer.strategies.fsdp import FSDPStrategy as cls
+    else:
+        from trainer.strategies.zero import ZeroStrategy as cls
+    return cls(ctx)
+
+
+__all__ = ["Context", "Strategy", "make_strategy"]

@@ -1,0 +1,89 @@
+"""What every strategy provides to the training loop, and the pieces they share."""
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+
+import torch
+
+from trainer.config import RunConfig
+from trainer.dist_env import DistEnv
+from trainer.record import RankModelState
+
+
+@dataclass
+class Context:
+    """Where and how this rank runs."""
+
+    cfg: RunConfig
+    dist: DistEnv
+    device: torch.device
+    precision: str
+    """fp32, bf16 or fp16 (auto already resolved)."""
+    grad_accum: int
+    distributed: bool
+    """True when a process group with world_size > 1 exists."""
+
+    @property
+    def amp_dtype(self) -> torch.dtype | None:
+        return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.precision)
+
+
+def lr_lambda(cfg: RunConfig):
+    """Linear warm-up over lr_warmup_steps, then cosine decay to 10% of the peak at the last step."""
+    warm, total = cfg.lr_warmup_steps, cfg.steps
+
+    def factor(step: int) -> float:
+        if step < warm:
+            return (step + 1) / warm
+        progress = min(1.0, (step - warm) / max(1, total - warm))
+        return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return factor
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """Decay matrices and embeddings, not biases and LayerNorm weights (GPT-2 / nanoGPT)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    return [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+
+
+def make_adamw(groups: list[dict], ctx: Context) -> torch.optim.AdamW:
+    # fused AdamW on GPU (one kernel for all params); the default foreach path on CPU.
+    fused = ctx.device.type == "cuda"
+    return torch.optim.AdamW(groups, lr=ctx.cfg.lr, betas=(0.9, 0.95), eps=1e-8, fused=fused)
+
+
+class Strategy:
+    """One distributed strategy: wraps the model, runs micro-steps and optimizer steps."""
+
+    name = "base"
+
+    def __init__(self, ctx: Context):
+        self.ctx = ctx
+
+    def setup(self, model: torch.nn.Module) -> None:
+        raise NotImplementedError
+
+    def forward_backward(self, x: torch.Tensor, y: torch.Tensor, last: bool) -> torch.Tensor:
+        """Forward and backward one micro-batch; returns its (detached) mean loss. `last` marks
+        the final micro-step of the optimizer step (gradient sync happens there)."""
+        raise NotImplementedError
+
+    def step(self, last: bool) -> None:
+        """Called after every micro-step; at the last one: clip, step, schedule, zero grads."""
+        raise NotImplementedError
+
+    def model_state(self) -> RankModelState:
+        """Bytes of params + grads + optimizer state this rank holds (call with grads present)."""
+        raise NotImplementedError
+
+    def autocast(self):
+        dtype = self.ctx.amp_dtype
+        if dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.ctx.device.type, dtype=dtype)

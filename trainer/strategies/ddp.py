@@ -1,0 +1,74 @@
+"""DistributedDataParallel (and the plain model at world size 1)."""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from trainer.metrics import model_state, optimizer_state_tensors
+from trainer.record import RankModelState
+from trainer.strategies.base import Context, Strategy, lr_lambda, make_adamw, param_groups
+
+
+class TorchStrategy(Strategy):
+    """Shared by DDP and FSDP: a torch optimizer, autocast or GradScaler, clip, LambdaLR."""
+
+    def __init__(self, ctx: Context):
+        super().__init__(ctx)
+        # fp16 needs loss scaling; bf16 has fp32's range and does not.
+        self.scaler = torch.amp.GradScaler(ctx.device.type) if ctx.precision == "fp16" else None
+
+    def build_optimizer(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self.optimizer = make_adamw(param_groups(model, self.ctx.cfg.weight_decay), self.ctx)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(self.ctx.cfg))
+
+    def no_sync(self, last: bool):
+        return contextlib.nullcontext()
+
+    def forward_backward(self, x, y, last):
+        with self.no_sync(last):
+            with self.autocast():
+                _, loss = self.model(x, y)
+            scaled = loss / self.ctx.grad_accum
+            (self.scaler.scale(scaled) if self.scaler else scaled).backward()
+        return loss.detach()
+
+    def step(self, last):
+        if not last:
+            return
+        if self.scaler:
+            self.scaler.unscale_(self.optimizer)
+        if self.ctx.cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.ctx.cfg.grad_clip)
+        if self.scaler:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def model_state(self) -> RankModelState:
+        params = list(self.model.parameters())
+        return model_state(self.ctx.dist.rank, params, [p.grad for p in params],
+                           optimizer_state_tensors(self.optimizer))
+
+
+class DDPStrategy(TorchStrategy):
+    name = "ddp"
+
+    def setup(self, model):
+        model = model.to(self.ctx.device)
+        if self.ctx.distributed:
+            # gradient_as_bucket_view: grads live in DDP's buckets instead of beside them.
+            device_ids = [self.ctx.device.index] if self.ctx.device.type == "cuda" else None
+            model = DDP(model, device_ids=device_ids, gradient_as_bucket_view=True)
+        self.build_optimizer(model)
+
+    def no_sync(self, last):
+        # Skip the all-reduce on every micro-step but the last: grads accumulate locally.
+        if self.ctx.distributed and not last:
+            return self.model.no_sync()
+        return contextlib.nullcontext()
