@@ -1,0 +1,238 @@
+{{/*
+Names. The MPIJob's name is also the headless Service the operator creates and the prefix of the
+worker host names (<job>-worker-<i>), which must stay DNS labels of 63 characters at most: so the
+full name is cut to 50, leaving room for "-worker-NNN" and "-launcher".
+*/}}
+{{- define "shardbench.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 50 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "shardbench.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 50 | trimSuffix "-" }}
+{{- else if contains (include "shardbench.name" .) .Release.Name }}
+{{- .Release.Name | trunc 50 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name (include "shardbench.name" .) | trunc 50 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+
+{{- define "shardbench.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "shardbench.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* World size: ranks of the whole run. */}}
+{{- define "shardbench.worldSize" -}}
+{{- mul (int .Values.workers) (int .Values.gpusPerWorker) }}
+{{- end }}
+
+{{/*
+Grad-accum steps: run.gradAccum, or derived from run.globalBatch. A global batch that the
+micro-batch x world size does not divide cannot be run with the same tokens per step, so it fails
+here (JSON Schema cannot compare two values).
+*/}}
+{{- define "shardbench.gradAccum" -}}
+{{- $gb := .Values.run.globalBatch }}
+{{- if $gb }}
+{{- $per := mul (int .Values.run.microBatch) (int (include "shardbench.worldSize" .)) }}
+{{- if or (lt (int $gb) $per) (ne (mod (int $gb) $per) 0) }}
+{{- fail (printf "run.globalBatch %d is not a multiple of run.microBatch %d x world size %d (workers %d x gpusPerWorker %d) = %d" (int $gb) (int .Values.run.microBatch) (int (include "shardbench.worldSize" .)) (int .Values.workers) (int .Values.gpusPerWorker) $per) }}
+{{- end }}
+{{- div (int $gb) $per }}
+{{- else }}
+{{- int .Values.run.gradAccum }}
+{{- end }}
+{{- end }}
+
+{{/* The run id, named as the benchmark suite names runs (tui/suite/matrix.py run_id). */}}
+{{- define "shardbench.runId" -}}
+{{- if .Values.run.id }}
+{{- .Values.run.id }}
+{{- else }}
+{{- printf "%s-w%s-s%d-mb%d-ga%s-r0" .Values.run.strategy (include "shardbench.worldSize" .) (int .Values.run.seqLen) (int .Values.run.microBatch) (include "shardbench.gradAccum" .) }}
+{{- end }}
+{{- end }}
+
+{{/* Rank 0's host: worker 0, by the name the operator writes into the hostfile. */}}
+{{- define "shardbench.masterAddr" -}}
+{{- $job := include "shardbench.fullname" . }}
+{{- printf "%s-worker-0.%s.%s.svc" $job $job .Release.Namespace }}
+{{- end }}
+
+{{/* Cross-field checks the JSON schema cannot express; each fails with one line. */}}
+{{- define "shardbench.validate" -}}
+{{- if ge (int .Values.run.warmupSteps) (int .Values.run.steps) }}
+{{- fail (printf "run.warmupSteps %d must be below run.steps %d: nothing would be measured" (int .Values.run.warmupSteps) (int .Values.run.steps)) }}
+{{- end }}
+{{- $gpn := int .Values.shape.gpusPerNode }}
+{{- if and .Values.gpuResource (gt $gpn 0) (gt (int .Values.gpusPerWorker) $gpn) }}
+{{- fail (printf "gpusPerWorker %d is more than shape %s has per node (%d)" (int .Values.gpusPerWorker) .Values.shape.name $gpn) }}
+{{- end }}
+{{- if and .Values.gpuResource (eq .Values.run.device "cpu") }}
+{{- fail "run.device cpu with gpuResource set would hold GPUs and not use them: set gpuResource \"\" or run.device cuda" }}
+{{- end }}
+{{- if and (not .Values.gpuResource) (eq .Values.run.device "cuda") }}
+{{- fail "run.device cuda needs GPUs: set gpuResource (e.g. nvidia.com/gpu)" }}
+{{- end }}
+{{- $_ := include "shardbench.gradAccum" . }}
+{{- end }}
+
+{{/*
+Arguments after `python -m trainer`, in the order tui/suite/matrix.py RunSpec.trainer_args()
+writes them (tests/chart/test_launch_command.py checks they agree). One JSON list.
+*/}}
+{{- define "shardbench.trainerArgs" -}}
+{{- $r := .Values.run }}
+{{- $a := list "--strategy" $r.strategy "--model" $r.model "--seq-len" (toString (int $r.seqLen)) "--micro-batch" (toString (int $r.microBatch)) "--grad-accum" (include "shardbench.gradAccum" .) "--steps" (toString (int $r.steps)) "--warmup-steps" (toString (int $r.warmupSteps)) "--precision" $r.precision "--seed" (toString (int $r.seed)) "--device" $r.device "--run-id" (include "shardbench.runId" .) }}
+{{- with .Values.shape.name }}{{ $a = concat $a (list "--shape" .) }}{{ end }}
+{{- with .Values.shape.peakTflopsBf16 }}{{ $a = concat $a (list "--peak-tflops" (toString .)) }}{{ end }}
+{{- with .Values.shape.usdPerGpuHour }}{{ $a = concat $a (list "--usd-per-gpu-hour" (toString .)) }}{{ end }}
+{{- if .Values.persistence.enabled }}
+{{- $a = concat $a (list "--output-dir" (printf "%s/%s" .Values.persistence.mountPath (include "shardbench.runId" .))) }}
+{{- end }}
+{{- $a = concat $a $r.extraArgs }}
+{{- if and .Values.deepspeed.config (hasPrefix "zero" $r.strategy) }}
+{{- $a = concat $a (list "--deepspeed-config" "/etc/shardbench/deepspeed.json") }}
+{{- end }}
+{{- toJson $a }}
+{{- end }}
+
+{{/* Names mpirun forwards with -x besides MASTER_ADDR, MASTER_PORT, PYTHONWARNINGS (trainer/launchers.py RUN_ENV_VARS). */}}
+{{- define "shardbench.forwardEnv" -}}
+{{- $names := concat (keys .Values.nccl) (keys .Values.env) | uniq | sortAlpha }}
+{{- $out := list }}
+{{- range $names }}{{ if not (has . (list "MASTER_ADDR" "MASTER_PORT" "PYTHONWARNINGS")) }}{{ $out = append $out . }}{{ end }}{{ end }}
+{{- toJson $out }}
+{{- end }}
+
+{{/*
+The launcher's argv: trainer/launchers.py build_command() for this run, flag for flag (MPIRUN_BASE_FLAGS
+and the DeepSpeed flags are copied from there; tests/chart/test_launch_command.py keeps them equal).
+*/}}
+{{- define "shardbench.launchCommand" -}}
+{{- $base := list "--allow-run-as-root" "--oversubscribe" "--bind-to" "none" }}
+{{- $targs := include "shardbench.trainerArgs" . | fromJsonArray }}
+{{- $cmd := list }}
+{{- if eq .Values.launcher "mpirun" }}
+{{- $cmd = concat (list "mpirun") $base (list "-np" (include "shardbench.worldSize" .) "--hostfile" "/etc/mpi/hostfile") }}
+{{- range concat (list "MASTER_ADDR" "MASTER_PORT" "PYTHONWARNINGS") (include "shardbench.forwardEnv" . | fromJsonArray) }}
+{{- $cmd = concat $cmd (list "-x" .) }}
+{{- end }}
+{{- $cmd = concat $cmd (list "python" "-u" "-m" "trainer") $targs }}
+{{- else }}
+{{- $cmd = list "deepspeed" "--hostfile" "/etc/mpi/hostfile" "--launcher" "openmpi" "--force_multi" "--no_ssh_check" "--num_nodes" (toString (int .Values.workers)) "--num_gpus" (toString (int .Values.gpusPerWorker)) "--master_addr" (include "shardbench.masterAddr" .) "--master_port" (toString (int .Values.masterPort)) "--launcher_args" (join " " $base) "--module" "trainer" }}
+{{- $cmd = concat $cmd $targs }}
+{{- end }}
+{{- toJson $cmd }}
+{{- end }}
+
+{{/* Labels. The shardbench.io/* ones carry the run's coordinates so runs can be selected by them. */}}
+{{- define "shardbench.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "shardbench.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "shardbench.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "shardbench.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: shardbench
+shardbench.io/strategy: {{ .Values.run.strategy }}
+shardbench.io/launcher: {{ .Values.launcher }}
+shardbench.io/world-size: {{ include "shardbench.worldSize" . | quote }}
+shardbench.io/shape: {{ .Values.shape.name }}
+shardbench.io/seq-len: {{ int .Values.run.seqLen | quote }}
+shardbench.io/run-id: {{ include "shardbench.runId" . | trunc 63 | trimSuffix "-" | quote }}
+{{- end }}
+
+{{- define "shardbench.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository .Values.image.tag }}
+{{- end }}
+{{- end }}
+
+{{/*
+Environment of every rank. HOME-relative caches go to the emptyDirs so a read-only root works;
+MASTER_* is the torch.distributed rendezvous on worker 0.
+*/}}
+{{- define "shardbench.env" -}}
+- name: MASTER_ADDR
+  value: {{ include "shardbench.masterAddr" . | quote }}
+- name: MASTER_PORT
+  value: {{ int .Values.masterPort | quote }}
+- name: XDG_CACHE_HOME
+  value: /home/{{ .Values.ssh.user }}/.cache
+- name: TRITON_CACHE_DIR
+  value: /home/{{ .Values.ssh.user }}/.cache/triton
+{{- range $k := keys .Values.nccl | sortAlpha }}
+- name: {{ $k }}
+  value: {{ get $.Values.nccl $k | toString | quote }}
+{{- end }}
+{{- range $k := keys .Values.env | sortAlpha }}
+- name: {{ $k }}
+  value: {{ get $.Values.env $k | toString | quote }}
+{{- end }}
+{{- end }}
+
+{{/*
+Container securityContext: non-root, no privilege escalation, every capability dropped. Called
+with (dict "root" $ "ipcLock" bool): RDMA workers add back IPC_LOCK, which the verbs library
+needs to pin (mlock) the buffers it registers with the NIC.
+*/}}
+{{- define "shardbench.containerSecurityContext" -}}
+{{- $v := .root.Values -}}
+allowPrivilegeEscalation: false
+privileged: false
+readOnlyRootFilesystem: {{ $v.readOnlyRootFilesystem }}
+runAsNonRoot: true
+runAsUser: {{ int $v.ssh.uid }}
+runAsGroup: {{ int $v.ssh.uid }}
+capabilities:
+  drop: [ALL]
+  {{- if .ipcLock }}
+  add: [IPC_LOCK]
+  {{- end }}
+{{- end }}
+
+{{/* Pod securityContext. fsGroup makes the operator's SSH key Secret readable by the non-root user. */}}
+{{- define "shardbench.podSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: {{ int .Values.ssh.uid }}
+runAsGroup: {{ int .Values.ssh.uid }}
+fsGroup: {{ int .Values.ssh.uid }}
+seccompProfile:
+  type: RuntimeDefault
+{{- end }}
+
+{{/*
+checkov skips that hold for every pod of the chart, each with its reason. Rendered as pod
+annotations (checkov reads checkov.io/skipN from the metadata of what it scans).
+*/}}
+{{- define "shardbench.checkovSkips" -}}
+{{- $skips := list "CKV_K8S_15=IfNotPresent on purpose: re-pulling a multi-GB CUDA image for every run would dominate its start-up" "CKV_K8S_21=the namespace is the release's, chosen at install time" }}
+{{- if not .Values.image.digest }}
+{{- $skips = append $skips "CKV_K8S_43=the image is built from this repository and referenced by tag; set image.digest to pin it" }}
+{{- end }}
+{{- toJson $skips }}
+{{- end }}
+
+{{/*
+Pod annotations: checkov.io/skipN for each "CKV_ID=reason" in .skips, plus .extra (podAnnotations).
+One per line, quoted; callers pipe it through trim | nindent.
+*/}}
+{{- define "shardbench.podAnnotations" -}}
+{{- $m := deepCopy (.extra | default dict) }}
+{{- range $i, $s := .skips }}
+{{- $_ := set $m (printf "checkov.io/skip%d" (add1 $i)) $s }}
+{{- end }}
+{{- range $k := keys $m | sortAlpha }}
+{{ $k }}: {{ get $m $k | toString | quote }}
+{{- end }}
+{{- end }}
