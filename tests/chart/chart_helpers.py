@@ -1,0 +1,175 @@
+"""Shared helpers of the chart tests: the helm binaries, rendering, the MPIJob schema.
+
+helm comes from .tools/ (scripts/install-tools.sh, run by `make tools`): a missing helm fails the
+tests, it never skips them, so CI cannot pass without having checked the chart.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "chart"
+VALUES_DIR = REPO / "values"
+TOOLS = REPO / ".tools"
+HELMS = {"helm3": TOOLS / "helm3" / "helm", "helm4": TOOLS / "helm4" / "helm"}
+CHECKOV = TOOLS / "checkov-venv" / "bin" / "checkov"
+# CI clones the repo with shared/ beside it: ../shared/schemas from the repo root.
+MPIJOB_CRD = REPO.parent / "shared" / "schemas" / "kubeflow.org_mpijobs.v2beta1.yaml"
+
+RELEASE = "sb"
+NAMESPACE = "bench"
+VALUES_FILES = sorted(p.name for p in VALUES_DIR.glob("*.yaml"))
+STRATEGIES = ("ddp", "fsdp", "zero1", "zero2", "zero3")
+CHART_LAUNCHERS = ("deepspeed", "mpirun")
+# Every optional feature switched on at once, so their objects and fields get validated too.
+ALL_FEATURES = (
+    "persistence.enabled=true", "hostNetwork=true", "rdma.enabled=true", "oneWorkerPerNode=true",
+    "image.digest=sha256:" + "a" * 64, "run.strategy=zero3", "launcher=deepspeed",
+    "deepspeed.config.zero_optimization.stage=3", "priorityClassName=bench",
+    "podAnnotations.team=ml", "image.pullSecrets[0]=regcred", "run.globalBatch=16",
+)
+
+
+def tool(path: Path) -> str:
+    if not os.access(path, os.X_OK):
+        pytest.fail(f"{path} is missing: run `make tools` (scripts/install-tools.sh)", pytrace=False)
+    return str(path)
+
+
+def helm_cmd(helm: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([tool(HELMS[helm]), *args], capture_output=True, text=True, timeout=120)
+
+
+def _value_args(values: tuple[str, ...], sets: tuple[str, ...]) -> list[str]:
+    args = []
+    for v in values:
+        args += ["-f", str(VALUES_DIR / v)]
+    for s in sets:
+        args += ["--set", s]
+    return args
+
+
+@lru_cache(maxsize=None)
+def render_text(helm: str, values: tuple[str, ...] = (), sets: tuple[str, ...] = ()) -> str:
+    """`helm template` output; fails the test with helm's message when it does not render."""
+    proc = helm_cmd(helm, "template", RELEASE, str(CHART), "--namespace", NAMESPACE,
+                    *_value_args(values, sets))
+    if proc.returncode != 0:
+        pytest.fail(f"{helm} template {values} {sets} failed:\n{proc.stderr}", pytrace=False)
+    return proc.stdout
+
+
+def render(helm: str, values: tuple[str, ...] = (), sets: tuple[str, ...] = ()) -> list[dict]:
+    """Rendered objects (deep copies: callers may change them)."""
+    return copy.deepcopy([d for d in yaml.safe_load_all(render_text(helm, values, sets)) if d])
+
+
+def template_error(helm: str, values: tuple[str, ...] = (), sets: tuple[str, ...] = ()) -> str:
+    """stderr of a `helm template` that must fail; fails the test if it rendered."""
+    proc = helm_cmd(helm, "template", RELEASE, str(CHART), "--namespace", NAMESPACE,
+                    *_value_args(values, sets))
+    if proc.returncode == 0:
+        pytest.fail(f"{helm} template {values} {sets} rendered but should have failed", pytrace=False)
+    return proc.stderr
+
+
+def one(docs: list[dict], kind: str) -> dict:
+    found = [d for d in docs if d["kind"] == kind]
+    assert len(found) == 1, f"expected one {kind}, got {len(found)}"
+    return found[0]
+
+
+def replica_pods(mpijob: dict) -> dict[str, dict]:
+    """Each MPIJob replica's pod template as a Pod (checkov and the core schema skip them inside a CR)."""
+    pods = {}
+    for role, spec in mpijob["spec"]["mpiReplicaSpecs"].items():
+        meta = copy.deepcopy(spec["template"].get("metadata", {}))
+        meta["name"] = f"{mpijob['metadata']['name']}-{role.lower()}"
+        meta["namespace"] = mpijob["metadata"].get("namespace", NAMESPACE)
+        pods[role] = {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
+                      "spec": copy.deepcopy(spec["template"]["spec"])}
+    return pods
+
+
+# --- the MPIJob CRD's openAPIV3Schema as JSON Schema --------------------------------------------
+
+def openapi_to_jsonschema(node):
+    """openAPI v3 (as Kubernetes structural schemas use it) -> JSON Schema, strict like the API
+    server's field validation: objects that list their properties reject unknown ones.
+    x-kubernetes-int-or-string: integer or string; x-kubernetes-preserve-unknown-fields: any
+    properties."""
+    if isinstance(node, list):
+        return [openapi_to_jsonschema(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: openapi_to_jsonschema(v) for k, v in node.items()
+           if not k.startswith("x-kubernetes-") and k != "nullable"}
+    if node.get("x-kubernetes-int-or-string"):
+        out.pop("type", None)
+        out.pop("anyOf", None)
+        out["type"] = ["integer", "string"]
+    if node.get("nullable") and "type" in out:
+        out["type"] = [out["type"], "null"] if isinstance(out["type"], str) else [*out["type"], "null"]
+    if node.get("x-kubernetes-preserve-unknown-fields"):
+        out.pop("additionalProperties", None)
+    elif out.get("type") == "object" and "properties" in out and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    return out
+
+
+@lru_cache(maxsize=1)
+def mpijob_schema() -> dict:
+    if not MPIJOB_CRD.is_file():
+        pytest.fail(f"{MPIJOB_CRD} is missing: CI must have shared/ beside the clone", pytrace=False)
+    crd = yaml.safe_load(MPIJOB_CRD.read_text())
+    version = next(v for v in crd["spec"]["versions"] if v["name"] == "v2beta1")
+    schema = openapi_to_jsonschema(version["schema"]["openAPIV3Schema"])
+    # apiVersion/kind/metadata are the API server's: pin them to what this CRD serves.
+    schema["properties"]["apiVersion"] = {"const": "kubeflow.org/v2beta1"}
+    schema["properties"]["kind"] = {"const": crd["spec"]["names"]["kind"]}
+    schema["required"] = sorted(set(schema.get("required", [])) | {"apiVersion", "kind", "metadata", "spec"})
+    return schema
+
+
+def mpijob_errors(doc: dict) -> list[str]:
+    from jsonschema import Draft7Validator
+
+    validator = Draft7Validator(mpijob_schema())
+    return [f"{'/'.join(map(str, e.absolute_path)) or '<root>'}: {e.message}"
+            for e in sorted(validator.iter_errors(doc), key=lambda e: list(map(str, e.absolute_path)))]
+
+
+def kube_versions_in_range() -> list[str]:
+    """The Kubernetes versions kubernetes-validate ships that Chart.yaml's kubeVersion allows."""
+    from kubernetes_validate.utils import all_versions
+
+    spec = yaml.safe_load((CHART / "Chart.yaml").read_text())["kubeVersion"]
+    return [v for v in all_versions() if _in_range(v, spec)]
+
+
+def _in_range(version: str, spec: str) -> bool:
+    """Enough of semver ranges for kubeVersion: space-separated >=, >, <=, <, = of x.y[.z][-pre]."""
+    def key(v: str) -> tuple[int, ...]:
+        return tuple(int(p) for p in v.lstrip("v").split("-")[0].split("."))[:3]
+
+    ops = {">=": lambda a, b: a >= b, "<=": lambda a, b: a <= b, ">": lambda a, b: a > b,
+           "<": lambda a, b: a < b, "=": lambda a, b: a == b}
+    for clause in spec.replace(",", " ").split():
+        op = next(o for o in (">=", "<=", ">", "<", "=") if clause.startswith(o))
+        bound = key(clause[len(op):])
+        v = (key(version) + (0, 0, 0))[: len(bound)]
+        if not ops[op](v, bound):
+            return False
+    return True
+
+
+def to_json(obj) -> str:
+    return json.dumps(obj, indent=1, sort_keys=True)

@@ -1,0 +1,171 @@
+"""helm lint --strict and helm template, with helm 3 and helm 4, for every values file and every
+strategy x launcher; and what the rendered MPIJob must say."""
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from chart_helpers import (CHART, CHART_LAUNCHERS, HELMS, NAMESPACE, RELEASE, STRATEGIES,
+                           VALUES_DIR, VALUES_FILES, helm_cmd, one, render, replica_pods)
+
+COMBOS = [(s, l) for s in STRATEGIES for l in CHART_LAUNCHERS]
+
+
+def test_every_shape_has_a_values_file():
+    assert set(VALUES_FILES) == {"a10.yaml", "a100.yaml", "h100.yaml", "h200.yaml", "cpu.yaml"}
+
+
+@pytest.mark.parametrize("helm", sorted(HELMS))
+def test_helm_versions(helm):
+    out = helm_cmd(helm, "version", "--short").stdout
+    assert out.startswith({"helm3": "v3.", "helm4": "v4."}[helm]), out
+
+
+@pytest.mark.parametrize("helm", sorted(HELMS))
+@pytest.mark.parametrize("values", [None, *VALUES_FILES])
+def test_lint_strict(helm, values):
+    args = ["lint", "--strict", str(CHART)] + (["-f", str(VALUES_DIR / values)] if values else [])
+    proc = helm_cmd(helm, *args)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "0 chart(s) failed" in proc.stdout
+
+
+@pytest.mark.parametrize("helm", sorted(HELMS))
+@pytest.mark.parametrize("strategy,launcher", COMBOS)
+def test_lint_strict_strategy_launcher(helm, strategy, launcher):
+    proc = helm_cmd(helm, "lint", "--strict", str(CHART), "-f", str(VALUES_DIR / "h100.yaml"),
+                    "--set", f"run.strategy={strategy}", "--set", f"launcher={launcher}")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("helm", sorted(HELMS))
+@pytest.mark.parametrize("strategy,launcher", COMBOS)
+def test_template_strategy_launcher(helm, strategy, launcher):
+    docs = render(helm, ("h100.yaml",), (f"run.strategy={strategy}", f"launcher={launcher}", "workers=2"))
+    job = one(docs, "MPIJob")
+    cmd = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["command"]
+    assert cmd[0] == launcher
+    assert cmd[cmd.index("--strategy") + 1] == strategy
+    labels = job["metadata"]["labels"]
+    assert labels["shardbench.io/strategy"] == strategy
+    assert labels["shardbench.io/world-size"] == "16"
+
+
+@pytest.mark.parametrize("helm", sorted(HELMS))
+@pytest.mark.parametrize("values", VALUES_FILES)
+def test_mpijob_follows_values(helm, values):
+    vals = yaml.safe_load((VALUES_DIR / values).read_text())
+    docs = render(helm, (values,), ("workers=2",))
+    job = one(docs, "MPIJob")
+    spec = job["spec"]
+    gpw = vals["gpusPerWorker"]
+    assert job["apiVersion"] == "kubeflow.org/v2beta1"
+    assert spec["slotsPerWorker"] == gpw
+    assert spec["launcherCreationPolicy"] == "WaitForWorkersReady"
+    assert spec["mpiImplementation"] == "OpenMPI"
+    assert spec["sshAuthMountPath"] == "/home/mpiuser/.ssh"
+    assert set(spec["runPolicy"]) == {"cleanPodPolicy", "backoffLimit", "activeDeadlineSeconds",
+                                      "ttlSecondsAfterFinished"}
+    assert spec["mpiReplicaSpecs"]["Worker"]["replicas"] == 2
+    assert spec["mpiReplicaSpecs"]["Launcher"]["replicas"] == 1
+
+    pods = replica_pods(job)
+    launcher, worker = pods["Launcher"]["spec"], pods["Worker"]["spec"]
+    gpu = vals.get("gpuResource")
+    # The launcher is CPU-only: it never holds a GPU.
+    for section in ("limits", "requests"):
+        assert not any("gpu" in k for k in launcher["containers"][0]["resources"].get(section, {}))
+        if gpu:
+            assert worker["containers"][0]["resources"][section][gpu] == gpw
+    shm = next(v for v in worker["volumes"] if v["name"] == "dshm")
+    assert shm["emptyDir"]["medium"] == "Memory" and shm["emptyDir"]["sizeLimit"] == vals["shmSize"]
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in worker["containers"][0]["volumeMounts"]
+
+    rdma = vals["rdma"]["enabled"]
+    caps = worker["containers"][0]["securityContext"]["capabilities"]
+    assert caps["drop"] == ["ALL"]
+    assert caps.get("add", []) == (["IPC_LOCK"] if rdma else [])
+    if rdma:
+        assert worker["containers"][0]["resources"]["limits"][vals["rdma"]["resourceName"]] == 1
+    for pod in (launcher, worker):
+        ctx = pod["containers"][0]["securityContext"]
+        assert ctx["runAsNonRoot"] and ctx["runAsUser"] >= 10000
+        assert ctx["allowPrivilegeEscalation"] is False
+        assert pod["automountServiceAccountToken"] is False
+    if vals.get("oneWorkerPerNode"):
+        term = worker["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]
+        assert term["topologyKey"] == "kubernetes.io/hostname"
+    env = {e["name"]: e["value"] for e in worker["containers"][0]["env"]}
+    for name, value in (vals.get("nccl") or {}).items():
+        assert env[name] == str(value)
+
+    labels = job["metadata"]["labels"]
+    assert labels["shardbench.io/shape"] == vals["shape"]["name"]
+    assert labels["shardbench.io/world-size"] == str(2 * gpw)
+    assert labels["shardbench.io/seq-len"] == str(vals["run"]["seqLen"])
+    assert labels["app.kubernetes.io/instance"] == RELEASE
+    assert job["metadata"]["namespace"] == NAMESPACE
+
+
+def test_helm_test_pod_is_a_hook_that_checks_the_record():
+    for values in ("cpu.yaml", "h100.yaml"):
+        pod = next(d for d in render("helm3", (values,)) if d["kind"] == "Pod")
+        assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+        cmd = pod["spec"]["containers"][0]["command"]
+        assert cmd[:2] == ["python", "/etc/shardbench/smoke_check.py"]
+        assert cmd[cmd.index("--strategy") + 1] == "ddp"
+        assert int(cmd[cmd.index("--steps") + 1]) <= 5
+        device = cmd[cmd.index("--device") + 1]
+        limits = pod["spec"]["containers"][0]["resources"]["limits"]
+        assert device == ("cuda" if values == "h100.yaml" else "cpu")
+        assert limits.get("nvidia.com/gpu") == (1 if device == "cuda" else None)
+
+
+def test_optional_objects():
+    docs = render("helm3", ("a100.yaml",), ("persistence.enabled=true", "workers=2"))
+    kinds = sorted(d["kind"] for d in docs)
+    assert kinds == ["ConfigMap", "MPIJob", "NetworkPolicy", "NetworkPolicy",
+                     "PersistentVolumeClaim", "Pod", "ServiceAccount"]
+    job = one(docs, "MPIJob")
+    worker = replica_pods(job)["Worker"]["spec"]
+    claim = one(docs, "PersistentVolumeClaim")["metadata"]["name"]
+    assert any(v.get("persistentVolumeClaim", {}).get("claimName") == claim for v in worker["volumes"])
+    cmd = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["command"]
+    assert cmd[cmd.index("--output-dir") + 1].startswith("/results/")
+
+    docs = render("helm3", (), ("networkPolicy.enabled=false", "serviceAccount.create=false",
+                               "persistence.enabled=true", "persistence.existingClaim=mine"))
+    kinds = sorted(d["kind"] for d in docs)
+    assert kinds == ["ConfigMap", "MPIJob", "Pod"]
+    job = one(docs, "MPIJob")
+    assert any(v.get("persistentVolumeClaim", {}).get("claimName") == "mine"
+               for v in replica_pods(job)["Worker"]["spec"]["volumes"])
+
+
+def test_network_policy_admits_only_this_jobs_pods():
+    docs = render("helm3")
+    policies = {d["metadata"]["name"]: d["spec"] for d in docs if d["kind"] == "NetworkPolicy"}
+    workers = policies[f"{RELEASE}-shardbench-workers"]
+    assert workers["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "worker"
+    exprs = {e["key"]: e["values"] for e in workers["ingress"][0]["from"][0]["podSelector"]["matchExpressions"]}
+    assert exprs["app.kubernetes.io/instance"] == [RELEASE]
+    assert sorted(exprs["app.kubernetes.io/component"]) == ["launcher", "worker"]
+    assert policies[f"{RELEASE}-shardbench-smoke-test"]["ingress"] == []
+
+
+def test_deepspeed_config_override_goes_through_the_configmap():
+    docs = render("helm3", (), ("run.strategy=zero2", "deepspeed.config.zero_optimization.stage=2",
+                               "deepspeed.config.zero_optimization.overlap_comm=true"))
+    data = one(docs, "ConfigMap")["data"]
+    assert yaml.safe_load(data["deepspeed.json"]) == {"zero_optimization": {"stage": 2, "overlap_comm": True}}
+    launcher = replica_pods(one(docs, "MPIJob"))["Launcher"]["spec"]
+    cmd = launcher["containers"][0]["command"]
+    assert cmd[cmd.index("--deepspeed-config") + 1] == "/etc/shardbench/deepspeed.json"
+    assert {"name": "config", "mountPath": "/etc/shardbench", "readOnly": True} in launcher["containers"][0]["volumeMounts"]
+
+
+def test_global_batch_sets_grad_accum():
+    docs = render("helm3", ("h100.yaml",), ("workers=2", "run.microBatch=2", "run.globalBatch=128"))
+    cmd = replica_pods(one(docs, "MPIJob"))["Launcher"]["spec"]["containers"][0]["command"]
+    assert cmd[cmd.index("--grad-accum") + 1] == "4"  # 128 / (2 x 16)
+    assert cmd[cmd.index("--run-id") + 1] == "ddp-w16-s2048-mb2-ga4-r0"
