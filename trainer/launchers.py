@@ -7,7 +7,7 @@ Pure Python with no torch import, so the TUI and the chart tests can use it chea
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 LAUNCHERS = ("mpirun", "deepspeed", "torchrun")
 
@@ -112,7 +112,11 @@ BUILDERS = {"mpirun": mpirun_command, "deepspeed": deepspeed_command, "torchrun"
 
 
 def build_command(plan: LaunchPlan) -> list[str]:
-    """The argv that starts `plan.world_size` trainer ranks with `plan.launcher`."""
+    """The argv that starts `plan.world_size` trainer ranks with `plan.launcher`. The trainer is
+    told which launcher started it (--launcher): the DeepSpeed launcher's ranks otherwise look
+    exactly like mpirun's."""
     if plan.launcher not in BUILDERS:
         raise ValueError(f"unknown launcher {plan.launcher!r}: use one of {', '.join(LAUNCHERS)}")
+    if "--launcher" not in plan.trainer_args:
+        plan = replace(plan, trainer_args=[*plan.trainer_args, "--launcher", plan.launcher])
     return BUILDERS[plan.launcher](plan)

@@ -74,11 +74,28 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 class StorageCounter:
-    """Sums bytes of distinct storages, so views into one flat buffer (DDP buckets, DeepSpeed's
-    flattened groups) are counted once, and a tensor already counted elsewhere is not again."""
+    """Sums the bytes of memory regions, each byte once: a tensor reached twice (a parameter
+    that is also an optimizer's parameter), views into one flat buffer (DDP buckets, DeepSpeed's
+    flattened groups) and a buffer together with its views all count for the memory they cover,
+    never more. A region counted by an earlier add() is not counted again by a later one."""
 
     def __init__(self) -> None:
-        self.seen: set[tuple[int, int]] = set()
+        self.covered: list[tuple[int, int]] = []  # disjoint [start, end) address ranges
+
+    def _uncovered(self, start: int, end: int) -> int:
+        missing = end - start
+        for lo, hi in self.covered:
+            missing -= max(0, min(end, hi) - max(start, lo))
+        return missing
+
+    def _cover(self, start: int, end: int) -> None:
+        merged = [(start, end)]
+        for lo, hi in self.covered:
+            if hi < merged[0][0] or lo > merged[0][1]:
+                merged.append((lo, hi))
+            else:
+                merged[0] = (min(lo, merged[0][0]), max(hi, merged[0][1]))
+        self.covered = merged
 
     def add(self, tensors: Iterable[torch.Tensor | None]) -> int:
         total = 0
@@ -88,11 +105,10 @@ class StorageCounter:
             t = _local(t)
             if t.numel() == 0:
                 continue
-            storage = t.untyped_storage()
-            key = (storage.data_ptr(), storage.nbytes())
-            if key not in self.seen:
-                self.seen.add(key)
-                total += storage.nbytes()
+            start = t.data_ptr()
+            end = start + t.nbytes
+            total += self._uncovered(start, end)
+            self._cover(start, end)
         return total
 
 
