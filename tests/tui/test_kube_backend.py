@@ -1,0 +1,199 @@
+"""The cluster backend against the kmock Kubernetes emulator (not a real API server) and real helm.
+
+helm 3 (.tools/helm3/helm, `make tools`) installs the real chart/ into the emulator; the test then
+plays the MPI Operator (launcher pod, job conditions, pod log) through the emulator's API, and the
+backend must watch the MPIJob, stream the launcher log, collect the record and uninstall the
+release. See tests/tui/kube_emulator.py for what the emulator does and does not do.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from pathlib import Path
+
+import pytest
+
+from trainer.record import END_MARKER, PROGRESS_PREFIX, START_MARKER
+from tui.suite.backends.kube import KubeBackend, job_phase, release_name, release_values
+from tui.suite.events import RunLogLine, RunProgress, RunStateChanged
+from tui.suite.matrix import RunSpec
+
+from .kube_emulator import (NAMESPACE, Emulator, add_event, add_pod, install_shims, mpijobs, serve_log,
+                            set_conditions, wait_for_mpijob, write_kubeconfig)
+
+REPO = Path(__file__).resolve().parents[2]
+HELM = REPO / ".tools" / "helm3" / "helm"
+
+pytestmark = pytest.mark.skipif(not HELM.exists(), reason="helm 3 not installed: run `make tools`")
+
+
+def spec(run_id: str = "ddp-w2-s64-mb4-ga1-r0") -> RunSpec:
+    return RunSpec(run_id=run_id, strategy="ddp", world_size=2, seq_len=64, micro_batch=4,
+                   grad_accum=1, model="tiny", precision="fp32", steps=5, warmup_steps=2, repeat=0,
+                   launcher="mpirun", backend="kubernetes", shape="cpu", nodes=1, procs_per_node=2,
+                   device="cpu", timeout_s=60)
+
+
+def record_for(s: RunSpec, tokens_per_s: float) -> dict:
+    return {"schema_version": 1, "run_id": s.run_id, "status": "ok", "error": None,
+            "strategy": s.strategy, "launcher": s.launcher, "world_size": s.world_size,
+            "tokens_per_s": tokens_per_s, "peak_memory_bytes": 123456789}
+
+
+def launcher_log(s: RunSpec, tokens_per_s: float) -> list[str]:
+    lines = [f"[1,0]<stdout>:{PROGRESS_PREFIX}" + json.dumps(
+        {"step": i, "steps": s.steps, "phase": "measure", "loss": 10.0 - i, "tokens_per_s": 1000.0 + i})
+        for i in range(1, s.steps + 1)]
+    return lines + [START_MARKER, json.dumps(record_for(s, tokens_per_s)), END_MARKER, "launcher done"]
+
+
+@pytest.fixture
+async def cluster(tmp_path):
+    async with Emulator() as emu, emu.Server(emu) as server:
+        install_shims(emu)
+        yield emu, write_kubeconfig(tmp_path / "kubeconfig", str(server.url))
+
+
+def backend(kubeconfig: Path, **kw) -> KubeBackend:
+    return KubeBackend(kubeconfig=str(kubeconfig), helm=str(HELM), poll_s=0.2, **kw)
+
+
+def requests(emu, method: str, needle: str) -> list:
+    return [r for r in list(emu) if str(r.method.value).upper() == method and needle in r.url.path]
+
+
+async def run_in_thread(b: KubeBackend, s: RunSpec, run_dir: Path, cancel=None, timeout_s=60):
+    events: list = []
+    cancel = cancel or threading.Event()
+    record = await asyncio.to_thread(b.run, s, run_dir, events.append, cancel, timeout_s)
+    return record, events
+
+
+async def test_run_installs_watches_streams_collects_and_uninstalls(cluster, tmp_path):
+    emu, kubeconfig = cluster
+    s = spec()
+
+    async def operator():
+        job = await wait_for_mpijob(emu)
+        name = job["metadata"]["name"]
+        await set_conditions(emu, name, "Created")
+        add_pod(emu, name, "worker", "Running")
+        pod = add_pod(emu, name, "launcher", "Running")
+        serve_log(emu, pod, launcher_log(s, 4321.5))
+        await set_conditions(emu, name, "Created", "Running")
+        await asyncio.sleep(1.0)
+        await set_conditions(emu, name, "Created", "Running", "Succeeded")
+        return job
+
+    op = asyncio.create_task(operator())
+    record, events = await run_in_thread(backend(kubeconfig), s, tmp_path / "run")
+    assert op.done() or not op.cancel(), record.get("error")
+    job = await op
+
+    # helm created the real chart's MPIJob with this run's values, in the context's namespace.
+    assert job["metadata"]["name"] == f"{release_name(s.run_id)}-shardbench"
+    assert requests(emu, "POST", f"/namespaces/{NAMESPACE}/mpijobs")
+    assert s.run_id in json.dumps(job["spec"]) and "--strategy" in json.dumps(job["spec"])
+    # The MPIJob was watched, the launcher's log followed.
+    assert any(r.params.get("watch") == "true" for r in requests(emu, "GET", "/mpijobs"))
+    logs = requests(emu, "GET", "/log")
+    assert logs and logs[0].params.get("follow") == "true"
+    # The record is the one the launcher printed, on disk too.
+    assert record["status"] == "ok" and record["tokens_per_s"] == 4321.5
+    assert json.loads((tmp_path / "run" / "result.json").read_text())["tokens_per_s"] == 4321.5
+    assert "launcher done" in (tmp_path / "run" / "log.txt").read_text()
+    states = [e.state for e in events if isinstance(e, RunStateChanged)]
+    assert states == ["installing", "running", "collecting"]
+    progress = [e for e in events if isinstance(e, RunProgress)]
+    assert [p.step for p in progress] == list(range(1, s.steps + 1)) and progress[-1].tokens_per_s == 1005.0
+    # Uninstalled: the job, its ConfigMap and helm's release Secret are gone.
+    assert requests(emu, "DELETE", "/mpijobs/")
+    assert mpijobs(emu) == {}
+    live = [(res.plural, name) for (res, ns, name), obj in emu.objects.items() if not obj.deleted]
+    assert not [x for x in live if x[0] in ("secrets", "configmaps")], live
+
+
+async def test_pod_that_cannot_start_shows_events_and_release_is_kept(cluster, tmp_path):
+    emu, kubeconfig = cluster
+    s = spec("zero2-w2-s64-mb4-ga1-r0")
+
+    async def operator():
+        name = (await wait_for_mpijob(emu))["metadata"]["name"]
+        pod = add_pod(emu, name, "launcher", "Pending", waiting="ImagePullBackOff")
+        add_event(emu, pod, "Failed", 'Failed to pull image "shardbench:0.1.0-cpu": not found')
+
+    op = asyncio.create_task(operator())
+    record, events = await run_in_thread(backend(kubeconfig, keep_failed=True, start_timeout_s=2), s,
+                                         tmp_path / "run")
+    assert op.done() or not op.cancel(), record.get("error")
+    assert record["status"] == "failed" and "ImagePullBackOff" in record["error"]
+    lines = [e.line for e in events if isinstance(e, RunLogLine)]
+    assert any("[event]" in line and "Failed to pull image" in line for line in lines)
+    assert any("kept release" in line for line in lines)
+    assert len(mpijobs(emu)) == 1 and not requests(emu, "DELETE", "/mpijobs/")
+
+
+async def test_cancel_uninstalls_the_release(cluster, tmp_path):
+    emu, kubeconfig = cluster
+    s = spec()
+    cancel = threading.Event()
+
+    async def operator():
+        name = (await wait_for_mpijob(emu))["metadata"]["name"]
+        pod = add_pod(emu, name, "launcher", "Running")
+        serve_log(emu, pod, launcher_log(s, 1.0), delay_s=2.0)  # a slow run
+        await set_conditions(emu, name, "Created", "Running")
+
+    def on_event(event):
+        if isinstance(event, RunProgress):
+            cancel.set()
+
+    op = asyncio.create_task(operator())
+    b = backend(kubeconfig)
+    events: list = []
+    record = await asyncio.to_thread(b.run, s, tmp_path / "run", lambda e: (events.append(e), on_event(e)),
+                                     cancel, 60)
+    assert op.done() or not op.cancel(), record.get("error")
+    assert record["status"] == "failed" and "cancelled" in record["error"]
+    assert mpijobs(emu) == {} and requests(emu, "DELETE", "/mpijobs/")
+
+
+async def test_availability_reasons(cluster, tmp_path, monkeypatch):
+    emu, kubeconfig = cluster
+    assert await asyncio.to_thread(backend(kubeconfig).availability) == (True, "")
+
+    ok, why = KubeBackend(kubeconfig=str(kubeconfig), helm="/nonexistent/helm").availability()
+    assert not ok and "helm not found" in why
+
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing"))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    ok, why = KubeBackend(helm=str(HELM)).availability()
+    assert not ok and why.startswith("no kubeconfig")
+
+    dead = write_kubeconfig(tmp_path / "dead", "http://127.0.0.1:9")  # discard port: nothing listens
+    ok, why = await asyncio.to_thread(backend(dead).availability)
+    assert not ok and "unreachable" in why and "127.0.0.1:9" in why
+
+
+async def test_cluster_without_mpi_operator_is_unavailable(tmp_path):
+    async with Emulator() as emu, emu.Server(emu) as server:
+        install_shims(emu, with_mpi_operator=False)
+        kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", str(server.url))
+        ok, why = await asyncio.to_thread(backend(kubeconfig).availability)
+    assert not ok and "MPI Operator not installed" in why
+
+
+def test_values_merge_shape_file_and_run_overrides(tmp_path):
+    (tmp_path / "h100.yaml").write_text("shape: {name: h100, gpusPerNode: 8}\nrun: {extraArgs: [--compile], steps: 100}\n")
+    s = RunSpec(run_id="zero3-w16-s2048-mb1-ga4-r0", strategy="zero3", world_size=16, seq_len=2048,
+                micro_batch=1, grad_accum=4, model="gpt2-124m", precision="bf16", steps=50,
+                warmup_steps=10, repeat=0, launcher="deepspeed", backend="kubernetes", shape="h100",
+                nodes=2, procs_per_node=8)
+    values = release_values(s, tmp_path)
+    assert values["shape"] == {"name": "h100", "gpusPerNode": 8}
+    assert values["run"]["steps"] == 50 and values["run"]["extraArgs"] == []  # lists replace, not append
+    assert (values["workers"], values["gpusPerWorker"], values["launcher"]) == (2, 8, "deepspeed")
+    assert release_name("ZeRO3_w16/..") == "zero3-w16"
+    assert job_phase({"status": {"conditions": [{"type": "Running", "status": "True"},
+                                                {"type": "Failed", "status": "True"}]}}) == "Failed"
