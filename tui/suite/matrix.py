@@ -64,6 +64,8 @@ class MatrixSpec:
     """GPU shape = values/<shape>.yaml (peak FLOP/s, $/GPU-hour, GPUs per node); None: unknown."""
     device: str = "auto"
     """Trainer --device: auto, cpu or cuda."""
+    usd_per_gpu_hour: float | None = None
+    """Price of one device-hour for the cost report; None: the shape's usdPerGpuHour."""
     timeout_s: float | None = 600.0
     """Per-run wall-clock limit in seconds (the run becomes status timeout); None: no limit."""
     seed: int = 1234
@@ -247,6 +249,8 @@ def _scalar_errors(m: MatrixSpec) -> list[str]:
         errors.append(f"warmup_steps ({m.warmup_steps}) must be below steps ({m.steps}): nothing would be measured")
     if m.global_batch is None and (not isinstance(m.grad_accum, int) or m.grad_accum < 1):
         errors.append(f"grad_accum must be a positive integer, got {m.grad_accum!r}")
+    if m.usd_per_gpu_hour is not None and m.usd_per_gpu_hour < 0:
+        errors.append(f"usd_per_gpu_hour must be >= 0, got {m.usd_per_gpu_hour!r}")
     if m.timeout_s is not None and m.timeout_s <= 0:
         errors.append(f"timeout_s must be positive, got {m.timeout_s!r}")
     if not m.strategies:
@@ -343,13 +347,19 @@ def expand(matrix: MatrixSpec) -> tuple[list[RunSpec], list[str]]:
                         backend=matrix.backend, shape=matrix.shape, nodes=nodes,
                         procs_per_node=ppn, device=matrix.device, seed=matrix.seed,
                         peak_tflops=shape.peak_tflops if shape else None,
-                        usd_per_gpu_hour=shape.usd_per_gpu_hour if shape else None,
+                        usd_per_gpu_hour=_price(matrix, shape),
                         timeout_s=matrix.timeout_s, extra_args=tuple(matrix.extra_args),
                     ))
     dupes = sorted({s.run_id for s in specs if [t.run_id for t in specs].count(s.run_id) > 1})
     if dupes:
         return [], [f"duplicate run id {d} (repeated value on an axis?)" for d in dupes]
     return specs, []
+
+
+def _price(matrix: MatrixSpec, shape: Shape | None) -> float | None:
+    if matrix.usd_per_gpu_hour is not None:
+        return matrix.usd_per_gpu_hour
+    return shape.usd_per_gpu_hour if shape else None
 
 
 def _dedupe(lines: list[str]) -> list[str]:

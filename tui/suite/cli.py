@@ -1,0 +1,301 @@
+"""`shardbench`: the headless suite. run (matrix -> results), report (results -> csv, plots, md),
+collect (a saved log -> result.json).
+
+Exit codes: 0 all ok; 1 some run failed (run) / no valid record (collect); 2 bad input (one line on
+stderr, nothing run); 130 interrupted (what finished is kept).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+import time
+from dataclasses import fields, replace
+from pathlib import Path
+
+from tui.suite.matrix import MatrixSpec, expand, load_matrix, save_matrix
+
+DEFAULT_MATRIX = Path(__file__).resolve().parent / "matrices" / "cpu-default.yaml"
+
+# Matrix flags: (flag, MatrixSpec field, parser). Lists are comma-separated.
+def _ints(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def _strs(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+MATRIX_FLAGS = [
+    ("--strategies", "strategies", _strs), ("--world-sizes", "world_sizes", _ints),
+    ("--seq-lens", "seq_lens", _ints), ("--micro-batch", "micro_batch", int),
+    ("--grad-accum", "grad_accum", int), ("--global-batch", "global_batch", int),
+    ("--model", "model", str), ("--precision", "precision", str), ("--steps", "steps", int),
+    ("--warmup-steps", "warmup_steps", int), ("--repeats", "repeats", int),
+    ("--launcher", "launcher", str), ("--backend", "backend", str), ("--shape", "shape", str),
+    ("--device", "device", str), ("--timeout-s", "timeout_s", float),
+    ("--usd-per-gpu-hour", "usd_per_gpu_hour", float),
+    ("--max-world-size", "max_world_size", int),
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="shardbench", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run a matrix of benchmark runs")
+    run.add_argument("--matrix", type=Path, help=f"matrix YAML (default: {DEFAULT_MATRIX.name}); flags override it")
+    run.add_argument("--results", type=Path, default=Path("results/default"), help="results directory")
+    for flag, field_name, kind in MATRIX_FLAGS:
+        run.add_argument(flag, dest=field_name, type=kind, default=None,
+                         help=_field_doc(field_name))
+    run.add_argument("--trainer-arg", dest="extra_args", action="append", default=None,
+                     help="extra trainer flag for every run (repeatable), e.g. --trainer-arg=--compile")
+    run.add_argument("--force", action="store_true", help="rerun runs whose result is already there")
+    run.add_argument("--dry-run", action="store_true", help="print the runs and exit")
+    run.add_argument("--save-matrix", type=Path, help="write the effective matrix YAML here")
+    run.add_argument("--report", type=Path, help="also write the report into this directory")
+    run.add_argument("--quiet", action="store_true", help="no live progress, one line per run")
+    rep = sub.add_parser("report", help="results dir -> metrics.csv, plots/, BENCHMARK_REPORT.md")
+    rep.add_argument("results", type=Path)
+    rep.add_argument("--out", type=Path, default=None, help="output directory (default: RESULTS/report)")
+    col = sub.add_parser("collect", help="read the result record from a saved log")
+    col.add_argument("log", type=Path)
+    col.add_argument("-o", "--output", type=Path, default=None, help="write the record here (default: stdout)")
+    col.add_argument("--run-id", default=None, help="prefer the record of this run id")
+    return p
+
+
+def _field_doc(name: str) -> str:
+    import inspect
+
+    src = inspect.getsource(MatrixSpec)
+    marker = f"    {name}:"
+    if marker not in src:
+        return ""
+    doc = src.split(marker, 1)[1].split('"""')[1]
+    return " ".join(doc.split()).replace("%", "%%")
+
+
+def effective_matrix(args: argparse.Namespace) -> MatrixSpec:
+    spec = load_matrix(args.matrix or DEFAULT_MATRIX)
+    overrides = {f.name: getattr(args, f.name) for f in fields(MatrixSpec)
+                 if getattr(args, f.name, None) is not None}
+    if "global_batch" in overrides:
+        overrides.setdefault("grad_accum", None)
+    return replace(spec, **overrides)
+
+
+def fail(message: str) -> int:
+    print(f"shardbench: {message}", file=sys.stderr)
+    return 2
+
+
+# --- run -----------------------------------------------------------------------------------
+
+def cmd_run(args: argparse.Namespace) -> int:
+    try:
+        matrix = effective_matrix(args)
+    except (OSError, ValueError, TypeError) as exc:
+        return fail(str(exc))
+    specs, errors = expand(matrix)
+    if errors:
+        for line in errors:
+            print(f"shardbench: invalid matrix: {line}", file=sys.stderr)
+        return 2
+    if args.save_matrix:
+        save_matrix(matrix, args.save_matrix)
+    if args.dry_run:
+        for s in specs:
+            print(s.run_id, s.launcher, " ".join(s.trainer_args()))
+        return 0
+    from tui.suite.backends import get_backend
+
+    backend = get_backend(matrix.backend)
+    ok, why = backend.availability()
+    if not ok:
+        return fail(f"backend {matrix.backend} unavailable: {why}")
+    records, interrupted = _run_with_progress(specs, backend, args)
+    failed = [r for r in records if r.get("status") != "ok"]
+    _print_summary(records)
+    if args.report and records:
+        from tui.suite.report import build_report
+
+        rep = build_report(args.results, args.report)
+        print(f"report: {rep.markdown}")
+    if interrupted:
+        print(f"interrupted: kept {len(records)} finished run(s) under {args.results}", file=sys.stderr)
+        return 130
+    return 1 if failed else 0
+
+
+def _run_with_progress(specs, backend, args) -> tuple[list[dict], bool]:
+    from tui.suite.runner import run_matrix
+
+    cancel = threading.Event()
+    result: dict = {}
+    view = _QuietView() if args.quiet else _RichView(len(specs))
+
+    def work():
+        result["records"] = run_matrix(specs, backend, args.results, view.emit, cancel, args.force)
+
+    worker = threading.Thread(target=work, name="matrix", daemon=True)
+    interrupted = False
+    old = signal.signal(signal.SIGTERM, lambda *_: cancel.set())
+    with view:
+        worker.start()
+        while worker.is_alive():
+            try:
+                worker.join(0.2)
+            except KeyboardInterrupt:
+                # Ctrl-C: the backend stops the current run (whole process group), the runner
+                # starts nothing new; finished results stay on disk.
+                interrupted = True
+                cancel.set()
+                view.note("stopping: ending the current run's processes...")
+        interrupted = interrupted or cancel.is_set()
+    signal.signal(signal.SIGTERM, old)
+    return result.get("records", []), interrupted
+
+
+class _QuietView:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def note(self, text: str) -> None:
+        print(text, file=sys.stderr)
+
+    def emit(self, event) -> None:
+        from tui.suite.events import RunFinished
+
+        if isinstance(event, RunFinished):
+            r = event.record
+            tps = r.get("tokens_per_s")
+            print(f"{event.run_id}: {r.get('status')}"
+                  + (f" {tps:,.0f} tok/s" if isinstance(tps, (int, float)) else "")
+                  + (f" ({r.get('error')})" if r.get("error") else ""), flush=True)
+
+
+class _RichView:
+    """Two progress bars: the matrix (run i/N, elapsed, ETA) and the current run (step, tok/s)."""
+
+    def __init__(self, total: int):
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.console = Console(stderr=True)
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), TextColumn("{task.fields[info]}"),
+                                 console=self.console, transient=False)
+        self.matrix = self.progress.add_task("matrix", total=total, info="")
+        self.current = self.progress.add_task("run", total=1, info="", visible=False)
+        self.index = {}
+        self.total = total
+
+    def __enter__(self):
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.progress.stop()
+        return False
+
+    def note(self, text: str) -> None:
+        self.progress.console.print(text)
+
+    def emit(self, event) -> None:
+        from tui.suite import events as ev
+
+        if isinstance(event, ev.RunQueued):
+            self.index[event.run_id] = event.index + 1
+        elif isinstance(event, ev.RunStateChanged) and event.state == "running":
+            self.progress.update(self.current, description=f"run {self.index.get(event.run_id)}/{self.total} "
+                                 f"{event.run_id}", completed=0, total=1, info="starting", visible=True)
+        elif isinstance(event, ev.RunProgress):
+            tps = f"{event.tokens_per_s:,.0f} tok/s" if event.tokens_per_s else ""
+            loss = f"loss {event.loss:.3f}" if event.loss is not None else ""
+            self.progress.update(self.current, completed=event.step, total=max(event.steps, 1),
+                                 info=f"{event.phase} {tps} {loss}".strip())
+        elif isinstance(event, ev.RunFinished):
+            r = event.record
+            tps = r.get("tokens_per_s")
+            style = "green" if r.get("status") == "ok" else "red"
+            detail = f"{tps:,.0f} tok/s" if isinstance(tps, (int, float)) else str(r.get("error") or "")[:160]
+            self.progress.console.print(f"[{style}]{r.get('status'):>7}[/] {event.run_id}  {detail}",
+                                        markup=True, highlight=False)
+        elif isinstance(event, ev.RunStateChanged) and event.state == "skipped":
+            self.progress.console.print(f"[dim]skipped {event.run_id} ({event.detail})[/]")
+        elif isinstance(event, ev.MatrixProgress):
+            eta = f"ETA {_dur(event.eta_s)}" if event.eta_s is not None else ""
+            self.progress.update(self.matrix, completed=event.done, info=eta)
+
+
+def _dur(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+
+
+def _print_summary(records: list[dict]) -> None:
+    ok = sum(r.get("status") == "ok" for r in records)
+    print(f"{len(records)} run(s): {ok} ok, {len(records) - ok} not ok")
+
+
+# --- report / collect ----------------------------------------------------------------------
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from tui.suite.report import build_report
+
+    if not args.results.is_dir():
+        return fail(f"{args.results}: no such results directory")
+    out = args.out or args.results / "report"
+    try:
+        rep = build_report(args.results, out)
+    except ValueError as exc:
+        return fail(str(exc))
+    print(f"{rep.runs} runs ({rep.failed} not ok) -> {rep.csv}, {len(rep.plots)} plots, {rep.markdown}")
+    return 0
+
+
+def cmd_collect(args: argparse.Namespace) -> int:
+    """0 when the log held a valid record (whatever its status); 1 when it did not: then the
+    output is a failed record saying why."""
+    from trainer.record import write_atomic
+    from tui.suite.collect import extract, failed_record
+
+    try:
+        data = args.log.read_bytes()
+    except OSError as exc:
+        return fail(f"{args.log}: {exc.strerror}")
+    found = extract(data, args.run_id)
+    for note in found.notes:
+        print(f"note: {note}", file=sys.stderr)
+    record = found.record or failed_record(None, found.error or "no result record", run_id=args.run_id)
+    if args.output:
+        write_atomic(record, str(args.output))
+    else:
+        print(json.dumps(record, indent=2))
+    if found.record is None:
+        print(f"shardbench: no valid record in {args.log}: {found.error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    started = time.monotonic()
+    handler = {"run": cmd_run, "report": cmd_report, "collect": cmd_collect}[args.command]
+    code = handler(args)
+    if args.command == "run" and not getattr(args, "dry_run", False) and code in (0, 1):
+        print(f"wall time {_dur(time.monotonic() - started)}")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
