@@ -33,7 +33,7 @@ from trainer.record import END_MARKER, PROGRESS_PREFIX, SCHEMA_VERSION, START_MA
 
 # Launcher line prefixes: OpenMPI --tag-output / --output-tag, pdsh ("host: "), torchrun
 # --tee/--role prefixes ("[default0]:").
-_PREFIX = re.compile(r"^(\[\d+,\d+\]<std(?:out|err)>:\s?|\[[\w.-]*\d+\]:\s?|[\w.-]+: (?=[{A-Z]))")
+_PREFIX = re.compile(r"^(\[\d+,\d+\]<std(?:out|err)>:\s?|\[[\w.-]*\d+\]:\s?|[\w.-]+: (?=\{|BENCHMARK_|SHARDBENCH_))")
 _ERROR_LINE = re.compile(r"^\s*(\w+(\.\w+)*(Error|Exception|Interrupt)|error|ERROR|Killed|Traceback)\b")
 
 

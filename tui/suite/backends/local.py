@@ -43,13 +43,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launcher_path(launcher: str) -> str | None:
-    return shutil.which(launcher, path=os.pathsep.join([venv_bin(), os.environ.get("PATH", "")]))
+def default_search_path() -> str:
+    """Where launchers are looked up: the venv's bin first (the pip-installed mpirun), then PATH."""
+    return os.pathsep.join([venv_bin(), os.environ.get("PATH", "")])
 
 
-def run_env(spec: RunSpec, port: int) -> dict[str, str]:
+def run_env(spec: RunSpec, port: int, search_path: str) -> dict[str, str]:
     env = dict(os.environ)
-    env["PATH"] = os.pathsep.join([venv_bin(), env.get("PATH", "")])
+    env["PATH"] = search_path
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
     env["PYTHONUNBUFFERED"] = "1"
     # DeepSpeed and torch print FutureWarnings on every rank at every import: noise in the log.
@@ -121,14 +122,19 @@ class LocalBackend:
 
     name = "local"
 
-    def __init__(self, kill_grace_s: float = 5.0):
+    def __init__(self, kill_grace_s: float = 5.0, search_path: str | None = None):
         self.kill_grace_s = kill_grace_s
         """Seconds between SIGTERM and SIGKILL when a run is stopped."""
+        self.search_path = search_path or default_search_path()
+        """PATH the launchers are found on (and that the ranks get)."""
+
+    def launcher_path(self, launcher: str) -> str | None:
+        return shutil.which(launcher, path=self.search_path)
 
     def availability(self) -> tuple[bool, str]:
-        missing = [name for name in ("mpirun", "deepspeed", "torchrun") if launcher_path(name) is None]
+        missing = [name for name in ("mpirun", "deepspeed", "torchrun") if self.launcher_path(name) is None]
         if len(missing) == 3:
-            return False, f"no launcher found (mpirun, deepspeed, torchrun) in {venv_bin()} or PATH: run `make setup`"
+            return False, f"no launcher (mpirun, deepspeed, torchrun) on {self.search_path}: run `make setup`"
         return True, f"missing launchers: {', '.join(missing)}" if missing else ""
 
     def run(self, spec: RunSpec, run_dir: Path, emit: Emit, cancel: threading.Event,
@@ -137,8 +143,8 @@ class LocalBackend:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "log.txt").write_bytes(b"")
         started = now_iso()
-        if launcher_path(spec.launcher) is None:
-            record = failed_record(spec, f"{spec.launcher} not found on PATH or in {venv_bin()}: run `make setup`")
+        if self.launcher_path(spec.launcher) is None:
+            record = failed_record(spec, f"{spec.launcher} not found (searched {self.search_path}): run `make setup`")
         else:
             record = self._launch(spec, run_dir, emit, cancel, timeout_s)
         record["started_at"] = record.get("started_at") or started
@@ -149,11 +155,12 @@ class LocalBackend:
     def _launch(self, spec, run_dir, emit, cancel, timeout_s) -> dict[str, Any]:
         port = free_port()
         cmd = command_for(spec, run_dir, port)
+        cmd[0] = self.launcher_path(cmd[0]) or cmd[0]  # the one availability() found
         log_path = run_dir / "log.txt"
         with open(log_path, "ab") as log:
             log.write(("$ " + " ".join(cmd) + "\n").encode())
         try:
-            proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=run_env(spec, port), stdin=subprocess.DEVNULL,
+            proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=run_env(spec, port, self.search_path), stdin=subprocess.DEVNULL,
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
         except OSError as exc:
             return failed_record(spec, f"could not start {spec.launcher}: {exc}")
