@@ -124,7 +124,7 @@ def test_helm_test_pod_is_a_hook_that_checks_the_record():
 def test_optional_objects():
     docs = render("helm3", ("a100.yaml",), ("persistence.enabled=true", "workers=2"))
     kinds = sorted(d["kind"] for d in docs)
-    assert kinds == ["ConfigMap", "MPIJob", "NetworkPolicy", "NetworkPolicy",
+    assert kinds == ["ConfigMap", "MPIJob", "NetworkPolicy", "NetworkPolicy", "NetworkPolicy",
                      "PersistentVolumeClaim", "Pod", "ServiceAccount"]
     job = one(docs, "MPIJob")
     worker = replica_pods(job)["Worker"]["spec"]
@@ -145,11 +145,13 @@ def test_optional_objects():
 def test_network_policy_admits_only_this_jobs_pods():
     docs = render("helm3")
     policies = {d["metadata"]["name"]: d["spec"] for d in docs if d["kind"] == "NetworkPolicy"}
-    workers = policies[f"{RELEASE}-shardbench-workers"]
-    assert workers["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "worker"
-    exprs = {e["key"]: e["values"] for e in workers["ingress"][0]["from"][0]["podSelector"]["matchExpressions"]}
-    assert exprs["app.kubernetes.io/instance"] == [RELEASE]
-    assert sorted(exprs["app.kubernetes.io/component"]) == ["launcher", "worker"]
+    for component in ("launcher", "worker"):
+        policy = policies[f"{RELEASE}-shardbench-{component}"]
+        assert policy["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == component
+        assert policy["podSelector"]["matchLabels"]["app.kubernetes.io/instance"] == RELEASE
+        exprs = {e["key"]: e["values"] for e in policy["ingress"][0]["from"][0]["podSelector"]["matchExpressions"]}
+        assert exprs["app.kubernetes.io/instance"] == [RELEASE]
+        assert sorted(exprs["app.kubernetes.io/component"]) == ["launcher", "worker"]
     assert policies[f"{RELEASE}-shardbench-smoke-test"]["ingress"] == []
 
 
