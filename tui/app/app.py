@@ -1,0 +1,292 @@
+"""benchtui: the Textual app. State lives in `RunBoard`; slow work runs in thread workers.
+
+Data flow: the Matrix screen builds a MatrixSpec -> `run_matrix` (tui.suite.runner) runs in a
+thread worker with a backend wrapped for per-run cancel -> each suite event is posted into the
+app as a typed Message (tui.app.messages) -> handlers fold it into the board and update the
+screens that show it. Results are read back from results/<run-id>/result.json in a worker.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Iterable
+
+from textual import work
+from textual.app import App, SystemCommand
+from textual.binding import Binding
+from textual.screen import Screen
+from textual.worker import Worker, WorkerState
+
+from tui.app import messages as msg
+from tui.app.backends import BACKEND_NAMES, ClusterOptions, PerRunCancel, check, make_backend
+from tui.app.board import RunBoard
+from tui.app.screens.dialogs import HelpScreen, PathPrompt
+from tui.app.screens.logs import LogsScreen
+from tui.app.screens.matrix import MatrixScreen
+from tui.app.screens.results import ResultsScreen
+from tui.app.screens.runs import RunsScreen
+from tui.suite.matrix import MatrixSpec, load_matrix, save_matrix
+
+MODES = ("matrix", "runs", "logs", "results")
+
+
+class BenchApp(App):
+    CSS_PATH = "app.tcss"
+    TITLE = "benchtui"
+    SUB_TITLE = "shardbench strategy matrix"
+    BINDINGS = [
+        Binding("f1,question_mark", "help", "Help"),
+        Binding("f2,1", "mode('matrix')", "Matrix"),
+        Binding("f3,2", "mode('runs')", "Runs"),
+        Binding("f4,3", "mode('logs')", "Logs"),
+        Binding("f5,4", "mode('results')", "Results"),
+        Binding("ctrl+r", "run_matrix", "Run", show=False),
+        Binding("x", "cancel_all", "Cancel all", show=False),
+        Binding("q", "quit", "Quit"),
+    ]
+
+    def __init__(self, results_dir: str | Path = "results", matrix: MatrixSpec | None = None,
+                 matrix_path: str | None = None, cluster: ClusterOptions | None = None,
+                 availability: dict[str, tuple[bool, str]] | None = None) -> None:
+        super().__init__()
+        self.results_dir = Path(results_dir)
+        self.matrix_path = matrix_path
+        self.cluster = cluster or ClusterOptions()
+        self.fixed_availability = availability
+        """Backend availability given by the caller (tests, snapshots) instead of checked."""
+        self.backend_status: dict[str, tuple[bool, str]] = dict(availability or {})
+        self.board = RunBoard()
+        self.runner: PerRunCancel | None = None
+        self.matrix_worker: Worker | None = None
+        self.views: dict[str, Screen] = {
+            "matrix": MatrixScreen(matrix), "runs": RunsScreen(), "logs": LogsScreen(),
+            "results": ResultsScreen(),
+        }
+        for name, screen in self.views.items():
+            self.add_mode(name, lambda screen=screen: screen)
+
+    def on_mount(self) -> None:
+        self.switch_mode("matrix")
+        if self.fixed_availability is None:
+            self.check_backends()
+        self.refresh_results()
+
+    # -- screens ------------------------------------------------------------------------------
+    @property
+    def matrix_screen(self) -> MatrixScreen:
+        return self.views["matrix"]
+
+    @property
+    def runs_screen(self) -> RunsScreen:
+        return self.views["runs"]
+
+    @property
+    def logs_screen(self) -> LogsScreen:
+        return self.views["logs"]
+
+    @property
+    def results_screen(self) -> ResultsScreen:
+        return self.views["results"]
+
+    def action_mode(self, mode: str) -> None:
+        self.switch_mode(mode)
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen())
+
+    def show_logs(self, run_id: str) -> None:
+        self.logs_screen.show_run(run_id)
+        self.switch_mode("logs")
+
+    def prompt_path(self, title: str, default: str, then: Callable[[str], None]) -> None:
+        self.push_screen(PathPrompt(title, default), callback=lambda path: path and then(path))
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)
+        yield SystemCommand("Run matrix", "Start the matrix on the Matrix screen", self.action_run_matrix)
+        yield SystemCommand("Cancel all runs", "Stop the current run and skip the rest", self.action_cancel_all)
+        yield SystemCommand("Write report", "metrics.csv, PNG plots, BENCHMARK_REPORT.md", self.action_write_report)
+        yield SystemCommand("Open results dir", "Show the results of a past matrix",
+                            self.results_screen.action_open_dir)
+        yield SystemCommand("Reload results", "Read result.json files again", self.action_reload_results)
+        yield SystemCommand("Save matrix", "Write the matrix as YAML", self.matrix_screen.action_save)
+        yield SystemCommand("Load matrix", "Read a matrix YAML file", self.matrix_screen.action_load)
+        for mode in MODES:
+            yield SystemCommand(f"{mode.title()} screen", f"Switch to the {mode} screen",
+                                lambda mode=mode: self.switch_mode(mode))
+        yield SystemCommand("Help", "Keys and screens", self.action_help)
+
+    # -- backends -----------------------------------------------------------------------------
+    @work(thread=True, group="backends")
+    def check_backends(self) -> None:
+        for name in BACKEND_NAMES:
+            self.post_message(msg.BackendChecked(name, *check(name, self.cluster)))
+
+    def on_backend_checked(self, message: msg.BackendChecked) -> None:
+        self.backend_status[message.name] = (message.ok, message.why)
+        if self.matrix_screen.is_mounted:
+            self.matrix_screen.update_backend_note()
+
+    # -- running the matrix -------------------------------------------------------------------
+    def action_run_matrix(self) -> None:
+        if self.matrix_worker is not None and self.matrix_worker.state in (WorkerState.PENDING, WorkerState.RUNNING):
+            self.notify("a matrix is already running: cancel it first (x)", severity="warning")
+            return
+        screen = self.matrix_screen
+        screen.validate()
+        if screen.problems or not screen.specs:
+            self.notify("the matrix has problems: see the Matrix screen", severity="error")
+            return
+        spec = screen.matrix()
+        status = self.backend_status.get(spec.backend)
+        if status is not None and not status[0]:
+            self.notify(f"backend {spec.backend} unavailable: {status[1]}", severity="error")
+            return
+        self.board.reset()
+        self.runs_screen.redraw() if self.runs_screen.is_mounted else None
+        self.logs_screen.run_id = None
+        self.matrix_worker = self.run_specs(list(screen.specs), spec.backend)
+        self.switch_mode("runs")
+
+    @work(thread=True, exclusive=True, group="matrix", exit_on_error=False)
+    def run_specs(self, specs: list, backend_name: str) -> None:
+        from tui.suite.runner import run_matrix
+
+        try:
+            self.runner = PerRunCancel(make_backend(backend_name, self.cluster))
+            records = run_matrix(specs, self.runner, self.results_dir,
+                                 emit=lambda event: self.post_message(msg.to_message(event)),
+                                 cancel=self.runner.matrix_cancel)
+        except Exception as exc:  # noqa: BLE001 - shown to the user, the app goes on
+            self.post_message(msg.MatrixDone([], f"{type(exc).__name__}: {exc}"))
+            return
+        self.post_message(msg.MatrixDone(records))
+
+    def cancel_run(self, run_id: str) -> None:
+        row = self.board.rows.get(run_id)
+        if self.runner is None or row is None or row.final:
+            self.notify(f"{run_id} is not running or queued", severity="warning")
+            return
+        self.runner.cancel_run(run_id)
+        self.notify(f"cancelling {run_id}")
+
+    def action_cancel_all(self) -> None:
+        if self.runner is not None and self.matrix_worker is not None and self.matrix_worker.is_running:
+            self.runner.cancel_all()
+            self.notify("cancelling all runs")
+
+    async def action_quit(self) -> None:
+        if self.matrix_worker is not None and self.matrix_worker.is_running and self.runner is not None:
+            # Stop the ranks (or releases) before leaving: no orphan processes behind the app.
+            self.runner.cancel_all()
+            self.notify("stopping runs before quitting…")
+            await self.matrix_worker.wait()
+        self.exit()
+
+    # -- suite events -------------------------------------------------------------------------
+    def _fold(self, message: msg.SuiteMessage):
+        row = self.board.apply(message.event)
+        if self.runs_screen.is_mounted:
+            if row is not None:
+                self.runs_screen.update_row(row)
+            self.runs_screen.update_progress()
+        if row is not None and self.logs_screen.run_id is None:
+            self.logs_screen.show_run(row.run_id)
+        return row
+
+    def on_run_queued(self, message: msg.RunQueued) -> None:
+        self._fold(message)
+
+    def on_run_state(self, message: msg.RunState) -> None:
+        self._fold(message)
+        if self.logs_screen.is_mounted and message.event.run_id == self.logs_screen.run_id:
+            self.logs_screen.update_title()
+
+    def on_run_progress(self, message: msg.RunProgress) -> None:
+        self._fold(message)
+
+    def on_run_log(self, message: msg.RunLog) -> None:
+        self.board.apply(message.event)
+        self.logs_screen.append(message.event.run_id, message.event.line)
+
+    def on_run_finished(self, message: msg.RunFinished) -> None:
+        self._fold(message)
+        self.refresh_results()
+
+    def on_matrix_progress(self, message: msg.MatrixProgress) -> None:
+        self._fold(message)
+
+    def on_matrix_done(self, message: msg.MatrixDone) -> None:
+        if message.error:
+            self.notify(f"matrix stopped: {message.error}", severity="error", timeout=10)
+        else:
+            ok = sum(1 for r in message.records if r.get("status") == "ok")
+            self.notify(f"matrix done: {ok}/{len(message.records)} runs ok")
+        self.refresh_results()
+
+    # -- results ------------------------------------------------------------------------------
+    @work(thread=True, exclusive=True, group="results")
+    def refresh_results(self) -> None:
+        from tui.app.results import compute
+        from tui.suite.metrics import load_records
+
+        records = load_records(self.results_dir) if self.results_dir.is_dir() else []
+        source = f"{len(records)} result(s) in {self.results_dir}"
+        self.post_message(msg.ResultsReady(compute(records), source))
+
+    def on_results_ready(self, message: msg.ResultsReady) -> None:
+        self.results_screen.show(message.view, message.source)
+
+    def action_reload_results(self) -> None:
+        self.refresh_results()
+
+    def open_results(self, path: str) -> None:
+        if not Path(path).is_dir():
+            self.notify(f"{path} is not a directory", severity="error")
+            return
+        self.results_dir = Path(path)
+        self.refresh_results()
+
+    def action_write_report(self) -> None:
+        self.write_report()
+
+    @work(thread=True, exclusive=True, group="report")
+    def write_report(self) -> None:
+        from tui.suite.report import build_report
+
+        out = self.results_dir / "report"
+        try:
+            rep = build_report(self.results_dir, out)
+        except Exception as exc:  # noqa: BLE001
+            self.post_message(msg.ReportWritten([], f"{type(exc).__name__}: {exc}"))
+            return
+        self.post_message(msg.ReportWritten([str(rep.csv), *map(str, rep.plots), str(rep.markdown)]))
+
+    def on_report_written(self, message: msg.ReportWritten) -> None:
+        if message.error:
+            self.notify(f"report not written: {message.error}", severity="error", timeout=10)
+        else:
+            self.notify(f"wrote {len(message.paths)} files: {message.paths[-1]}", timeout=8)
+
+    # -- matrix files -------------------------------------------------------------------------
+    def load_matrix(self, path: str) -> None:
+        try:
+            spec = load_matrix(path)
+        except (OSError, ValueError) as exc:
+            self.notify(str(exc), severity="error", timeout=10)
+            return
+        self.matrix_path = path
+        self.matrix_screen.show(spec)
+        self.notify(f"loaded {path}")
+
+    def save_matrix(self, path: str) -> None:
+        spec = self.matrix_screen.matrix()
+        if spec is None:
+            self.notify("the matrix has fields that do not parse: fix them first", severity="error")
+            return
+        try:
+            save_matrix(spec, path)
+        except OSError as exc:
+            self.notify(f"could not save {path}: {exc}", severity="error")
+            return
+        self.matrix_path = path
+        self.notify(f"saved {path}")

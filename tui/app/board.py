@@ -1,0 +1,98 @@
+"""The app's model of the matrix being run: one RunRow per run, updated from suite events.
+
+Pure Python (no Textual), so the screens only render it and the logic is testable on its own.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from tui.suite import events as ev
+
+
+@dataclass
+class RunRow:
+    run_id: str
+    index: int = 0
+    spec: dict[str, Any] = field(default_factory=dict)
+    state: str = "queued"
+    detail: str = ""
+    step: int = 0
+    steps: int = 0
+    tokens_per_s: float | None = None
+    run_eta_s: float | None = None
+    started: float | None = None
+    """monotonic time the run left the queue; None while queued."""
+    ended: float | None = None
+    record: dict[str, Any] | None = None
+    log: list[str] = field(default_factory=list)
+
+    @property
+    def final(self) -> bool:
+        return self.state in ev.FINAL_STATES
+
+    def elapsed_s(self, now: float | None = None) -> float | None:
+        if self.started is None:
+            return None
+        return (self.ended or now or time.monotonic()) - self.started
+
+    def state_text(self) -> str:
+        if self.state == "running" and self.steps:
+            return f"running step {self.step}/{self.steps}"
+        if self.state == "failed" and self.detail:
+            return f"failed: {self.detail}"
+        return self.state
+
+
+class RunBoard:
+    """All runs of the current matrix, in matrix order."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, RunRow] = {}
+        self.done = 0
+        self.total = 0
+        self.matrix_eta_s: float | None = None
+
+    def reset(self) -> None:
+        self.__init__()
+
+    def row(self, run_id: str) -> RunRow:
+        if run_id not in self.rows:
+            self.rows[run_id] = RunRow(run_id, index=len(self.rows))
+        return self.rows[run_id]
+
+    def apply(self, event: Any) -> RunRow | None:
+        """Fold one suite event into the board; returns the row it touched (None: matrix-wide)."""
+        if isinstance(event, ev.MatrixProgress):
+            self.done, self.total, self.matrix_eta_s = event.done, event.total, event.eta_s
+            return None
+        row = self.row(event.run_id)
+        if isinstance(event, ev.RunQueued):
+            row.index, row.spec, self.total = event.index, dict(event.spec), event.total
+        elif isinstance(event, ev.RunStateChanged):
+            self._state(row, event.state, event.detail)
+        elif isinstance(event, ev.RunProgress):
+            row.step, row.steps, row.run_eta_s = event.step, event.steps, event.eta_s
+            if event.tokens_per_s is not None:
+                row.tokens_per_s = event.tokens_per_s
+        elif isinstance(event, ev.RunLogLine):
+            row.log.append(event.line)
+        elif isinstance(event, ev.RunFinished):
+            row.record = event.record
+            if event.record.get("tokens_per_s") is not None:
+                row.tokens_per_s = event.record["tokens_per_s"]
+        return row
+
+    def _state(self, row: RunRow, state: str, detail: str) -> None:
+        if row.started is None and state not in ("queued", "skipped", "cancelled"):
+            row.started = time.monotonic()
+        if state in ev.FINAL_STATES and row.ended is None:
+            row.ended = time.monotonic()
+        row.state, row.detail = state, detail
+
+    def active(self) -> list[RunRow]:
+        return [r for r in self.rows.values() if not r.final and r.state != "queued"]
+
+    def records(self) -> list[dict[str, Any]]:
+        return [r.record for r in self.rows.values() if r.record is not None]

@@ -1,0 +1,151 @@
+"""Matrix screen: pick the axes and settings, see the run count and invalid combinations live."""
+from __future__ import annotations
+
+from typing import Any
+
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.screen import Screen
+from textual.widgets import Footer, Header, Input, Label, Select, SelectionList, Static
+
+from tui.app.matrix_form import from_matrix, shapes, to_matrix
+from tui.suite.matrix import LAUNCHERS, PRECISIONS, STRATEGIES, MatrixSpec, expand
+from tui.suite.presets import load_presets
+
+INPUTS = (
+    ("world_sizes", "World sizes", "1, 2"),
+    ("seq_lens", "Seq lens", "64"),
+    ("micro_batch", "Micro-batch", "4"),
+    ("grad_accum", "Grad accum", "1"),
+    ("global_batch", "Global batch", "empty: micro x accum x world"),
+    ("steps", "Steps", "10"),
+    ("warmup_steps", "Warm-up steps", "3"),
+    ("repeats", "Repeats", "1"),
+)
+
+
+class MatrixScreen(Screen):
+    """The matrix being edited lives in the widgets; `matrix()` reads it back."""
+
+    BINDINGS = [
+        Binding("ctrl+r", "app.run_matrix", "Run"),
+        Binding("ctrl+s", "save", "Save"),
+        Binding("ctrl+o", "load", "Load"),
+    ]
+
+    def __init__(self, initial: MatrixSpec | None = None) -> None:
+        super().__init__(id="matrix-screen")
+        self.initial = initial or MatrixSpec()
+        self.extras: dict[str, Any] = {}
+        """Matrix keys without a widget (timeout, device, seed, ...), kept for save."""
+        self.choices: dict[str, list[str]] = {}
+        self.specs: list = []
+        self.problems: list[str] = []
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        with Horizontal():
+            with VerticalScroll(id="matrix-form"):
+                yield Label("Strategies")
+                yield SelectionList[str](*[(s, s) for s in STRATEGIES], id="strategies")
+                for key, title, placeholder in INPUTS:
+                    with Horizontal(classes="field"):
+                        yield Label(title, classes="field-label")
+                        yield Input(placeholder=placeholder, id=key)
+                yield from self._selects()
+            with Vertical(id="matrix-side"):
+                yield Static(id="run-count")
+                yield Static(id="backend-note")
+                yield Static(id="problems")
+        yield Footer()
+
+    def _selects(self) -> ComposeResult:
+        presets = list(load_presets())
+        choices = {
+            "model": presets, "precision": list(PRECISIONS), "launcher": ["auto", *LAUNCHERS],
+            "shape": shapes(), "backend": ["local", "kubernetes"],
+        }
+        titles = {"model": "Model preset", "precision": "Precision", "launcher": "Launcher",
+                  "shape": "Shape (values/)", "backend": "Backend"}
+        self.choices = choices
+        for key, options in choices.items():
+            with Horizontal(classes="field"):
+                yield Label(titles[key], classes="field-label")
+                yield Select([(o, o) for o in options], id=key, allow_blank=key == "shape")
+
+    def on_mount(self) -> None:
+        self.show(self.initial)
+
+    # -- widgets <-> matrix -------------------------------------------------------------------
+    def show(self, spec: MatrixSpec) -> None:
+        values = from_matrix(spec)
+        sel = self.query_one("#strategies", SelectionList)
+        sel.deselect_all()
+        for s in values["strategies"]:
+            if s in STRATEGIES:
+                sel.select(s)
+        for key, _, _ in INPUTS:
+            self.query_one(f"#{key}", Input).value = values[key]
+        for key in ("model", "precision", "launcher", "shape", "backend"):
+            widget = self.query_one(f"#{key}", Select)
+            value = values[key]
+            options = self.choices[key]
+            if value in options:
+                widget.value = value
+            elif key == "shape" or not options:
+                widget.clear()
+            else:
+                widget.value = options[0]
+        self.extras = {k: values[k] for k in ("timeout_s", "device", "seed", "max_world_size", "extra_args")}
+        self.validate()
+
+    def fields(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"strategies": list(self.query_one("#strategies", SelectionList).selected)}
+        for key, _, _ in INPUTS:
+            out[key] = self.query_one(f"#{key}", Input).value
+        for key in ("model", "precision", "launcher", "shape", "backend"):
+            value = self.query_one(f"#{key}", Select).value
+            out[key] = None if value is Select.NULL else value
+        return out | self.extras
+
+    def matrix(self) -> MatrixSpec | None:
+        spec, _ = to_matrix(self.fields())
+        return spec
+
+    # -- live validation ----------------------------------------------------------------------
+    @on(Input.Changed)
+    @on(Select.Changed)
+    @on(SelectionList.SelectedChanged)
+    def _changed(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        spec, errors = to_matrix(self.fields())
+        self.specs, self.problems = ([], errors) if spec is None else expand(spec)
+        count = self.query_one("#run-count", Static)
+        if self.problems:
+            count.update(f"[b]{len(self.problems)} problem(s)[/b]: nothing will run")
+        else:
+            count.update(f"[b]{len(self.specs)} run(s)[/b] ready: ctrl+r to start")
+        self.query_one("#problems", Static).update("\n".join(f"• {p}" for p in self.problems))
+        self.update_backend_note()
+
+    def update_backend_note(self) -> None:
+        backend = self.query_one("#backend", Select).value
+        status = getattr(self.app, "backend_status", {}).get(backend)
+        note = self.query_one("#backend-note", Static)
+        if status is None:
+            note.update(f"backend {backend}: checking…")
+        elif status[0]:
+            note.update(f"backend {backend}: available" + (f" ({status[1]})" if status[1] else ""))
+        else:
+            note.update(f"[b]backend {backend}: unavailable[/b] — {status[1]}")
+
+    # -- load / save --------------------------------------------------------------------------
+    def action_save(self) -> None:
+        self.app.prompt_path("Save matrix to", self.app.matrix_path or "matrix.yaml", self.app.save_matrix)
+
+    def action_load(self) -> None:
+        self.app.prompt_path("Load matrix from", self.app.matrix_path or "matrix.yaml", self.app.load_matrix)

@@ -1,0 +1,102 @@
+"""Runs screen: the queue with each run's state, live tokens/s, elapsed and ETA; cancel."""
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Header, Static
+
+from tui.app.board import RunRow
+
+COLUMNS = (("#", "index"), ("run", "run"), ("state", "state"), ("tok/s", "tps"),
+           ("elapsed", "elapsed"), ("ETA", "eta"))
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return ""
+    seconds = int(round(seconds))
+    minutes, secs = divmod(seconds, 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+def cells(row: RunRow) -> tuple[str, ...]:
+    tps = "" if row.tokens_per_s is None else f"{row.tokens_per_s:,.1f}"
+    eta = duration(row.run_eta_s) if row.state == "running" else ""
+    return (str(row.index + 1), row.run_id, row.state_text(), tps, duration(row.elapsed_s()), eta)
+
+
+class RunsScreen(Screen):
+    BINDINGS = [
+        Binding("c", "cancel_run", "Cancel run"),
+        Binding("x", "app.cancel_all", "Cancel all"),
+        Binding("enter", "logs", "Logs", show=False),
+        Binding("l", "logs", "Logs"),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__(id="runs-screen")
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        yield Static("No matrix started yet: pick one on the Matrix screen (F2) and press ctrl+r.",
+                     id="matrix-progress")
+        table = DataTable(id="runs-table", cursor_type="row", zebra_stripes=True)
+        for title, key in COLUMNS:
+            table.add_column(title, key=key)
+        yield table
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.redraw()
+        # Elapsed times tick while runs are active; finished rows do not change.
+        self.set_interval(1.0, self.tick)
+
+    def tick(self) -> None:
+        for row in self.app.board.active():
+            self.update_row(row)
+
+    def redraw(self) -> None:
+        table = self.query_one(DataTable)
+        table.clear()
+        for row in self.app.board.rows.values():
+            table.add_row(*cells(row), key=row.run_id)
+        self.update_progress()
+
+    def update_row(self, row: RunRow) -> None:
+        table = self.query_one(DataTable)
+        if row.run_id not in table.rows:
+            table.add_row(*cells(row), key=row.run_id)
+            return
+        for (_, key), value in zip(COLUMNS, cells(row)):
+            table.update_cell(row.run_id, key, value)
+
+    def update_progress(self) -> None:
+        board = self.app.board
+        if not board.rows:
+            return
+        counts: dict[str, int] = {}
+        for row in board.rows.values():
+            counts[row.state] = counts.get(row.state, 0) + 1
+        states = ", ".join(f"{n} {s}" for s, n in counts.items())
+        eta = f" · matrix ETA {duration(board.matrix_eta_s)}" if board.matrix_eta_s else ""
+        self.query_one("#matrix-progress", Static).update(
+            f"{board.done}/{board.total or len(board.rows)} runs done ({states}){eta}")
+
+    def selected_run(self) -> str | None:
+        table = self.query_one(DataTable)
+        if not table.row_count:
+            return None
+        key, _ = table.coordinate_to_cell_key(table.cursor_coordinate)
+        return key.value
+
+    def action_cancel_run(self) -> None:
+        run_id = self.selected_run()
+        if run_id:
+            self.app.cancel_run(run_id)
+
+    def action_logs(self) -> None:
+        run_id = self.selected_run()
+        if run_id:
+            self.app.show_logs(run_id)
