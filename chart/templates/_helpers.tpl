@@ -98,6 +98,10 @@ writes them (tests/chart/test_launch_command.py checks they agree). One JSON lis
 {{- if and .Values.deepspeed.config (hasPrefix "zero" $r.strategy) }}
 {{- $a = concat $a (list "--deepspeed-config" "/etc/shardbench/deepspeed.json") }}
 {{- end }}
+{{- /* build_command tells the trainer which launcher started it, unless the args already do. */}}
+{{- if not (has "--launcher" $a) }}
+{{- $a = concat $a (list "--launcher" .Values.launcher) }}
+{{- end }}
 {{- toJson $a }}
 {{- end }}
 
@@ -110,11 +114,15 @@ writes them (tests/chart/test_launch_command.py checks they agree). One JSON lis
 {{- end }}
 
 {{/*
-The launcher's argv: trainer/launchers.py build_command() for this run, flag for flag (MPIRUN_BASE_FLAGS
-and the DeepSpeed flags are copied from there; tests/chart/test_launch_command.py keeps them equal).
+The launcher's argv: trainer/launchers.py build_command() for this run, flag for flag
+(MPIRUN_BASE_FLAGS, the DeepSpeed runner's flags and the trailing --launcher are mirrored from
+there; tests/chart/test_launch_command.py fails when the two drift apart).
 */}}
 {{- define "shardbench.launchCommand" -}}
 {{- $base := list "--allow-run-as-root" "--oversubscribe" "--bind-to" "none" }}
+{{- if .Values.tcpIfInclude }}
+{{- $base = concat $base (list "--mca" "btl_tcp_if_include" .Values.tcpIfInclude) }}
+{{- end }}
 {{- $targs := include "shardbench.trainerArgs" . | fromJsonArray }}
 {{- $cmd := list }}
 {{- if eq .Values.launcher "mpirun" }}
@@ -124,7 +132,10 @@ and the DeepSpeed flags are copied from there; tests/chart/test_launch_command.p
 {{- end }}
 {{- $cmd = concat $cmd (list "python" "-u" "-m" "trainer") $targs }}
 {{- else }}
-{{- $cmd = list "deepspeed" "--hostfile" "/etc/mpi/hostfile" "--launcher" "openmpi" "--force_multi" "--no_ssh_check" "--num_nodes" (toString (int .Values.workers)) "--num_gpus" (toString (int .Values.gpusPerWorker)) "--master_addr" (include "shardbench.masterAddr" .) "--master_port" (toString (int .Values.masterPort)) "--launcher_args" (join " " $base) "--module" "trainer" }}
+{{- /* The DeepSpeed runner starts one rank per hostfile slot: the operator's hostfile has
+workers x slotsPerWorker of them, the world size. It forwards NCCL_* and PYTHON* itself. */}}
+{{- $largs := concat $base (list "-x" (printf "MASTER_ADDR=%s" (include "shardbench.masterAddr" .)) "-x" (printf "MASTER_PORT=%d" (int .Values.masterPort))) }}
+{{- $cmd = list "deepspeed" "--hostfile" "/etc/mpi/hostfile" "--launcher" "openmpi" "--force_multi" "--no_ssh_check" "--master_addr" (include "shardbench.masterAddr" .) "--master_port" (toString (int .Values.masterPort)) "--launcher_args" (join " " $largs) "--module" "trainer" }}
 {{- $cmd = concat $cmd $targs }}
 {{- end }}
 {{- toJson $cmd }}
