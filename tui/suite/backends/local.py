@@ -172,7 +172,7 @@ class LocalBackend:
         if session_pids(proc.pid):
             kill_session(proc.pid, self.kill_grace_s)
         proc.wait()
-        pump.join(timeout=10)
+        pump.join(timeout=3)  # all writers are gone by now: EOF is immediate
         emit(RunStateChanged(spec.run_id, "collecting"))
         return self._record(spec, run_dir, proc.returncode, stopped, timeout_s)
 
