@@ -1,0 +1,71 @@
+"""The chart's documentation: the README's values table is what scripts/gen_values_table.py makes
+of values.yaml (every key documented), and NOTES.txt tells how to follow, fetch and uninstall."""
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from chart_helpers import CHART, REPO, VALUES_DIR, helm_cmd
+
+
+def _gen():
+    spec = importlib.util.spec_from_file_location("gen_values_table", REPO / "scripts" / "gen_values_table.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_readme_values_table_is_current():
+    gen = _gen()
+    readme = (CHART / "README.md").read_text()
+    assert gen.render_readme(readme, gen.table()) == readme, \
+        "chart/README.md is stale: run python scripts/gen_values_table.py"
+    assert gen.main(["--check"]) == 0
+
+
+def test_every_values_key_is_documented():
+    import yaml
+
+    gen = _gen()
+    text = (CHART / "values.yaml").read_text()
+    docs = gen.documented_keys(text)
+    assert gen.undocumented(yaml.safe_load(text), docs) == []
+    assert all(len(d) > 10 for d in docs.values()), [k for k, d in docs.items() if len(d) <= 10]
+
+
+def test_an_undocumented_key_is_reported():
+    import yaml
+
+    gen = _gen()
+    text = "# -- documented\na: 1\nb:\n  # -- nested, documented\n  c: 2\n  d: 3\n"
+    assert gen.documented_keys(text) == {"a": "documented", "b.c": "nested, documented"}
+    assert gen.undocumented(yaml.safe_load(text), gen.documented_keys(text)) == ["b.d"]
+
+
+def test_a_stale_table_is_detected(tmp_path, monkeypatch):
+    gen = _gen()
+    chart = tmp_path / "chart"
+    chart.mkdir()
+    for name in ("values.yaml", "values.schema.json", "README.md"):
+        (chart / name).write_text((CHART / name).read_text())
+    values = chart / "values.yaml"
+    values.write_text(values.read_text().replace("masterPort: 29500", "masterPort: 29600"))
+    monkeypatch.setattr(gen, "CHART", chart)
+    assert gen.main(["--check"]) == 1
+    assert gen.main([]) == 0 and gen.main(["--check"]) == 0
+    assert "`29600`" in (chart / "README.md").read_text()
+
+
+@pytest.mark.parametrize("values", ["cpu.yaml", "h100.yaml"])
+def test_notes_tell_how_to_follow_fetch_and_uninstall(values):
+    # helm 4 renders NOTES offline (install --dry-run=client); helm 3.19 wants a cluster for it.
+    proc = helm_cmd("helm4", "install", "zero3-w16", str(CHART), "-f", str(VALUES_DIR / values),
+                    "--namespace", "bench", "--dry-run=client", "--set", "persistence.enabled=true")
+    assert proc.returncode == 0, proc.stderr
+    notes = proc.stdout.split("NOTES:", 1)[1]
+    assert "kubectl -n bench logs -f -l training.kubeflow.org/job-name=zero3-w16-shardbench," \
+           "training.kubeflow.org/job-role=launcher" in notes
+    assert "BENCHMARK_RESULT_JSON_START" in notes and "result.json" in notes
+    assert "helm test zero3-w16 -n bench" in notes
+    assert "helm uninstall zero3-w16 -n bench" in notes
