@@ -34,7 +34,9 @@ def check(cfg: RunConfig, world_size: int) -> None:
 
 def classify(exc: BaseException) -> str:
     text = f"{type(exc).__name__}: {exc}".lower()
-    if isinstance(exc, MemoryError) or "out of memory" in text or "outofmemory" in text:
+    # CUDA: OutOfMemoryError ("CUDA out of memory"); CPU allocator: "can't allocate memory".
+    markers = ("out of memory", "outofmemory", "can't allocate memory", "cannot allocate memory")
+    if isinstance(exc, MemoryError) or any(m in text for m in markers):
         return "oom"
     return "failed"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field
 
-from trainer.model import PRESETS, ModelConfig
+from trainer.presets import PRESETS, ModelConfig
 
 STRATEGIES = ("ddp", "fsdp", "zero1", "zero2", "zero3")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")

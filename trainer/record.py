@@ -168,3 +168,72 @@ def write_atomic(record: ResultRecord | dict[str, Any], path: str) -> None:
         json.dump(data, fh, indent=2)
         fh.write("\n")
     os.replace(tmp, path)
+
+
+# -- JSON Schema -----------------------------------------------------------------------------------
+# Generated from the dataclasses above so the two cannot drift; tests compare it with the
+# checked-in trainer/schema/result.schema.json (regenerate: python -m trainer.record > that file).
+
+def _field_docs(cls) -> dict[str, str]:
+    """Field docstrings (the string literal under each field) read from the source."""
+    import ast
+    import inspect
+    import textwrap
+
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    body = tree.body[0].body
+    docs = {}
+    for node, nxt in zip(body, body[1:]):
+        if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
+            docs[node.target.id] = " ".join(str(nxt.value.value).split())
+    return docs
+
+
+def _type_schema(tp) -> dict[str, Any]:
+    import dataclasses
+    import types
+    import typing
+
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        options = [_type_schema(a) for a in typing.get_args(tp)]
+        return {"anyOf": options}
+    if tp is type(None):
+        return {"type": "null"}
+    if origin is list:
+        return {"type": "array", "items": _type_schema(typing.get_args(tp)[0])}
+    if origin is dict:
+        return {"type": "object"}
+    if dataclasses.is_dataclass(tp):
+        return _dataclass_schema(tp)
+    return {"type": {int: "integer", float: "number", str: "string", bool: "boolean"}.get(tp, "object")}
+
+
+def _dataclass_schema(cls) -> dict[str, Any]:
+    import dataclasses
+    import typing
+
+    hints = typing.get_type_hints(cls)
+    docs = _field_docs(cls)
+    props = {}
+    for f in dataclasses.fields(cls):
+        props[f.name] = _type_schema(hints[f.name])
+        if f.name in docs:
+            props[f.name]["description"] = docs[f.name]
+    schema = {"type": "object", "properties": props, "required": [f.name for f in dataclasses.fields(cls)],
+              "additionalProperties": False}
+    if cls.__doc__ and not cls.__doc__.startswith(cls.__name__ + "("):
+        schema["description"] = " ".join(cls.__doc__.split())
+    return schema
+
+
+def json_schema() -> dict[str, Any]:
+    schema = _dataclass_schema(ResultRecord)
+    schema["properties"]["schema_version"]["const"] = SCHEMA_VERSION
+    schema["properties"]["status"]["enum"] = list(STATUSES)
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema",
+            "title": f"shardbench result record v{SCHEMA_VERSION}", **schema}
+
+
+if __name__ == "__main__":
+    print(json.dumps(json_schema(), indent=2))

@@ -1,0 +1,74 @@
+"""Helpers that start real trainer processes (plain python, torchrun, mpirun, the DeepSpeed
+launcher) on this machine's CPUs with gloo, and read their result records."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from trainer.launchers import LaunchPlan, build_command
+from trainer.record import END_MARKER, START_MARKER
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cpu_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    env["PYTHONWARNINGS"] = "ignore::FutureWarning"
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    env.pop("MASTER_ADDR", None)
+    env.pop("MASTER_PORT", None)
+    return env
+
+
+@dataclass
+class Run:
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def record(self) -> dict:
+        assert START_MARKER in self.stdout, f"no record; stderr tail:\n{self.stderr[-3000:]}"
+        body = self.stdout.split(START_MARKER, 1)[1].split(END_MARKER, 1)[0]
+        return json.loads(body)
+
+
+def command(args: list[str], launcher: str | None, nproc: int, tmp: Path) -> list[str]:
+    if launcher is None:
+        return [sys.executable, "-m", "trainer", *args]
+    hostfile = tmp / f"hostfile-{nproc}"
+    hostfile.write_text(f"localhost slots={nproc}\n")
+    plan = LaunchPlan(launcher=launcher, nodes=1, procs_per_node=nproc, trainer_args=args,
+                      hostfile=str(hostfile), master_port=free_port(), python=sys.executable,
+                      tcp_if_include="lo")
+    return build_command(plan)
+
+
+def run_trainer(args: list[str], tmp: Path, launcher: str | None = None, nproc: int = 1,
+                timeout: float = 300) -> Run:
+    env = cpu_env()
+    if launcher == "mpirun":
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    proc = subprocess.run(command(args, launcher, nproc, tmp), cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+    return Run(proc.returncode, proc.stdout, proc.stderr)
+
+
+@pytest.fixture(scope="session")
+def result_schema() -> dict:
+    return json.loads((REPO / "trainer" / "schema" / "result.schema.json").read_text())

@@ -1,0 +1,79 @@
+"""The trainer's command line: one-line errors for bad input, a learning model, the record file."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tests.trainer.conftest import REPO, cpu_env, run_trainer
+
+BAD_ARGS = [
+    (["--strategy", "zero4"], "unknown strategy 'zero4'"),
+    (["--strategy", "ddp", "--model", "gpt5"], "unknown model preset 'gpt5'"),
+    (["--strategy", "ddp", "--global-batch", "10", "--micro-batch", "4"], "not divisible"),
+    (["--strategy", "ddp", "--seq-len", "4096"], "exceeds the tiny preset's maximum of 256"),
+    (["--strategy", "ddp", "--precision", "fp16"], "fp16 needs a CUDA GPU"),
+    (["--strategy", "ddp", "--device", "cuda"], "no CUDA GPU is visible"),
+    (["--strategy", "ddp", "--steps", "5", "--warmup-steps", "5"], "leaves no measured step"),
+    (["--strategy", "ddp", "--micro-batch", "0"], "--micro-batch must be a positive integer"),
+    (["--strategy", "ddp", "--n-embd", "100", "--n-head", "3"], "not divisible by 3 heads"),
+    (["--strategy", "fsdp", "--deepspeed-config", "x.json"], "applies to zero1/zero2/zero3"),
+]
+
+
+@pytest.mark.parametrize("args,message", BAD_ARGS, ids=[m for _, m in BAD_ARGS])
+def test_bad_arguments_exit_2_with_one_line(tmp_path, args, message):
+    run = run_trainer(args, tmp_path, timeout=60)
+    assert run.returncode == 2
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1, run.stderr
+    assert lines[0].startswith("error: ") and message in lines[0]
+    assert "BENCHMARK_RESULT_JSON_START" not in run.stdout
+
+
+def test_zero_without_deepspeed_says_how_to_install(tmp_path):
+    # A real interpreter in which `import deepspeed` cannot find the package.
+    code = textwrap.dedent("""
+        import sys, importlib.abc
+        class Hide(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path=None, target=None):
+                if name == "deepspeed" or name.startswith("deepspeed."):
+                    raise ModuleNotFoundError(name)
+        sys.meta_path.insert(0, Hide())
+        import importlib.util
+        importlib.util.find_spec = (lambda f: (lambda n, *a: None if n == "deepspeed" else f(n, *a)))(importlib.util.find_spec)
+        from trainer.cli import main
+        sys.exit(main(["--strategy", "zero3"]))
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=cpu_env(), capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "error: --strategy zero3 needs DeepSpeed, which is not installed: run scripts/bootstrap.sh "
+        "(or pip install deepspeed after torch)"]
+
+
+def test_model_learns_and_result_json_matches_stdout(tmp_path):
+    out = tmp_path / "out"
+    run = run_trainer(["--strategy", "ddp", "--steps", "30", "--warmup-steps", "2", "--seq-len", "64",
+                       "--micro-batch", "8", "--lr", "1e-3", "--lr-warmup-steps", "2",
+                       "--output-dir", str(out), "--run-id", "learn-r0"], tmp_path)
+    assert run.returncode == 0, run.stderr[-2000:]
+    losses = run.record["loss_per_step"]
+    assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 0.3, losses
+    saved = json.loads((out / "result.json").read_text())
+    assert saved == run.record and saved["run_id"] == "learn-r0"
+    assert not list(out.glob(".result-*"))  # the atomic write left no temp file
+    progress = [json.loads(line.split(" ", 1)[1]) for line in run.stdout.splitlines()
+                if line.startswith("SHARDBENCH_PROGRESS ")]
+    assert [p["step"] for p in progress] == list(range(1, 31))
+    assert [p["phase"] for p in progress[:3]] == ["warmup", "warmup", "measure"]
+    assert progress[-1]["eta_s"] == 0
+
+
+def test_schema_file_is_generated_from_the_record(result_schema):
+    from trainer.record import json_schema
+
+    assert result_schema == json_schema(), "regenerate: python -m trainer.record > trainer/schema/result.schema.json"

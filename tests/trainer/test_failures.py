@@ -1,0 +1,125 @@
+"""Failures are results: a dead rank ends the job (no hang), an exception or out-of-memory gives
+a record with its status and error."""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.trainer.conftest import REPO, command, cpu_env, free_port
+from trainer.record import END_MARKER, START_MARKER
+
+LONG_RUN = ["--strategy", "ddp", "--steps", "100000", "--warmup-steps", "1", "--seq-len", "32",
+            "--micro-batch", "2", "--pg-timeout-s", "30"]
+
+
+def wait_for_step(proc: subprocess.Popen, step: int, deadline: float) -> list[str]:
+    """Read rank 0's stdout until it reports `step`."""
+    lines = []
+    while time.time() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if line.startswith("SHARDBENCH_PROGRESS ") and json.loads(line.split(" ", 1)[1])["step"] >= step:
+            return lines
+    raise AssertionError("rank 0 never reached step %d:\n%s" % (step, "".join(lines[-20:])))
+
+
+def record_in(text: str) -> dict:
+    return json.loads(text.split(START_MARKER, 1)[1].split(END_MARKER, 1)[0])
+
+
+def test_killed_rank_ends_the_others_with_a_failed_record():
+    port = free_port()
+    ranks = []
+    for rank in (0, 1):
+        env = cpu_env() | {"RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
+                           "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        ranks.append(subprocess.Popen([sys.executable, "-u", "-m", "trainer", *LONG_RUN], cwd=REPO, env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    try:
+        seen = wait_for_step(ranks[0], 3, time.time() + 120)
+        killed_at = time.time()
+        ranks[1].send_signal(signal.SIGKILL)
+        out, err = ranks[0].communicate(timeout=30 + 15)
+        elapsed = time.time() - killed_at
+    finally:
+        for p in ranks:
+            p.kill()
+    assert ranks[0].returncode == 1
+    assert elapsed < 45
+    record = record_in("".join(seen) + out)
+    assert record["status"] == "failed"
+    assert record["error"] and "rank 0: failed" in err
+    assert record["measured_steps"] >= 2 and record["tokens_per_s"] > 0  # what it measured is kept
+
+
+def _rank_pids(launcher_pid: int) -> dict[int, int]:
+    """OMPI rank -> pid for processes descended from launcher_pid."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = {}, [launcher_pid]
+    while todo:
+        pid = todo.pop()
+        for child in children.get(pid, []):
+            todo.append(child)
+            try:
+                env = (Path("/proc") / str(child) / "environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            for var in env:
+                if var.startswith(b"OMPI_COMM_WORLD_RANK="):
+                    found[int(var.split(b"=")[1])] = child
+    return found
+
+
+def test_killed_rank_under_mpirun_ends_the_job(tmp_path):
+    env = cpu_env() | {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    proc = subprocess.Popen(command(LONG_RUN, "mpirun", 2, tmp_path), cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        wait_for_step(proc, 3, time.time() + 120)
+        pids = _rank_pids(proc.pid)
+        assert set(pids) == {0, 1}, pids
+        killed_at = time.time()
+        os.kill(pids[1], signal.SIGKILL)
+        proc.communicate(timeout=45)
+        elapsed = time.time() - killed_at
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert proc.returncode != 0
+    assert elapsed < 45
+    assert not any(Path(f"/proc/{pid}").exists() and "zombie" not in Path(f"/proc/{pid}/status").read_text()
+                   for pid in pids.values())
+
+
+def test_out_of_memory_is_a_record_with_status_oom(tmp_path):
+    def cap_memory():
+        # 6 GiB of address space: torch loads, the 1.3B model's 5 GB of fp32 weights do not fit.
+        resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))
+
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "trainer", "--strategy", "ddp", "--model", "gpt2-1.3b",
+                           "--seq-len", "128", "--steps", "2", "--warmup-steps", "1", "--output-dir", str(out)],
+                          cwd=REPO, env=cpu_env(), capture_output=True, text=True, timeout=300,
+                          preexec_fn=cap_memory)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    record = record_in(proc.stdout)
+    assert record["status"] == "oom", record["error"]
+    assert json.loads((out / "result.json").read_text())["status"] == "oom"
+    assert record["model"]["preset"] == "gpt2-1.3b" and record["measured_steps"] == 0
