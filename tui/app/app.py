@@ -224,14 +224,18 @@ class BenchApp(App):
         self.refresh_results()
 
     # -- results ------------------------------------------------------------------------------
-    @work(thread=True, exclusive=True, group="results")
+    @work(thread=True, exclusive=True, group="results", exit_on_error=False)
     def refresh_results(self) -> None:
-        from tui.app.results import compute
+        from tui.app.results import ResultsView, compute
         from tui.suite.metrics import load_records
 
         records = load_records(self.results_dir) if self.results_dir.is_dir() else []
         source = f"{len(records)} result(s) in {self.results_dir}"
-        self.post_message(msg.ResultsReady(compute(records), source))
+        try:
+            view = compute(records)
+        except Exception as exc:  # noqa: BLE001 - a bad record must not take the app down
+            view, source = ResultsView(), f"{source}: could not tabulate them ({type(exc).__name__}: {exc})"
+        self.post_message(msg.ResultsReady(view, source))
 
     def on_results_ready(self, message: msg.ResultsReady) -> None:
         self.results_screen.show(message.view, message.source)

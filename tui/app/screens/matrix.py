@@ -53,7 +53,7 @@ class MatrixScreen(Screen):
                 for key, title, placeholder in INPUTS:
                     with Horizontal(classes="field"):
                         yield Label(title, classes="field-label")
-                        yield Input(placeholder=placeholder, id=key)
+                        yield Input(placeholder=placeholder, id=key, compact=True)
                 yield from self._selects()
             with Vertical(id="matrix-side"):
                 yield Static(id="run-count")
@@ -73,7 +73,7 @@ class MatrixScreen(Screen):
         for key, options in choices.items():
             with Horizontal(classes="field"):
                 yield Label(titles[key], classes="field-label")
-                yield Select([(o, o) for o in options], id=key, allow_blank=key == "shape")
+                yield Select([(o, o) for o in options], id=key, allow_blank=key == "shape", compact=True)
 
     def on_mount(self) -> None:
         self.show(self.initial)
@@ -133,15 +133,20 @@ class MatrixScreen(Screen):
         self.update_backend_note()
 
     def update_backend_note(self) -> None:
-        backend = self.query_one("#backend", Select).value
-        status = getattr(self.app, "backend_status", {}).get(backend)
-        note = self.query_one("#backend-note", Static)
-        if status is None:
-            note.update(f"backend {backend}: checking…")
-        elif status[0]:
-            note.update(f"backend {backend}: available" + (f" ({status[1]})" if status[1] else ""))
-        else:
-            note.update(f"[b]backend {backend}: unavailable[/b] — {status[1]}")
+        """Every backend's availability; the chosen one first, an unavailable one with why."""
+        chosen = self.query_one("#backend", Select).value
+        statuses = getattr(self.app, "backend_status", {})
+        lines = []
+        for name in sorted(self.choices.get("backend", []), key=lambda n: n != chosen):
+            mark = "▶ " if name == chosen else "  "
+            status = statuses.get(name)
+            if status is None:
+                lines.append(f"{mark}{name}: checking…")
+            elif status[0]:
+                lines.append(f"{mark}{name}: available" + (f" ({status[1]})" if status[1] else ""))
+            else:
+                lines.append(f"{mark}[b]{name}: unavailable[/b] — {status[1]}")
+        self.query_one("#backend-note", Static).update("\n".join(lines))
 
     # -- load / save --------------------------------------------------------------------------
     def action_save(self) -> None:

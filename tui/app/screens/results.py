@@ -46,6 +46,7 @@ class ResultsScreen(Screen):
     def __init__(self) -> None:
         super().__init__(id="results-screen")
         self.view = ResultsView()
+        self.source = "no results loaded yet"
         self.sort_column = "tokens_per_s"
         self.sort_reverse = True
 
@@ -63,14 +64,18 @@ class ResultsScreen(Screen):
         yield Footer()
 
     def on_mount(self) -> None:
-        self.show(self.view)
+        self._render_view()
 
     def show(self, view: ResultsView, source: str = "") -> None:
         self.view = view
-        if not self.is_mounted:
-            return
         if source:
-            self.query_one("#results-source", Static).update(source)
+            self.source = source
+        if self.is_mounted:
+            self._render_view()
+
+    def _render_view(self) -> None:
+        view = self.view
+        self.query_one("#results-source", Static).update(self.source)
         table = self.query_one(DataTable)
         table.clear()
         for run_id, raw in view.rows:

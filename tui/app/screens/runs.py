@@ -70,7 +70,7 @@ class RunsScreen(Screen):
             table.add_row(*cells(row), key=row.run_id)
             return
         for (_, key), value in zip(COLUMNS, cells(row)):
-            table.update_cell(row.run_id, key, value)
+            table.update_cell(row.run_id, key, value, update_width=True)
 
     def update_progress(self) -> None:
         board = self.app.board
