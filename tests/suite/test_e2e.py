@@ -1,0 +1,173 @@
+"""End to end on CPU: `shardbench run` (real trainer, mpirun and the DeepSpeed launcher), Ctrl-C
+mid-matrix, resume, then `shardbench report`; the CSV, plots and report are checked against the
+result records the runs wrote."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jsonschema
+import pandas as pd
+import pytest
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+SCHEMA = json.loads((REPO / "trainer/schema/result.schema.json").read_text())
+PRICE = 0.5
+MATRIX = ["--strategies", "ddp,zero2", "--world-sizes", "1,2", "--seq-lens", "64", "--steps", "6",
+          "--warmup-steps", "2", "--micro-batch", "4", "--device", "cpu", "--precision", "fp32",
+          "--usd-per-gpu-hour", str(PRICE), "--timeout-s", "180", "--quiet"]
+RUN_IDS = ["ddp-w1-s64-mb4-ga1-r0", "ddp-w2-s64-mb4-ga1-r0", "zero2-w1-s64-mb4-ga1-r0", "zero2-w2-s64-mb4-ga1-r0"]
+
+
+def cli(*args):
+    return [sys.executable, "-m", "tui.suite.cli", *args]
+
+
+def finished(results: Path) -> list[str]:
+    return sorted(p.parent.name for p in results.glob("*/result.json"))
+
+
+def mtimes(results: Path) -> dict[str, float]:
+    return {p.parent.name: p.stat().st_mtime_ns for p in results.glob("*/result.json")}
+
+
+def leftovers(text: str) -> list[str]:
+    out = subprocess.run(["ps", "-ww", "-eo", "pid,stat,args"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines()[1:] if text in line and " Z" not in line and "ps -ww" not in line]
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    """Run the matrix: interrupted after two runs, resumed, then resumed again (nothing new)."""
+    root = tmp_path_factory.mktemp("e2e")
+    res = root / "results"
+    env = dict(os.environ, PYTHONWARNINGS="ignore::FutureWarning")
+    # 1. Ctrl-C once two runs have finished: those stay, the running one stops, no rank survives.
+    proc = subprocess.Popen(cli("run", "--results", str(res), *MATRIX), cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 150
+    while len(finished(res)) < 2 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(1.0)  # let the third run start its ranks
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    interrupted = {"rc": proc.returncode, "out": out, "leftovers": leftovers(str(res)),
+                   "kept": {rid: json.loads((res / rid / "result.json").read_text())["status"]
+                            for rid in finished(res)}}
+    before = mtimes(res)
+    # 2. Resume: only what did not finish ok runs.
+    resumed = subprocess.run(cli("run", "--results", str(res), *MATRIX), cwd=REPO, env=env,
+                             capture_output=True, text=True, timeout=300)
+    after_resume = mtimes(res)
+    # 3. Again: nothing new.
+    t0 = time.monotonic()
+    again = subprocess.run(cli("run", "--results", str(res), *MATRIX), cwd=REPO, env=env,
+                           capture_output=True, text=True, timeout=120)
+    return {"root": root, "res": res, "interrupted": interrupted, "before": before, "resumed": resumed,
+            "after_resume": after_resume, "again": again, "again_s": time.monotonic() - t0}
+
+
+@pytest.fixture(scope="module")
+def records(results):
+    return {rid: json.loads((results["res"] / rid / "result.json").read_text()) for rid in RUN_IDS}
+
+
+@pytest.fixture(scope="module")
+def report(results):
+    out = results["root"] / "report"
+    proc = subprocess.run(cli("report", str(results["res"]), "--out", str(out)), cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return out
+
+
+def test_interrupt_keeps_finished_runs_and_leaves_no_ranks(results):
+    it = results["interrupted"]
+    assert it["rc"] == 130, it["out"]
+    assert it["leftovers"] == []
+    ok = [rid for rid, status in it["kept"].items() if status == "ok"]
+    assert ok[:2] == RUN_IDS[:2], it["kept"]
+    assert all(status == "ok" or rid == RUN_IDS[2] for rid, status in it["kept"].items())
+
+
+def test_resume_runs_only_the_rest_and_then_nothing(results, records):
+    assert results["resumed"].returncode == 0, results["resumed"].stdout + results["resumed"].stderr
+    for rid in RUN_IDS[:2]:  # finished before Ctrl-C: untouched by the resume
+        assert results["after_resume"][rid] == results["before"][rid]
+    assert all(records[rid]["status"] == "ok" for rid in RUN_IDS), {r: records[r].get("error") for r in RUN_IDS}
+    assert results["again"].returncode == 0
+    assert mtimes(results["res"]) == results["after_resume"]  # the third invocation ran nothing
+    assert results["again_s"] < 30
+
+
+def test_records_are_valid_and_comparable(records):
+    for rid, rec in records.items():
+        jsonschema.validate(rec, SCHEMA)
+        assert rec["run_id"] == rid and rec["tokens_per_s"] > 0 and rec["measured_steps"] == 4
+    assert {records[r]["launcher"] for r in RUN_IDS[:2]} == {"mpirun"}
+    assert {records[r]["launcher"] for r in RUN_IDS[2:]} == {"deepspeed"}
+    # same tokens, same model: every strategy reaches the same loss at a given world size
+    assert records[RUN_IDS[0]]["final_loss"] == pytest.approx(records[RUN_IDS[2]]["final_loss"], rel=1e-3)
+    assert records[RUN_IDS[1]]["final_loss"] == pytest.approx(records[RUN_IDS[3]]["final_loss"], rel=1e-3)
+
+
+def test_csv_rows_match_the_records(report, records):
+    df = pd.read_csv(report / "metrics.csv")
+    assert sorted(df["run_id"]) == RUN_IDS
+    for rid, rec in records.items():
+        row = df[df["run_id"] == rid].iloc[0]
+        assert row["status"] == "ok" and row["world_size"] == rec["world_size"]
+        assert row["tokens_per_s"] == pytest.approx(rec["tokens_per_s"])
+        assert row["step_time_mean_s"] == pytest.approx(rec["step_time_s"]["mean"])
+        assert row["peak_memory_gib"] == pytest.approx(rec["peak_memory_bytes"] / 2 ** 30)
+        assert row["cost_usd_per_mtok"] == pytest.approx(PRICE * rec["world_size"] / 3600 / rec["tokens_per_s"] * 1e6)
+        base = records[rid.replace("-w2-", "-w1-")]["tokens_per_s"]
+        assert row["scaling_efficiency"] == pytest.approx(rec["tokens_per_s"] / (base * rec["world_size"]))
+
+
+def test_plots_exist(report):
+    for name in ("tokens_per_s.png", "step_time.png", "scaling_efficiency.png", "peak_memory.png"):
+        path = report / "plots" / name
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
+    assert not (report / "plots" / "mfu.png").exists()  # CPU: no peak FLOP/s, no MFU plot
+
+
+def table_rows(markdown: str, heading: str) -> list[list[str]]:
+    section = markdown.split(f"## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("|")]
+    return [[c.strip() for c in line.strip("|").split("|")] for line in rows[2:]]
+
+
+def test_report_tables_match_the_records(report, records):
+    md = (report / "BENCHMARK_REPORT.md").read_text()
+    results = {(r[0], r[1]): r for r in table_rows(md, "Results")}
+    assert len(results) == 4
+    for rid, rec in records.items():
+        row = results[(rec["strategy"], str(rec["world_size"]))]
+        assert row[5] == f"{rec['tokens_per_s']:,.0f}"
+        assert row[6] == f"{rec['step_time_s']['mean']:.4f}"
+    scaling = {r[0]: r for r in table_rows(md, "Scaling efficiency")}
+    for strategy in ("ddp", "zero2"):
+        w1, w2 = records[f"{strategy}-w1-s64-mb4-ga1-r0"], records[f"{strategy}-w2-s64-mb4-ga1-r0"]
+        assert scaling[strategy][1:] == ["1.00", f"{w2['tokens_per_s'] / (2 * w1['tokens_per_s']):.2f}"]
+    winners = {(r[0], r[1]): r for r in table_rows(md, "Winners")}
+    for world in (1, 2):
+        ddp, z2 = records[f"ddp-w{world}-s64-mb4-ga1-r0"], records[f"zero2-w{world}-s64-mb4-ga1-r0"]
+        fast, slow = sorted([ddp, z2], key=lambda r: -r["tokens_per_s"])
+        row = winners[("throughput", f"{world} dev")]
+        assert row[2] == f"**{fast['strategy']}**" and row[4] == slow["strategy"]
+        margin = (fast["tokens_per_s"] - slow["tokens_per_s"]) / slow["tokens_per_s"] * 100
+        assert row[6].startswith(f"{margin:.1f}%")
+    assert "None: every run finished ok." in md
+    setup = dict((r[0], r[1]) for r in table_rows(md, "Setup"))
+    assert records[RUN_IDS[0]]["versions"]["torch"] in setup["python / torch / deepspeed"]
+    assert setup["runs"] == "4 (4 ok, 0 not ok)"
+    assert re.search(r"For speed at 2 devices use \*\*(ddp|zero2)\*\*", md)
