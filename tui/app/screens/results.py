@@ -25,10 +25,10 @@ class Cell:
         numeric = isinstance(self.raw, (int, float)) and not isinstance(self.raw, bool)
         return Text(self.text, justify="right" if numeric else "left")
 
-    def sort_key(self) -> tuple:
-        # Missing values sort last whatever the direction of numbers; text after numbers.
+    def sort_key(self, reverse: bool = False) -> tuple:
+        # Missing values sort last in either direction (the table reverses the whole order).
         if self.raw is None:
-            return (2, 0, "")
+            return (-1 if reverse else 2, 0, "")
         if isinstance(self.raw, (int, float)):
             return (0, self.raw, "")
         return (1, 0, str(self.raw))
@@ -106,7 +106,8 @@ class ResultsScreen(Screen):
     def _sort(self) -> None:
         table = self.query_one(DataTable)
         if table.row_count:
-            table.sort(self.sort_column, key=lambda cell: cell.sort_key(), reverse=self.sort_reverse)
+            reverse = self.sort_reverse
+            table.sort(self.sort_column, key=lambda cell: cell.sort_key(reverse), reverse=reverse)
 
     def sort_by(self, column: str, reverse: bool | None = None) -> None:
         if reverse is None:

@@ -1,0 +1,216 @@
+"""benchtui driven through Textual's pilot (app.run_test()): real runs on this machine, cancel,
+live validation, load/save, logs search, results sorting, the unavailable cluster backend."""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import pytest
+from textual.widgets import DataTable, Input, SelectionList, Static
+
+from tui.app.app import BenchApp
+from tui.app.messages import to_message
+from tui.suite import events as ev
+from tui.suite.matrix import MatrixSpec, load_matrix
+
+from .conftest import FIXED_AVAILABILITY, rank_processes, synthetic_record, write_results
+
+SIZE = (150, 45)
+
+
+async def wait_until(pilot, predicate, timeout: float, what: str) -> None:
+    until = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > until:
+            raise AssertionError(f"timed out waiting for {what}")
+        await pilot.pause(0.2)
+
+
+async def pick_strategies(pilot, app: BenchApp, wanted: set[str]) -> None:
+    """Toggle the strategy checkboxes with the keyboard, as a person would."""
+    sel = app.matrix_screen.query_one("#strategies", SelectionList)
+    sel.focus()
+    await pilot.pause()
+    for index in range(sel.option_count):
+        sel.highlighted = index
+        value = sel.get_option_at_index(index).value
+        if (value in sel.selected) != (value in wanted):
+            await pilot.press("space")
+    await pilot.pause()
+    assert set(sel.selected) == wanted
+
+
+def set_inputs(app: BenchApp, **values: str) -> None:
+    for key, value in values.items():
+        app.matrix_screen.query_one(f"#{key}", Input).value = value
+
+
+def table_cell(app: BenchApp, run_id: str, column: str):
+    return app.results_screen.query_one("#results-table", DataTable).get_cell(run_id, column)
+
+
+@pytest.mark.slow
+async def test_tiny_matrix_runs_for_real_and_results_hold_measured_tokens_per_s(tmp_path):
+    app = BenchApp(results_dir=tmp_path / "results", availability=FIXED_AVAILABILITY)
+    async with app.run_test(size=SIZE) as pilot:
+        await pick_strategies(pilot, app, {"ddp"})
+        set_inputs(app, world_sizes="1, 2", seq_lens="64", steps="5", warmup_steps="2", repeats="1")
+        await pilot.pause()
+        assert "2 run(s)" in str(app.matrix_screen.query_one("#run-count", Static).content)
+        await pilot.press("ctrl+r")
+        await pilot.pause()
+        assert app.current_mode == "runs"
+        await wait_until(pilot, lambda: not app.matrix_worker.is_running, 180, "the matrix to finish")
+        await app.workers.wait_for_complete()
+        await pilot.pause(0.5)
+
+        runs = app.runs_screen.query_one("#runs-table", DataTable)
+        assert [runs.get_cell(r, "state") for r in ("ddp-w1-s64-mb4-ga1-r0", "ddp-w2-s64-mb4-ga1-r0")] == ["ok", "ok"]
+        await pilot.press("f5")
+        await pilot.pause(0.3)
+        for run_id in ("ddp-w1-s64-mb4-ga1-r0", "ddp-w2-s64-mb4-ga1-r0"):
+            record = json.loads((tmp_path / "results" / run_id / "result.json").read_text())
+            assert record["status"] == "ok" and record["tokens_per_s"] > 0
+            cell = table_cell(app, run_id, "tokens_per_s")
+            assert cell.raw == pytest.approx(record["tokens_per_s"])
+            assert cell.text == f"{record['tokens_per_s']:,.1f}"
+            # The live log reached the board line by line, progress lines included.
+            assert any("SHARDBENCH_PROGRESS" in line for line in app.board.rows[run_id].log)
+        await pilot.press("f4")
+        await pilot.pause()
+        assert app.logs_screen.query_one("#log").line_count > 0
+
+
+@pytest.mark.slow
+async def test_cancel_stops_the_run_and_leaves_no_rank_processes(tmp_path):
+    results = tmp_path / "cancel-results"
+    matrix = MatrixSpec(strategies=["ddp"], world_sizes=[2], seq_lens=[64], steps=100000, warmup_steps=2,
+                        timeout_s=300)
+    app = BenchApp(results_dir=results, matrix=matrix, availability=FIXED_AVAILABILITY)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("ctrl+r")
+        await wait_until(pilot, lambda: any(r.tokens_per_s for r in app.board.rows.values()), 120,
+                         "the first progress line")
+        assert rank_processes(str(results)), "the run's ranks should be running"
+        await pilot.press("c")  # cancel the selected (first) run on the Runs screen
+        await wait_until(pilot, lambda: not app.matrix_worker.is_running, 60, "the cancelled matrix to end")
+        await pilot.pause(0.3)
+        row = app.board.rows["ddp-w2-s64-mb4-ga1-r0"]
+        assert row.state == "cancelled", row.detail
+        assert rank_processes(str(results)) == []
+        record = json.loads((results / row.run_id / "result.json").read_text())
+        assert record["status"] == "failed" and "cancelled" in record["error"]
+
+
+async def test_matrix_screen_explains_invalid_combinations_live(tmp_path, fixture_values):
+    app = BenchApp(results_dir=tmp_path, availability=FIXED_AVAILABILITY)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = app.matrix_screen
+        set_inputs(app, world_sizes="1, 3", global_batch="8", micro_batch="4")
+        await pilot.pause()
+        problems = str(screen.query_one("#problems", Static).content)
+        assert "global batch 8 is not a multiple of micro_batch 4 x world size 3" in problems
+        assert "problem" in str(screen.query_one("#run-count", Static).content)
+        set_inputs(app, world_sizes="1, two")
+        await pilot.pause()
+        assert "'two' is not a whole number" in str(screen.query_one("#problems", Static).content)
+        # Nothing starts while the matrix has problems.
+        await pilot.press("ctrl+r")
+        await pilot.pause()
+        assert app.matrix_worker is None and app.current_mode == "matrix"
+        set_inputs(app, world_sizes="1, 2", global_batch="")
+        await pilot.pause()
+        assert screen.problems == [] and "8 run(s)" in str(screen.query_one("#run-count", Static).content)
+
+
+async def test_cluster_backend_unavailable_is_shown_with_why(tmp_path, monkeypatch, fixture_values):
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "no-such-kubeconfig"))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    app = BenchApp(results_dir=tmp_path)  # real availability checks, in a worker
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_until(pilot, lambda: "kubernetes" in app.backend_status, 30, "the backend checks")
+        await pilot.pause()
+        note = str(app.matrix_screen.query_one("#backend-note", Static).content)
+        assert "kubernetes: unavailable[/b] — no kubeconfig" in note
+        app.matrix_screen.query_one("#backend").value = "kubernetes"
+        await pilot.pause()
+        await pilot.press("ctrl+r")
+        await pilot.pause()
+        assert app.matrix_worker is None  # refused, with the reason in a notification
+        assert any("unavailable" in n.message for n in app._notifications)
+
+
+async def test_matrix_save_and_load_round_trip(tmp_path, fixture_values):
+    path = tmp_path / "m.yaml"
+    app = BenchApp(results_dir=tmp_path, availability=FIXED_AVAILABILITY)
+    async with app.run_test(size=SIZE) as pilot:
+        await pick_strategies(pilot, app, {"fsdp", "zero3"})
+        set_inputs(app, world_sizes="2, 4", seq_lens="32, 64", repeats="3")
+        app.matrix_screen.query_one("#shape").value = "h100"
+        await pilot.pause()
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        app.screen.query_one("#prompt-input", Input).value = str(path)
+        await pilot.press("enter")
+        await pilot.pause()
+        saved = load_matrix(path)
+        assert (saved.strategies, saved.world_sizes, saved.seq_lens, saved.repeats, saved.shape) == (
+            ["fsdp", "zero3"], [2, 4], [32, 64], 3, "h100")
+        set_inputs(app, world_sizes="1")
+        await pilot.press("ctrl+o")
+        await pilot.pause()
+        app.screen.query_one("#prompt-input", Input).value = str(path)
+        await pilot.press("enter")
+        await pilot.pause()
+        assert app.matrix_screen.query_one("#world_sizes", Input).value == "2, 4"
+        assert app.matrix_screen.matrix() == saved
+
+
+async def test_logs_follow_search_and_jump_to_error(tmp_path):
+    app = BenchApp(results_dir=tmp_path, availability=FIXED_AVAILABILITY)
+    lines = [f"step {i}" for i in range(200)]
+    lines[50] = "the needle is here"
+    lines[120] = "RuntimeError: rank 1 ran out of patience"
+    async with app.run_test(size=SIZE) as pilot:
+        app.post_message(to_message(ev.RunQueued("ddp-w2-s64-mb4-ga1-r0", 0, 1, {})))
+        app.post_message(to_message(ev.RunStateChanged("ddp-w2-s64-mb4-ga1-r0", "running")))
+        for line in lines:
+            app.post_message(to_message(ev.RunLogLine("ddp-w2-s64-mb4-ga1-r0", line)))
+        await pilot.press("f4")
+        await pilot.pause(0.3)
+        logs = app.logs_screen
+        assert logs.query_one("#log").line_count == 200 and logs.follow
+        await pilot.press("f")
+        assert not logs.follow
+        await pilot.press("slash")
+        await pilot.press(*"needle")
+        await pilot.press("enter")
+        await pilot.pause()
+        assert logs.match_at == 50
+        await pilot.press("escape", "e")
+        await pilot.pause()
+        assert logs.match_at == 120 and "line 121" in str(logs.query_one("#log-title").content)
+        # New lines keep arriving while the view stays where the person put it.
+        app.post_message(to_message(ev.RunLogLine("ddp-w2-s64-mb4-ga1-r0", "late line")))
+        await pilot.pause()
+        assert logs.query_one("#log").line_count == 201
+
+
+async def test_results_table_sorts_and_names_winners(tmp_path):
+    write_results(tmp_path, [synthetic_record("ddp", 2, 900.0, 0.5), synthetic_record("zero2", 2, 1200.0, 0.4),
+                             synthetic_record("fsdp", 2, 0, 0, status="failed", error="boom")])
+    app = BenchApp(results_dir=tmp_path, availability=FIXED_AVAILABILITY)
+    async with app.run_test(size=SIZE) as pilot:
+        await app.workers.wait_for_complete()
+        await pilot.press("f5")
+        await pilot.pause(0.3)
+        table = app.results_screen.query_one("#results-table", DataTable)
+        order = lambda: [table.get_row_at(i)[0].raw for i in range(table.row_count)]  # noqa: E731
+        assert order()[:2] == ["zero2-w2-s64-mb4-ga1-r0", "ddp-w2-s64-mb4-ga1-r0"]  # tok/s, high first
+        assert order()[-1] == "fsdp-w2-s64-mb4-ga1-r0"  # no tok/s: last
+        app.results_screen.sort_by("peak_memory_gib", reverse=False)
+        assert order()[0] == "zero2-w2-s64-mb4-ga1-r0"
+        winners = str(app.results_screen.query_one("#winners").content)
+        assert "throughput @ 2 dev: zero2" in winners and "33.3% ahead of ddp" in winners
