@@ -60,9 +60,11 @@ def command(args: list[str], launcher: str | None, nproc: int, tmp: Path) -> lis
 
 
 def run_trainer(args: list[str], tmp: Path, launcher: str | None = None, nproc: int = 1,
-                timeout: float = 300) -> Run:
+                timeout: float = 300, master_env: bool = True) -> Run:
+    """Run the trainer to the end. mpirun ranks get MASTER_ADDR/PORT from the environment unless
+    master_env is False: then rank 0 must share its address through mpi4py."""
     env = cpu_env()
-    if launcher == "mpirun":
+    if launcher == "mpirun" and master_env:
         env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     proc = subprocess.run(command(args, launcher, nproc, tmp), cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=timeout)
