@@ -1,0 +1,100 @@
+"""Snapshot tests of every benchtui screen (pytest-textual-snapshot; update with --snapshot-update).
+
+Content is deterministic: the shapes come from tests/tui/fixtures/values, backend availability is
+fixed, runs and logs are fed as suite events with fixed times, results are synthetic records.
+"""
+from __future__ import annotations
+
+from tui.app.app import BenchApp
+from tui.app.messages import to_message
+from tui.suite import events as ev
+
+from .conftest import FIXED_AVAILABILITY, synthetic_record, write_results
+
+SIZE = (140, 40)
+RUNS = ["ddp-w1-s64-mb4-ga1-r0", "ddp-w2-s64-mb4-ga1-r0", "zero2-w1-s64-mb4-ga1-r0", "zero2-w2-s64-mb4-ga1-r0"]
+
+
+def make_app(results_dir="results") -> BenchApp:
+    return BenchApp(results_dir=results_dir, availability=FIXED_AVAILABILITY)
+
+
+def feed(app: BenchApp) -> None:
+    """A matrix part-way through: two finished, one running (frozen clock), one queued."""
+    post = lambda event: app.post_message(to_message(event))  # noqa: E731
+    for i, run_id in enumerate(RUNS):
+        post(ev.RunQueued(run_id, i, len(RUNS), {}))
+    post(ev.RunStateChanged(RUNS[0], "running"))
+    post(ev.RunProgress(RUNS[0], 5, 5, tokens_per_s=663.7))
+    post(ev.RunStateChanged(RUNS[0], "collecting"))
+    post(ev.RunStateChanged(RUNS[0], "ok"))
+    post(ev.RunStateChanged(RUNS[1], "running"))
+    post(ev.RunStateChanged(RUNS[1], "failed", "oom: CUDA out of memory"))
+    post(ev.RunStateChanged(RUNS[2], "running"))
+    for step in (1, 2, 3):
+        post(ev.RunLogLine(RUNS[2], f"SHARDBENCH_PROGRESS step {step}"))
+        post(ev.RunProgress(RUNS[2], step, 10, tokens_per_s=500.0 + step, eta_s=42.0))
+    post(ev.RunLogLine(RUNS[2], "RuntimeError: example error line"))
+    post(ev.MatrixProgress(2, 4, 30.0, eta_s=75.0))
+
+
+async def freeze_clock(app: BenchApp) -> None:
+    """Fixed start/end times, so elapsed columns do not depend on when the test ran."""
+    for i, row in enumerate(app.board.rows.values()):
+        if row.started is not None:
+            row.started, row.ended = 1000.0, 1000.0 + 12.0 * (i + 1)
+
+
+def test_matrix_screen(snap_compare, fixture_values):
+    assert snap_compare(make_app(), terminal_size=SIZE)
+
+
+def test_matrix_screen_with_problems(snap_compare, fixture_values):
+    async def run_before(pilot):
+        pilot.app.matrix_screen.query_one("#world_sizes").value = "1, 3, 16"
+        pilot.app.matrix_screen.query_one("#global_batch").value = "8"
+        await pilot.pause()
+
+    assert snap_compare(make_app(), terminal_size=SIZE, run_before=run_before)
+
+
+def test_runs_screen(snap_compare, fixture_values):
+    async def run_before(pilot):
+        feed(pilot.app)
+        await pilot.pause()
+        await pilot.press("f3")
+        await freeze_clock(pilot.app)
+        pilot.app.runs_screen.redraw()
+        await pilot.pause()
+
+    assert snap_compare(make_app(), terminal_size=SIZE, run_before=run_before)
+
+
+def test_logs_screen(snap_compare, fixture_values):
+    async def run_before(pilot):
+        feed(pilot.app)
+        await pilot.pause()
+        pilot.app.show_logs(RUNS[2])
+        await pilot.pause()
+
+    assert snap_compare(make_app(), terminal_size=SIZE, run_before=run_before)
+
+
+def test_results_screen(snap_compare, fixture_values, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the screen names its results dir: keep it the same every run
+    write_results(tmp_path / "results", [
+        synthetic_record("ddp", 1, 660.0, 0.45), synthetic_record("ddp", 2, 1250.0, 0.46),
+        synthetic_record("zero2", 1, 610.0, 0.41), synthetic_record("zero2", 2, 1300.0, 0.33),
+        synthetic_record("fsdp", 2, 0, 0, status="failed", error="RuntimeError: boom"),
+    ])
+
+    async def run_before(pilot):
+        await pilot.app.workers.wait_for_complete()
+        await pilot.press("f5")
+        await pilot.pause()
+
+    assert snap_compare(make_app(), terminal_size=SIZE, run_before=run_before)
+
+
+def test_help_screen(snap_compare, fixture_values):
+    assert snap_compare(make_app(), terminal_size=SIZE, press=["f1"])
