@@ -56,9 +56,10 @@ def run_env(spec: RunSpec, port: int, search_path: str) -> dict[str, str]:
     # DeepSpeed and torch print FutureWarnings on every rank at every import: noise in the log.
     env["PYTHONWARNINGS"] = "ignore::FutureWarning"
     env["MASTER_ADDR"], env["MASTER_PORT"] = "127.0.0.1", str(port)
-    # CPU ranks share the cores: one intra-op thread pool per rank sized to its share, or every
-    # rank spins up one thread per core and they fight (seconds per step instead of ms).
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // spec.world_size)))
+    # The trainer sizes torch's own thread pool per rank (cores / local ranks); this default only
+    # stops other OpenMP users in a rank from starting one spinning thread per core each, which
+    # on a shared CPU turns milliseconds per step into seconds. torchrun sets the same default.
+    env.setdefault("OMP_NUM_THREADS", "1")
     # OpenMPI refuses to run as root without these (containers, CI).
     env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
     env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
@@ -164,7 +165,7 @@ class LocalBackend:
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
         except OSError as exc:
             return failed_record(spec, f"could not start {spec.launcher}: {exc}")
-        emit(RunStateChanged(spec.run_id, "running", " ".join(cmd[:1])))
+        emit(RunStateChanged(spec.run_id, "running", spec.launcher))
         pump = _LogPump(proc.stdout, log_path, spec.run_id, emit)
         pump.start()
         stopped = self._wait(proc, cancel, timeout_s)
