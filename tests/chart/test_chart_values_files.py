@@ -1,0 +1,119 @@
+"""values/<shape>.yaml: the shape block the suite reads (docs/CONTRACTS.md), the right hardware
+figures for each shape, NCCL/RDMA settings as the shape needs them, and a recommended run."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from jsonschema import Draft7Validator
+
+from chart_helpers import CHART, VALUES_DIR, VALUES_FILES
+from tui.suite.matrix import load_shape
+from tui.suite.presets import preset_max_seq_len
+
+SHAPE_KEYS = ["name", "instanceType", "gpuModel", "gpusPerNode", "gpuMemoryGiB", "peakTflopsBf16",
+              "usdPerGpuHour"]
+# Dense bf16 peak of one device, TFLOP/s (docs: A10 125, A100 312, H100 SXM 989, H200 989).
+EXPECTED = {
+    "a10": dict(peak=125, instance="VM.GPU.A10.", gpu="A10", memory=24),
+    "a100": dict(peak=312, instance="BM.GPU4.8", gpu="A100", memory=40),
+    "h100": dict(peak=989, instance="BM.GPU.H100.8", gpu="H100", memory=80),
+    "h200": dict(peak=989, instance="BM.GPU.H200.8", gpu="H200", memory=141),
+}
+RDMA_SHAPES = ("a100", "h100", "h200")
+
+
+def load(name: str) -> dict:
+    return yaml.safe_load((VALUES_DIR / name).read_text())
+
+
+@pytest.mark.parametrize("values", VALUES_FILES)
+def test_values_file_matches_the_chart_schema(values):
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    defaults = yaml.safe_load((CHART / "values.yaml").read_text())
+
+    def merge(a, b):
+        out = dict(a)
+        for k, v in b.items():
+            out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        return out
+
+    errors = [e.message for e in Draft7Validator(schema).iter_errors(merge(defaults, load(values)))]
+    assert errors == []
+
+
+@pytest.mark.parametrize("values", VALUES_FILES)
+def test_shape_block_follows_the_contract(values):
+    shape = load(values)["shape"]
+    assert list(shape) == SHAPE_KEYS
+    name = values.removesuffix(".yaml")
+    assert shape["name"] == name
+    # What the suite reads out of it.
+    suite = load_shape(name, VALUES_DIR)
+    assert suite.gpus_per_node == shape["gpusPerNode"]
+    assert suite.peak_tflops == (None if shape["peakTflopsBf16"] is None else float(shape["peakTflopsBf16"]))
+    assert suite.usd_per_gpu_hour == (None if shape["usdPerGpuHour"] is None else float(shape["usdPerGpuHour"]))
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_gpu_shape_figures(name):
+    v = load(f"{name}.yaml")
+    shape, want = v["shape"], EXPECTED[name]
+    assert shape["peakTflopsBf16"] == want["peak"]
+    assert shape["instanceType"].startswith(want["instance"])
+    # "A10" is a substring of "A100": compare words, not substrings.
+    assert want["gpu"] in shape["gpuModel"].replace("-", " ").split()
+    assert shape["gpuMemoryGiB"] == want["memory"]
+    assert shape["gpusPerNode"] >= 1 and 0 < shape["usdPerGpuHour"] < 20
+    assert v["gpuResource"] == "nvidia.com/gpu"
+    assert 1 <= v["gpusPerWorker"] <= shape["gpusPerNode"]
+    assert v["image"]["tag"].endswith("-cuda")
+    assert v["run"]["device"] == "cuda"
+
+
+def test_cpu_shape():
+    v = load("cpu.yaml")
+    assert v["shape"]["gpusPerNode"] == 0 and v["shape"]["peakTflopsBf16"] is None
+    assert v["gpuResource"] == "" and v["run"]["device"] == "cpu"
+    assert v["image"]["tag"].endswith("-cpu")
+
+
+@pytest.mark.parametrize("values", VALUES_FILES)
+def test_recommended_run(values):
+    run = load(values)["run"]
+    assert {"microBatch", "seqLen", "precision", "model"} <= set(run)
+    assert run["seqLen"] <= preset_max_seq_len(run["model"])
+    if values != "cpu.yaml":
+        assert run["precision"] == "bf16"  # every one of these GPUs has bf16
+
+
+def test_a10_uses_sockets():
+    nccl = load("a10.yaml")["nccl"]
+    assert nccl["NCCL_IB_DISABLE"] == "1"
+    assert nccl["NCCL_P2P_LEVEL"] == "SYS"
+    assert nccl["NCCL_ALGO"] == "Ring"
+    assert nccl["NCCL_SOCKET_IFNAME"]
+    assert load("a10.yaml")["rdma"]["enabled"] is False
+
+
+@pytest.mark.parametrize("name", RDMA_SHAPES)
+def test_bare_metal_uses_rdma_and_nvlink(name):
+    v = load(f"{name}.yaml")
+    nccl = v["nccl"]
+    assert nccl["NCCL_IB_DISABLE"] == "0"
+    assert nccl["NCCL_IB_HCA"] and nccl["NCCL_SOCKET_IFNAME"]
+    assert nccl["NCCL_NET_GDR_LEVEL"]  # GPUDirect RDMA
+    assert nccl["NCCL_P2P_LEVEL"] == "NVL"
+    assert "NCCL_COLLNET_ENABLE" in nccl  # SHARP / CollNet switch, off unless the fabric has it
+    assert "NCCL_TOPO_FILE" in (VALUES_DIR / f"{name}.yaml").read_text()  # documented, optional
+    assert v["rdma"]["enabled"] is True and v["rdma"]["resourceName"]
+    assert v["oneWorkerPerNode"] is True
+    assert v["gpusPerWorker"] == v["shape"]["gpusPerNode"]
+
+
+@pytest.mark.parametrize("values", VALUES_FILES)
+def test_every_nccl_value_is_a_string(values):
+    # Environment values are strings; a YAML 0 rendered as "0" is fine, but keep them explicit.
+    for key, value in (load(values).get("nccl") or {}).items():
+        assert isinstance(value, str), f"{values}: {key} should be quoted"
