@@ -35,7 +35,7 @@ def main() -> None:
     p.add_argument("--model", default="gpt2-124m" if gpu else "tiny")
     p.add_argument("--seq-len", type=int, default=1024 if gpu else 128)
     p.add_argument("--micro-batch", type=int, default=8)
-    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--steps", type=int, default=40)
     p.add_argument("--warmup-steps", type=int, default=10)
     p.add_argument("--precision", default="bf16" if gpu else "fp32")
     p.add_argument("--repeats", type=int, default=5)
