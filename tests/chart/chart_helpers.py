@@ -99,6 +99,14 @@ def replica_pods(mpijob: dict) -> dict[str, dict]:
     return pods
 
 
+def launcher_argv(mpijob: dict) -> list[str]:
+    """The launcher container's argv. It must be `args`, not `command`: the image's ENTRYPOINT
+    (docker/entrypoint.sh) has to run first."""
+    container = mpijob["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
+    assert "command" not in container, "the launcher must keep the image's entrypoint"
+    return container["args"]
+
+
 # --- the MPIJob CRD's openAPIV3Schema as JSON Schema --------------------------------------------
 
 def openapi_to_jsonschema(node):

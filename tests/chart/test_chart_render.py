@@ -6,7 +6,8 @@ import pytest
 import yaml
 
 from chart_helpers import (CHART, CHART_LAUNCHERS, HELMS, NAMESPACE, RELEASE, STRATEGIES,
-                           VALUES_DIR, VALUES_FILES, helm_cmd, one, render, replica_pods)
+                           VALUES_DIR, VALUES_FILES, helm_cmd, launcher_argv, one, render,
+                           replica_pods)
 
 COMBOS = [(s, l) for s in STRATEGIES for l in CHART_LAUNCHERS]
 
@@ -43,7 +44,7 @@ def test_lint_strict_strategy_launcher(helm, strategy, launcher):
 def test_template_strategy_launcher(helm, strategy, launcher):
     docs = render(helm, ("h100.yaml",), (f"run.strategy={strategy}", f"launcher={launcher}", "workers=2"))
     job = one(docs, "MPIJob")
-    cmd = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["command"]
+    cmd = launcher_argv(job)
     assert cmd[0] == launcher
     assert cmd[cmd.index("--strategy") + 1] == strategy
     labels = job["metadata"]["labels"]
@@ -130,7 +131,7 @@ def test_optional_objects():
     worker = replica_pods(job)["Worker"]["spec"]
     claim = one(docs, "PersistentVolumeClaim")["metadata"]["name"]
     assert any(v.get("persistentVolumeClaim", {}).get("claimName") == claim for v in worker["volumes"])
-    cmd = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["command"]
+    cmd = launcher_argv(job)
     assert cmd[cmd.index("--output-dir") + 1].startswith("/results/")
 
     docs = render("helm3", (), ("networkPolicy.enabled=false", "serviceAccount.create=false",
@@ -161,13 +162,13 @@ def test_deepspeed_config_override_goes_through_the_configmap():
     data = one(docs, "ConfigMap")["data"]
     assert yaml.safe_load(data["deepspeed.json"]) == {"zero_optimization": {"stage": 2, "overlap_comm": True}}
     launcher = replica_pods(one(docs, "MPIJob"))["Launcher"]["spec"]
-    cmd = launcher["containers"][0]["command"]
+    cmd = launcher["containers"][0]["args"]
     assert cmd[cmd.index("--deepspeed-config") + 1] == "/etc/shardbench/deepspeed.json"
     assert {"name": "config", "mountPath": "/etc/shardbench", "readOnly": True} in launcher["containers"][0]["volumeMounts"]
 
 
 def test_global_batch_sets_grad_accum():
     docs = render("helm3", ("h100.yaml",), ("workers=2", "run.microBatch=2", "run.globalBatch=128"))
-    cmd = replica_pods(one(docs, "MPIJob"))["Launcher"]["spec"]["containers"][0]["command"]
+    cmd = launcher_argv(one(docs, "MPIJob"))
     assert cmd[cmd.index("--grad-accum") + 1] == "4"  # 128 / (2 x 16)
     assert cmd[cmd.index("--run-id") + 1] == "ddp-w16-s2048-mb2-ga4-r0"

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from chart_helpers import (CHART, CHART_LAUNCHERS, NAMESPACE, RELEASE, STRATEGIES, VALUES_DIR,
-                           VALUES_FILES, one, render)
+                           VALUES_FILES, launcher_argv, one, render)
 from trainer.launchers import LaunchPlan, build_command
 from tui.suite.matrix import RunSpec, load_shape, run_id
 
@@ -94,7 +94,7 @@ CASES = [(f, {}) for f in VALUES_FILES] + [
 def test_chart_command_is_build_command(values_file, overrides):
     docs = render("helm3", (values_file,) if values_file else (), tuple(_sets(overrides)))
     job = one(docs, "MPIJob")
-    rendered = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["command"]
+    rendered = launcher_argv(job)
     expected = expected_command(values_file, overrides)
     assert rendered == expected
     cm = one(docs, "ConfigMap")["data"]
@@ -109,14 +109,12 @@ def test_helm4_renders_the_same_command():
     for values_file in VALUES_FILES:
         for launcher in CHART_LAUNCHERS:
             sets = (f"launcher={launcher}", "workers=2")
-            cmds = [one(render(h, (values_file,), sets), "MPIJob")["spec"]["mpiReplicaSpecs"]["Launcher"]
-                    ["template"]["spec"]["containers"][0]["command"] for h in ("helm3", "helm4")]
+            cmds = [launcher_argv(one(render(h, (values_file,), sets), "MPIJob")) for h in ("helm3", "helm4")]
             assert cmds[0] == cmds[1]
 
 
 def test_the_comparison_can_fail():
     """A run that differs in one flag gives a different command (the test is not vacuous)."""
     assert expected_command("h100.yaml", {}) != expected_command("h100.yaml", {"run": {"seqLen": 1024}})
-    rendered = one(render("helm3", ("h100.yaml",)), "MPIJob")["spec"]["mpiReplicaSpecs"]["Launcher"][
-        "template"]["spec"]["containers"][0]["command"]
+    rendered = launcher_argv(one(render("helm3", ("h100.yaml",)), "MPIJob"))
     assert rendered != expected_command("h100.yaml", {"masterPort": 29501})
