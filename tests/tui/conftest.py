@@ -55,3 +55,14 @@ def rank_processes(marker: str) -> list[str]:
         if marker in cmd:
             found.append(f"{proc.pid}: {cmd[:160]}")
     return found
+
+
+async def settle(pilot, timeout: float = 60.0) -> None:
+    """Wait until the app's workers are done. Not workers.wait_for_complete(): that raises when
+    an exclusive worker (results refresh) was superseded by a newer one, which is normal here."""
+    import time
+
+    until = time.monotonic() + timeout
+    while any(not w.is_finished for w in pilot.app.workers) and time.monotonic() < until:
+        await pilot.pause(0.1)
+    await pilot.pause()

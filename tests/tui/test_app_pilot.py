@@ -15,7 +15,7 @@ from tui.app.messages import to_message
 from tui.suite import events as ev
 from tui.suite.matrix import MatrixSpec, load_matrix
 
-from .conftest import FIXED_AVAILABILITY, rank_processes, synthetic_record, write_results
+from .conftest import FIXED_AVAILABILITY, rank_processes, settle, synthetic_record, write_results
 
 SIZE = (150, 45)
 
@@ -63,7 +63,7 @@ async def test_tiny_matrix_runs_for_real_and_results_hold_measured_tokens_per_s(
         await pilot.pause()
         assert app.current_mode == "runs"
         await wait_until(pilot, lambda: not app.matrix_worker.is_running, 180, "the matrix to finish")
-        await app.workers.wait_for_complete()
+        await settle(pilot)
         await pilot.pause(0.5)
 
         runs = app.runs_screen.query_one("#runs-table", DataTable)
@@ -203,7 +203,8 @@ async def test_results_table_sorts_and_names_winners(tmp_path):
                              synthetic_record("fsdp", 2, 0, 0, status="failed", error="boom")])
     app = BenchApp(results_dir=tmp_path, availability=FIXED_AVAILABILITY)
     async with app.run_test(size=SIZE) as pilot:
-        await app.workers.wait_for_complete()
+        await wait_until(pilot, lambda: "result(s) in" in app.results_screen.source, 30, "the results")
+        await settle(pilot)
         await pilot.press("f5")
         await pilot.pause(0.3)
         table = app.results_screen.query_one("#results-table", DataTable)

@@ -9,7 +9,7 @@ from tui.app.app import BenchApp
 from tui.app.messages import to_message
 from tui.suite import events as ev
 
-from .conftest import FIXED_AVAILABILITY, synthetic_record, write_results
+from .conftest import FIXED_AVAILABILITY, settle, synthetic_record, write_results
 
 SIZE = (140, 40)
 RUNS = ["ddp-w1-s64-mb4-ga1-r0", "ddp-w2-s64-mb4-ga1-r0", "zero2-w1-s64-mb4-ga1-r0", "zero2-w2-s64-mb4-ga1-r0"]
@@ -89,7 +89,9 @@ def test_results_screen(snap_compare, fixture_values, tmp_path, monkeypatch):
     ])
 
     async def run_before(pilot):
-        await pilot.app.workers.wait_for_complete()
+        while "result(s) in" not in pilot.app.results_screen.source:
+            await pilot.pause(0.1)
+        await settle(pilot)
         await pilot.press("f5")
         await pilot.pause()
 

@@ -30,7 +30,7 @@ MODES = ("matrix", "runs", "logs", "results")
 
 
 class BenchApp(App):
-    CSS_PATH = "app.tcss"
+    CSS_PATH = Path(__file__).with_name("app.tcss")  # absolute: subclasses may live anywhere
     TITLE = "benchtui"
     SUB_TITLE = "shardbench strategy matrix"
     BINDINGS = [
@@ -66,6 +66,9 @@ class BenchApp(App):
 
     def on_mount(self) -> None:
         self.switch_mode("matrix")
+
+    def on_ready(self) -> None:
+        # After the first paint: these import kubernetes and pandas, which would delay it.
         if self.fixed_availability is None:
             self.check_backends()
         self.refresh_results()

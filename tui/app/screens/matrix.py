@@ -43,6 +43,7 @@ class MatrixScreen(Screen):
         self.choices: dict[str, list[str]] = {}
         self.specs: list = []
         self.problems: list[str] = []
+        self._validate_pending = False
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -119,6 +120,13 @@ class MatrixScreen(Screen):
     @on(Select.Changed)
     @on(SelectionList.SelectedChanged)
     def _changed(self) -> None:
+        # Loading a matrix changes every field at once: validate once per refresh, not per field.
+        if not self._validate_pending:
+            self._validate_pending = True
+            self.call_after_refresh(self._validate_now)
+
+    def _validate_now(self) -> None:
+        self._validate_pending = False
         self.validate()
 
     def validate(self) -> None:
