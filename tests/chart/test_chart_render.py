@@ -2,10 +2,12 @@
 strategy x launcher; and what the rendered MPIJob must say."""
 from __future__ import annotations
 
+import json
+
 import pytest
 import yaml
 
-from chart_helpers import (CHART, CHART_LAUNCHERS, HELMS, NAMESPACE, RELEASE, STRATEGIES,
+from chart_helpers import (CHART, CHART_LAUNCHERS, HELMS, NAMESPACE, RELEASE, REPO, STRATEGIES,
                            VALUES_DIR, VALUES_FILES, helm_cmd, launcher_argv, one, render,
                            replica_pods)
 
@@ -160,11 +162,24 @@ def test_deepspeed_config_override_goes_through_the_configmap():
     docs = render("helm3", (), ("run.strategy=zero2", "deepspeed.config.zero_optimization.stage=2",
                                "deepspeed.config.zero_optimization.overlap_comm=true"))
     data = one(docs, "ConfigMap")["data"]
-    assert yaml.safe_load(data["deepspeed.json"]) == {"zero_optimization": {"stage": 2, "overlap_comm": True}}
+    merged = json.loads((REPO / "trainer" / "ds_configs" / "zero2.json").read_text())
+    merged["zero_optimization"]["overlap_comm"] = True
+    assert json.loads(data["deepspeed.json"]) == merged  # complete: the override merged over the packaged one
     launcher = replica_pods(one(docs, "MPIJob"))["Launcher"]["spec"]
     cmd = launcher["containers"][0]["args"]
     assert cmd[cmd.index("--deepspeed-config") + 1] == "/etc/shardbench/deepspeed.json"
     assert {"name": "config", "mountPath": "/etc/shardbench", "readOnly": True} in launcher["containers"][0]["volumeMounts"]
+
+
+@pytest.mark.parametrize("strategy", ["zero1", "zero2", "zero3"])
+def test_chart_ds_configs_are_the_trainers(strategy):
+    packaged = json.loads((REPO / "trainer" / "ds_configs" / f"{strategy}.json").read_text())
+    assert json.loads((CHART / "files" / "ds_configs" / f"{strategy}.json").read_text()) == packaged, \
+        "chart/files/ds_configs/ is a copy of trainer/ds_configs/: copy it again"
+    docs = render("helm3", (), (f"run.strategy={strategy}",))
+    assert json.loads(one(docs, "ConfigMap")["data"]["deepspeed.json"]) == packaged
+    # Without an override the trainer reads its own copy: no flag, the same command as a local run.
+    assert "--deepspeed-config" not in launcher_argv(one(docs, "MPIJob"))
 
 
 def test_global_batch_sets_grad_accum():
