@@ -19,6 +19,7 @@ from tui.suite.backends.kube import KubeBackend, job_phase, release_name, releas
 from tui.suite.events import RunLogLine, RunProgress, RunStateChanged
 from tui.suite.matrix import RunSpec
 
+from .conftest import synthetic_record
 from .kube_emulator import (NAMESPACE, Emulator, add_event, add_pod, install_shims, mpijobs, serve_log,
                             set_conditions, wait_for_mpijob, write_kubeconfig)
 
@@ -36,9 +37,10 @@ def spec(run_id: str = "ddp-w2-s64-mb4-ga1-r0") -> RunSpec:
 
 
 def record_for(s: RunSpec, tokens_per_s: float) -> dict:
-    return {"schema_version": 1, "run_id": s.run_id, "status": "ok", "error": None,
-            "strategy": s.strategy, "launcher": s.launcher, "world_size": s.world_size,
-            "tokens_per_s": tokens_per_s, "peak_memory_bytes": 123456789}
+    """What the trainer's rank 0 prints at the end of this run (a full record)."""
+    record = synthetic_record(s.strategy, s.world_size, tokens_per_s, 0.5)
+    record["run_id"] = s.run_id
+    return record
 
 
 def launcher_log(s: RunSpec, tokens_per_s: float) -> list[str]:
