@@ -187,3 +187,11 @@ def test_global_batch_sets_grad_accum():
     cmd = launcher_argv(one(docs, "MPIJob"))
     assert cmd[cmd.index("--grad-accum") + 1] == "4"  # 128 / (2 x 16)
     assert cmd[cmd.index("--run-id") + 1] == "ddp-w16-s2048-mb2-ga4-r0"
+
+
+@pytest.mark.parametrize("helm", sorted(HELMS))
+def test_kube_version_range_is_enforced(helm):
+    old = helm_cmd(helm, "template", RELEASE, str(CHART), "--kube-version", "1.27.3")
+    assert old.returncode != 0 and "incompatible with Kubernetes v1.27.3" in old.stderr
+    # Pre-release / vendor suffixes (EKS, GKE) still match thanks to the "-0" in the range.
+    assert helm_cmd(helm, "template", RELEASE, str(CHART), "--kube-version", "1.31.2-eks-1").returncode == 0
