@@ -52,6 +52,8 @@ def test_launcher_prefixes_are_stripped():
     r = rec()
     log = f"[1,0]<stdout>:{START_MARKER}\n[1,0]<stdout>:{json.dumps(r)}\n[1,0]<stdout>:{END_MARKER}\n"
     assert extract(log).record == r
+    pdsh = f"worker-0: {START_MARKER}\nworker-0: {json.dumps(r)}\nworker-0: {END_MARKER}\n"
+    assert extract(pdsh).record == r
 
 
 def test_two_records_last_wins_and_run_id_preferred():

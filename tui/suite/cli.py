@@ -145,22 +145,28 @@ def _run_with_progress(specs, backend, args) -> tuple[list[dict], bool]:
         result["records"] = run_matrix(specs, backend, args.results, view.emit, cancel, args.force)
 
     worker = threading.Thread(target=work, name="matrix", daemon=True)
-    interrupted = False
-    old = signal.signal(signal.SIGTERM, lambda *_: cancel.set())
-    with view:
-        worker.start()
-        while worker.is_alive():
-            try:
+
+    def stop(signum, _frame):
+        # Ctrl-C / SIGTERM: the backend ends the current run's whole process tree, the runner
+        # starts nothing new, finished results stay on disk. A handler (not KeyboardInterrupt)
+        # so the signal can never land outside a try and leave the worker's ranks running.
+        # Only set the flag here: printing from a signal handler can deadlock on the console lock.
+        cancel.set()
+
+    old = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with view:
+            worker.start()
+            noted = False
+            while worker.is_alive():
                 worker.join(0.2)
-            except KeyboardInterrupt:
-                # Ctrl-C: the backend stops the current run (whole process group), the runner
-                # starts nothing new; finished results stay on disk.
-                interrupted = True
-                cancel.set()
-                view.note("stopping: ending the current run's processes...")
-        interrupted = interrupted or cancel.is_set()
-    signal.signal(signal.SIGTERM, old)
-    return result.get("records", []), interrupted
+                if cancel.is_set() and not noted:
+                    noted = True
+                    view.note("stopping: ending the current run's processes...")
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+    return result.get("records", []), cancel.is_set()
 
 
 class _QuietView:

@@ -16,8 +16,8 @@ from pathlib import Path
 
 def _stat_fields(pid: int) -> list[str] | None:
     try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+        raw = Path(f"/proc/{pid}/stat").read_bytes().decode("utf-8", errors="replace")
+    except OSError:  # gone between listdir and read
         return None
     # comm (field 2) may hold spaces and parens: split after the last ')'.
     return raw[raw.rfind(")") + 2:].split()
@@ -31,7 +31,7 @@ def session_pids(sid: int) -> list[int]:
             continue
         fields = _stat_fields(int(entry))
         # fields[0] = state, fields[3] = session id (stat fields 3 and 6).
-        if fields and fields[0] != "Z" and int(fields[3]) == sid:
+        if fields and len(fields) > 3 and fields[0] != "Z" and fields[3] == str(sid):
             pids.append(int(entry))
     return pids
 

@@ -168,11 +168,14 @@ class LocalBackend:
         emit(RunStateChanged(spec.run_id, "running", spec.launcher))
         pump = _LogPump(proc.stdout, log_path, spec.run_id, emit)
         pump.start()
-        stopped = self._wait(proc, cancel, timeout_s)
-        # The launcher is gone; anything still in its session is an orphan rank: end it too.
-        if session_pids(proc.pid):
-            kill_session(proc.pid, self.kill_grace_s)
-        proc.wait()
+        try:
+            stopped = self._wait(proc, cancel, timeout_s)
+        finally:
+            # Whatever happened (done, stopped, an exception here), nothing of this run may
+            # outlive it: anything left in the launcher's session is an orphan rank.
+            if proc.poll() is None or session_pids(proc.pid):
+                kill_session(proc.pid, self.kill_grace_s)
+            proc.wait()
         pump.join(timeout=3)  # all writers are gone by now: EOF is immediate
         emit(RunStateChanged(spec.run_id, "collecting"))
         return self._record(spec, run_dir, proc.returncode, stopped, timeout_s)
