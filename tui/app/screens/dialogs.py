@@ -12,25 +12,21 @@ HELP = """\
 
 Pick a matrix, run it here or on the cluster, watch the logs, compare the results.
 
-| key | where | what |
-| --- | --- | --- |
-| F2 / 1 | anywhere | Matrix screen |
-| F3 / 2 | anywhere | Runs screen |
-| F4 / 3 | anywhere | Logs screen |
-| F5 / 4 | anywhere | Results screen |
-| ctrl+r | anywhere | run the matrix |
-| x | anywhere | cancel all runs |
-| ctrl+p | anywhere | command palette |
-| ? / F1 | anywhere | this help |
-| q | anywhere | quit (cancels runs first) |
-| ctrl+s / ctrl+o | Matrix | save / load the matrix (YAML) |
-| c / l | Runs | cancel the selected run / its log |
-| f / / / n / e | Logs | follow on-off / search / next match / jump to the error |
-| [ / ] | Logs | previous / next run |
-| s / v | Results | sort by the next column / reverse (or click a header) |
-| w / o / R | Results | write metrics.csv, plots, BENCHMARK_REPORT.md / open a results dir / reload |
+**Anywhere**
+- `F2` `F3` `F4` `F5` (or `1` `2` `3` `4` outside text fields): Matrix, Runs, Logs, Results screens
+- `ctrl+r` run the matrix · `x` cancel all runs · `q` quit (stops the runs first)
+- `ctrl+p` command palette · `?` or `F1` this help
 
-Digits switch screens only when no text field has the focus.
+**Matrix**: `ctrl+s` save as YAML · `ctrl+o` load a YAML matrix; invalid combinations are listed
+with why, before anything runs
+
+**Runs**: `c` cancel the selected run · `l` or `enter` its log
+
+**Logs**: `f` follow on/off · `/` search · `n` next match · `e` jump to the last error ·
+`[` `]` previous / next run
+
+**Results**: `s` sort by the next column · `v` reverse (or click a header) · `w` write
+metrics.csv, plots and BENCHMARK_REPORT.md · `o` open a past results dir · `R` reload
 """
 
 
