@@ -199,3 +199,25 @@ def test_values_merge_shape_file_and_run_overrides(tmp_path):
     assert release_name("ZeRO3_w16/..") == "zero3-w16"
     assert job_phase({"status": {"conditions": [{"type": "Running", "status": "True"},
                                                 {"type": "Failed", "status": "True"}]}}) == "Failed"
+
+
+async def test_failed_job_seen_through_the_watch_names_the_operator_reason(cluster, tmp_path):
+    emu, kubeconfig = cluster
+    s = spec()
+
+    async def operator():
+        name = (await wait_for_mpijob(emu))["metadata"]["name"]
+        pod = add_pod(emu, name, "launcher", "Running")
+        await set_conditions(emu, name, "Created", "Running")
+        serve_log(emu, pod, ["Traceback (most recent call last):", "RuntimeError: NCCL timeout on rank 3"])
+        await asyncio.sleep(0.3)
+        await set_conditions(emu, name, "Created", "Running", "Failed", message="launcher exited with code 1")
+
+    op = asyncio.create_task(operator())
+    record, events = await run_in_thread(backend(kubeconfig), s, tmp_path / "run")
+    assert op.done() or not op.cancel(), record.get("error")
+    # The job's Failed condition (only the MPIJob watch knows it) and the log's last error line.
+    assert record["status"] == "failed"
+    assert "RuntimeError: NCCL timeout on rank 3" in record["error"]
+    assert "MPIJob Failed: launcher exited with code 1" in record["error"]
+    assert mpijobs(emu) == {}  # not kept: keep_failed was not asked for
