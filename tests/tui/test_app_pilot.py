@@ -215,3 +215,24 @@ async def test_results_table_sorts_and_names_winners(tmp_path):
         assert order()[0] == "zero2-w2-s64-mb4-ga1-r0"
         winners = str(app.results_screen.query_one("#winners").content)
         assert "throughput @ 2 dev: zero2" in winners and "33.3% ahead of ddp" in winners
+
+
+async def test_open_past_results_and_write_the_report(tmp_path):
+    past = write_results(tmp_path / "past", [synthetic_record("ddp", 1, 600.0, 0.4),
+                                             synthetic_record("fsdp", 1, 550.0, 0.3)])
+    app = BenchApp(results_dir=tmp_path / "empty", availability=FIXED_AVAILABILITY)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("f5")
+        await wait_until(pilot, lambda: "0 result(s)" in app.results_screen.source, 30, "the empty dir")
+        await pilot.press("o")
+        await pilot.pause()
+        app.screen.query_one("#prompt-input", Input).value = str(past)
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: "2 result(s)" in app.results_screen.source, 30, "the past results")
+        assert app.results_screen.query_one("#results-table", DataTable).row_count == 2
+        await pilot.press("w")
+        await wait_until(pilot, lambda: (past / "report" / "BENCHMARK_REPORT.md").exists(), 60, "the report")
+        await settle(pilot)
+        assert (past / "report" / "metrics.csv").read_text().count("\n") == 3  # header + 2 runs
+        assert list((past / "report" / "plots").glob("*.png"))
+        assert any("wrote" in n.message for n in app._notifications)

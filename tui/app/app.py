@@ -145,7 +145,8 @@ class BenchApp(App):
             self.notify(f"backend {spec.backend} unavailable: {status[1]}", severity="error")
             return
         self.board.reset()
-        self.runs_screen.redraw() if self.runs_screen.is_mounted else None
+        if self.runs_screen.is_mounted:
+            self.runs_screen.redraw()
         self.logs_screen.run_id = None
         self.matrix_worker = self.run_specs(list(screen.specs), spec.backend)
         self.switch_mode("runs")
@@ -156,6 +157,10 @@ class BenchApp(App):
 
         try:
             self.runner = PerRunCancel(make_backend(backend_name, self.cluster))
+            ok, why = self.runner.availability()  # the start-up check may be stale or not done
+            if not ok:
+                self.post_message(msg.MatrixDone([], f"backend {backend_name} unavailable: {why}"))
+                return
             records = run_matrix(specs, self.runner, self.results_dir,
                                  emit=lambda event: self.post_message(msg.to_message(event)),
                                  cancel=self.runner.matrix_cancel)
