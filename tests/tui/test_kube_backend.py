@@ -221,3 +221,23 @@ async def test_failed_job_seen_through_the_watch_names_the_operator_reason(clust
     assert "RuntimeError: NCCL timeout on rank 3" in record["error"]
     assert "MPIJob Failed: launcher exited with code 1" in record["error"]
     assert mpijobs(emu) == {}  # not kept: keep_failed was not asked for
+
+
+async def test_helm_memory_driver_renders_the_release_but_sends_nothing(cluster, tmp_path, monkeypatch):
+    """Why the lifecycle tests keep helm's default Secret driver: with HELM_DRIVER=memory the helm
+    CLI swaps in a printing fake kube client, so the install 'succeeds' with the run's values
+    rendered while the cluster (here the emulator) receives no object at all."""
+    emu, kubeconfig = cluster
+    empty = tmp_path / "releases.yaml"
+    empty.write_text("[]\n")  # helm 3.19 exits when HELM_MEMORY_DRIVER_DATA names no file
+    monkeypatch.setenv("HELM_DRIVER", "memory")
+    monkeypatch.setenv("HELM_MEMORY_DRIVER_DATA", str(empty))
+    s = spec()
+    b = backend(kubeconfig)
+    resources = await asyncio.to_thread(b.install, s, release_name(s.run_id))
+    job = next(r for r in resources if r["kind"] == "MPIJob")
+    assert s.run_id in json.dumps(job) and job["metadata"]["name"].startswith(release_name(s.run_id))
+    assert not [r for r in list(emu) if str(r.method.value).upper() in ("POST", "PUT", "PATCH")]
+    assert mpijobs(emu) == {}
+    # Uninstall in another helm process cannot see a memory release: pyhelm3 treats it as gone.
+    await asyncio.to_thread(b.helm_call, "uninstall_release", release_name(s.run_id), namespace=NAMESPACE)
