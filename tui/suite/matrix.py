@@ -227,6 +227,14 @@ def _opt(value, kind):
 
 # --- expansion ------------------------------------------------------------------------------
 
+def _pos_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 1
+
+
+def _number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
 def _scalar_errors(m: MatrixSpec) -> list[str]:
     errors = [f"unknown strategy {s!r}: use one of {', '.join(STRATEGIES)}"
               for s in m.strategies if s not in STRATEGIES]
@@ -241,18 +249,22 @@ def _scalar_errors(m: MatrixSpec) -> list[str]:
     if m.model not in PRESETS:
         errors.append(f"unknown model preset {m.model!r}: use one of {', '.join(PRESETS)}")
     for name in ("micro_batch", "steps", "repeats"):
-        if not isinstance(getattr(m, name), int) or getattr(m, name) < 1:
+        if not _pos_int(getattr(m, name)):
             errors.append(f"{name} must be a positive integer, got {getattr(m, name)!r}")
-    if not isinstance(m.warmup_steps, int) or m.warmup_steps < 0:
+    if not isinstance(m.warmup_steps, int) or isinstance(m.warmup_steps, bool) or m.warmup_steps < 0:
         errors.append(f"warmup_steps must be an integer >= 0, got {m.warmup_steps!r}")
-    elif isinstance(m.steps, int) and m.warmup_steps >= m.steps:
+    elif _pos_int(m.steps) and m.warmup_steps >= m.steps:
         errors.append(f"warmup_steps ({m.warmup_steps}) must be below steps ({m.steps}): nothing would be measured")
-    if m.global_batch is None and (not isinstance(m.grad_accum, int) or m.grad_accum < 1):
+    if m.global_batch is None and not _pos_int(m.grad_accum):
         errors.append(f"grad_accum must be a positive integer, got {m.grad_accum!r}")
-    if m.usd_per_gpu_hour is not None and m.usd_per_gpu_hour < 0:
-        errors.append(f"usd_per_gpu_hour must be >= 0, got {m.usd_per_gpu_hour!r}")
-    if m.timeout_s is not None and m.timeout_s <= 0:
-        errors.append(f"timeout_s must be positive, got {m.timeout_s!r}")
+    if m.global_batch is not None and not _pos_int(m.global_batch):
+        errors.append(f"global_batch must be a positive integer, got {m.global_batch!r}")
+    if m.usd_per_gpu_hour is not None and not (_number(m.usd_per_gpu_hour) and m.usd_per_gpu_hour >= 0):
+        errors.append(f"usd_per_gpu_hour must be a number >= 0, got {m.usd_per_gpu_hour!r}")
+    if m.timeout_s is not None and not (_number(m.timeout_s) and m.timeout_s > 0):
+        errors.append(f"timeout_s must be a positive number of seconds, got {m.timeout_s!r}")
+    if m.max_world_size is not None and not _pos_int(m.max_world_size):
+        errors.append(f"max_world_size must be a positive integer, got {m.max_world_size!r}")
     if not m.strategies:
         errors.append("strategies is empty")
     if not m.world_sizes:
@@ -293,6 +305,29 @@ def _grad_accum(m: MatrixSpec, world: int) -> int | str:
     return m.global_batch // per_step
 
 
+def _axis_errors(m: MatrixSpec, shape: Shape | None) -> list[str]:
+    errors = []
+    limit, why = _world_limit(m, shape)
+    for world in m.world_sizes:
+        if not isinstance(world, int) or isinstance(world, bool) or world < 1:
+            errors.append(f"world size must be a positive integer, got {world!r}")
+        elif limit is not None and world > limit:
+            errors.append(f"world size {world} is larger than allowed ({limit}: {why})")
+    max_seq = preset_max_seq_len(m.model) if m.model in PRESETS else None
+    for seq in m.seq_lens:
+        if not isinstance(seq, int) or isinstance(seq, bool) or seq < 1:
+            errors.append(f"seq len must be a positive integer, got {seq!r}")
+        elif max_seq is not None and seq > max_seq:
+            errors.append(f"seq len {seq} is above the {m.model} preset's block size {max_seq}")
+    return errors
+
+
+def _combination_errors(m: MatrixSpec, shape: Shape | None) -> list[str]:
+    """Per world size: grad-accum from the global batch, and how the ranks map onto nodes."""
+    found = [_grad_accum(m, w) for w in m.world_sizes] + [_layout(m, shape, w) for w in m.world_sizes]
+    return [x for x in found if isinstance(x, str)]
+
+
 def expand(matrix: MatrixSpec) -> tuple[list[RunSpec], list[str]]:
     """All run specs of the matrix, and one line per invalid combination (empty when all valid).
 
@@ -306,54 +341,34 @@ def expand(matrix: MatrixSpec) -> tuple[list[RunSpec], list[str]]:
             shape = load_shape(matrix.shape)
         except ValueError as exc:
             errors.append(str(exc))
-    if errors and any("must be" in e or "unknown model" in e or "empty" in e for e in errors):
-        return [], errors
-    limit, why = _world_limit(matrix, shape)
-    max_seq = preset_max_seq_len(matrix.model) if matrix.model in PRESETS else None
-    specs: list[RunSpec] = []
-    for world in matrix.world_sizes:
-        if not isinstance(world, int) or world < 1:
-            errors.append(f"world size must be a positive integer, got {world!r}")
-        elif limit is not None and world > limit:
-            errors.append(f"world size {world} is larger than allowed ({limit}: {why})")
-    for seq in matrix.seq_lens:
-        if not isinstance(seq, int) or seq < 1:
-            errors.append(f"seq len must be a positive integer, got {seq!r}")
-        elif max_seq is not None and seq > max_seq:
-            errors.append(f"seq len {seq} is above the {matrix.model} preset's block size {max_seq}")
-    for world in matrix.world_sizes:
-        if not isinstance(world, int) or world < 1:
-            continue
-        ga = _grad_accum(matrix, world)
-        layout = _layout(matrix, shape, world)
-        for msg in (ga, layout):
-            if isinstance(msg, str):
-                errors.append(msg)
+    errors += _axis_errors(matrix, shape)
+    if errors:  # the combinations need valid numbers to be computed at all
+        return [], _dedupe(errors)
+    errors = _combination_errors(matrix, shape)
     if errors:
         return [], _dedupe(errors)
-    for strategy in matrix.strategies:
-        launcher = AUTO_LAUNCHER[strategy] if matrix.launcher == "auto" else matrix.launcher
-        for world in matrix.world_sizes:
-            ga = _grad_accum(matrix, world)
-            nodes, ppn = _layout(matrix, shape, world)
-            for seq in matrix.seq_lens:
-                for rep in range(matrix.repeats):
-                    specs.append(RunSpec(
-                        run_id=run_id(strategy, world, seq, matrix.micro_batch, ga, rep),
-                        strategy=strategy, world_size=world, seq_len=seq,
-                        micro_batch=matrix.micro_batch, grad_accum=ga, model=matrix.model,
-                        precision=matrix.precision, steps=matrix.steps,
-                        warmup_steps=matrix.warmup_steps, repeat=rep, launcher=launcher,
-                        backend=matrix.backend, shape=matrix.shape, nodes=nodes,
-                        procs_per_node=ppn, device=matrix.device, seed=matrix.seed,
-                        peak_tflops=shape.peak_tflops if shape else None,
-                        usd_per_gpu_hour=_price(matrix, shape),
-                        timeout_s=matrix.timeout_s, extra_args=tuple(matrix.extra_args),
-                    ))
-    dupes = sorted({s.run_id for s in specs if [t.run_id for t in specs].count(s.run_id) > 1})
+    specs = [_spec(matrix, shape, strategy, world, seq, rep)
+             for strategy in matrix.strategies for world in matrix.world_sizes
+             for seq in matrix.seq_lens for rep in range(matrix.repeats)]
+    ids = [s.run_id for s in specs]
+    dupes = sorted({i for i in ids if ids.count(i) > 1})
     if dupes:
-        return [], [f"duplicate run id {d} (repeated value on an axis?)" for d in dupes]
+        return [], [f"duplicate run id {d} (a value repeated on an axis?)" for d in dupes]
     return specs, []
+
+
+def _spec(m: MatrixSpec, shape: Shape | None, strategy: str, world: int, seq: int, rep: int) -> RunSpec:
+    ga = _grad_accum(m, world)
+    nodes, ppn = _layout(m, shape, world)
+    return RunSpec(
+        run_id=run_id(strategy, world, seq, m.micro_batch, ga, rep), strategy=strategy,
+        world_size=world, seq_len=seq, micro_batch=m.micro_batch, grad_accum=ga, model=m.model,
+        precision=m.precision, steps=m.steps, warmup_steps=m.warmup_steps, repeat=rep,
+        launcher=AUTO_LAUNCHER[strategy] if m.launcher == "auto" else m.launcher,
+        backend=m.backend, shape=m.shape, nodes=nodes, procs_per_node=ppn, device=m.device,
+        seed=m.seed, peak_tflops=shape.peak_tflops if shape else None,
+        usd_per_gpu_hour=_price(m, shape), timeout_s=m.timeout_s, extra_args=tuple(m.extra_args),
+    )
 
 
 def _price(matrix: MatrixSpec, shape: Shape | None) -> float | None:

@@ -203,7 +203,8 @@ def _scaling_recs(summary: pd.DataFrame) -> list[str]:
     line = (f"Scaling to {int(top)} devices: **{best['strategy']}** keeps "
             f"{best['scaling_efficiency_mean'] * 100:.0f}% of linear")
     if len(at) > 1:
-        line += f", {worst['strategy']} only {worst['scaling_efficiency_mean'] * 100:.0f}%"
+        word = "only " if worst["scaling_efficiency_mean"] < 0.9 else ""
+        line += f", {worst['strategy']} {word}{worst['scaling_efficiency_mean'] * 100:.0f}%"
     line += "."
     if best["scaling_efficiency_mean"] > 1.15:
         line += (f" {best['strategy']}'s efficiency above 1 is not a real speed-up: its base run was "
