@@ -276,7 +276,7 @@ def _scalar_errors(m: MatrixSpec) -> list[str]:
 
 def _world_limit(m: MatrixSpec, shape: Shape | None) -> tuple[int | None, str]:
     """Most ranks one run may use, and why."""
-    if m.max_world_size is not None:
+    if _pos_int(m.max_world_size):
         return m.max_world_size, "max_world_size"
     if m.backend == "local":
         if shape is not None and shape.gpus_per_node and shape.name != "cpu":
