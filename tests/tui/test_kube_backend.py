@@ -152,7 +152,7 @@ async def test_cancel_uninstalls_the_release(cluster, tmp_path):
             cancel.set()
 
     op = asyncio.create_task(operator())
-    b = backend(kubeconfig)
+    b = backend(kubeconfig, keep_failed=True)  # kept on failure, but a cancel always uninstalls
     events: list = []
     record = await asyncio.to_thread(b.run, s, tmp_path / "run", lambda e: (events.append(e), on_event(e)),
                                      cancel, 60)

@@ -252,7 +252,9 @@ class KubeBackend:
         return record
 
     def _cleanup(self, release: str, record: dict, log: "_RunLog") -> None:
-        if record.get("status") != "ok" and self.keep_failed:
+        # A cancelled run is always uninstalled: the person asked for it to stop, not to debug it.
+        cancelled = "cancelled" in str(record.get("error") or "")
+        if record.get("status") != "ok" and self.keep_failed and not cancelled:
             log.line(f"[shardbench] kept release {release} (keep_failed): `helm uninstall {release}` when done")
             return
         try:
