@@ -59,6 +59,7 @@ def test_timeout_stops_the_run_and_says_so(tmp_path):
     run_dir = tmp_path / spec.run_id
     record = LocalBackend(kill_grace_s=3).run(spec, run_dir, ev.ignore, threading.Event(), timeout_s=12)
     assert record["status"] == "timeout" and "12 s" in record["error"]
+    assert " at step " in record["error"] or "before the first step" in record["error"]
     assert processes_mentioning(str(run_dir)) == []
 
 
@@ -70,3 +71,14 @@ def test_missing_launcher_is_one_clear_failed_record(tmp_path):
     assert record["status"] == "failed"
     assert record["error"].startswith("mpirun not found") and "\n" not in record["error"]
     assert (tmp_path / spec.run_id / "result.json").exists()
+
+
+def test_a_raising_event_consumer_cannot_stall_the_run(tmp_path):
+    spec = one_spec("ddp", 1, "mpirun", steps=4)
+
+    def broken(_event):
+        raise RuntimeError("consumer bug")
+
+    record = LocalBackend().run(spec, tmp_path / spec.run_id, broken, threading.Event(), timeout_s=120)
+    assert record["status"] == "ok", record.get("error")
+    assert "BENCHMARK_RESULT_JSON_END" in (tmp_path / spec.run_id / "log.txt").read_text()

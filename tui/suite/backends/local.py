@@ -100,11 +100,24 @@ class _LogPump(threading.Thread):
                 log.write(raw)
                 log.flush()
                 line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
-                self.emit(RunLogLine(self.run_id, line))
                 prog = parse_progress(line)
                 if prog is not None:
                     self.last_progress = prog
-                    self.emit(_progress_event(self.run_id, prog))
+                self._emit(RunLogLine(self.run_id, line))
+                if prog is not None:
+                    self._emit(_progress_event(self.run_id, prog))
+
+    def _emit(self, event) -> None:
+        # A consumer's bug must not stop the draining: a full pipe would block every rank.
+        try:
+            self.emit(event)
+        except Exception:  # noqa: BLE001
+            pass
+
+    def where(self) -> str:
+        """'at step 40/100' from the last progress line, or '' before the first."""
+        p = self.last_progress
+        return f" at step {p['step']}/{p.get('steps', '?')}" if p else " before the first step"
 
 
 def _progress_event(run_id: str, p: dict) -> RunProgress:
@@ -143,6 +156,9 @@ class LocalBackend:
         run_dir = Path(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "log.txt").write_bytes(b"")
+        # An earlier attempt's files must not stand in for this one's (the record fallback).
+        shutil.rmtree(run_dir / TRAINER_OUT, ignore_errors=True)
+        (run_dir / "collect-notes.txt").unlink(missing_ok=True)
         started = now_iso()
         if self.launcher_path(spec.launcher) is None:
             record = failed_record(spec, f"{spec.launcher} not found (searched {self.search_path}): run `make setup`")
@@ -178,7 +194,7 @@ class LocalBackend:
             proc.wait()
         pump.join(timeout=3)  # all writers are gone by now: EOF is immediate
         emit(RunStateChanged(spec.run_id, "collecting"))
-        return self._record(spec, run_dir, proc.returncode, stopped, timeout_s)
+        return self._record(spec, run_dir, proc.returncode, stopped, timeout_s, pump.where())
 
     def _wait(self, proc: subprocess.Popen, cancel: threading.Event, timeout_s: float | None) -> str | None:
         """Wait for the launcher; returns 'cancelled' or 'timeout' when it had to be stopped."""
@@ -193,23 +209,27 @@ class LocalBackend:
             cancel.wait(0.2)
         return None
 
-    def _record(self, spec, run_dir, returncode, stopped, timeout_s) -> dict[str, Any]:
-        if stopped == "cancelled":
-            return failed_record(spec, "cancelled by the user before the run finished")
-        if stopped == "timeout":
-            return failed_record(spec, f"timed out after {timeout_s:g} s (per-run timeout)", status="timeout")
+    def _record(self, spec, run_dir, returncode, stopped, timeout_s, where) -> dict[str, Any]:
         found = extract((run_dir / "log.txt").read_bytes(), spec.run_id)
         record, notes = found.record, list(found.notes)
         if record is None:
             record = _trainer_file_record(run_dir)
             if record is not None:
                 notes.append(f"no usable record in the log ({found.error}); took the trainer's result.json")
-            else:
-                error = found.error or "no result record in the log"
-                if returncode:
-                    error += f" (launcher exit code {returncode})"
-                record = failed_record(spec, error)
-        if record.get("status") == "ok" and returncode:
+        if record is not None and stopped and record.get("status") == "ok":
+            # The measurement was complete; only the launcher's teardown was still running.
+            notes.append(f"stopped ({stopped}) after the record was printed; kept the record")
+        elif stopped == "cancelled":
+            record = failed_record(spec, f"cancelled by the user{where}")
+        elif stopped == "timeout":
+            record = failed_record(spec, f"timed out after {timeout_s:g} s (per-run timeout){where}",
+                                   status="timeout")
+        elif record is None:
+            error = found.error or "no result record in the log"
+            if returncode:
+                error += f" (launcher exit code {returncode})"
+            record = failed_record(spec, error)
+        elif returncode:
             notes.append(f"launcher exited {returncode} after the record was printed; kept the record")
         if notes:
             (run_dir / "collect-notes.txt").write_text("\n".join(notes) + "\n")
