@@ -103,21 +103,25 @@ class _LogPump(threading.Thread):
                 prog = parse_progress(line)
                 if prog is not None:
                     self.last_progress = prog
-                self._emit(RunLogLine(self.run_id, line))
+                self.emit(RunLogLine(self.run_id, line))
                 if prog is not None:
-                    self._emit(_progress_event(self.run_id, prog))
-
-    def _emit(self, event) -> None:
-        # A consumer's bug must not stop the draining: a full pipe would block every rank.
-        try:
-            self.emit(event)
-        except Exception:  # noqa: BLE001
-            pass
+                    self.emit(_progress_event(self.run_id, prog))
 
     def where(self) -> str:
         """'at step 40/100' from the last progress line, or '' before the first."""
         p = self.last_progress
         return f" at step {p['step']}/{p.get('steps', '?')}" if p else " before the first step"
+
+
+def _guarded(emit: Emit) -> Emit:
+    """emit that swallows the consumer's exceptions: a display bug must not end a run, and in the
+    log pump it must not stop the draining (a full pipe would block every rank)."""
+    def safe(event) -> None:
+        try:
+            emit(event)
+        except Exception:  # noqa: BLE001
+            pass
+    return safe
 
 
 def _progress_event(run_id: str, p: dict) -> RunProgress:
@@ -154,6 +158,7 @@ class LocalBackend:
     def run(self, spec: RunSpec, run_dir: Path, emit: Emit, cancel: threading.Event,
             timeout_s: float | None) -> dict[str, Any]:
         run_dir = Path(run_dir)
+        emit = _guarded(emit)
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "log.txt").write_bytes(b"")
         # An earlier attempt's files must not stand in for this one's (the record fallback).
