@@ -250,6 +250,17 @@ def _dur(seconds: float) -> str:
 
 
 def _print_summary(records: list[dict]) -> None:
+    """One line per run (status, tok/s, step time, peak memory), then the totals."""
+    def num(value, spec):
+        return spec.format(value) if isinstance(value, (int, float)) else "-"
+
+    if records:
+        print(f"{'run':<34} {'status':<8} {'tok/s':>10} {'step s':>8} {'peak GiB':>9}")
+    for r in records:
+        step = (r.get("step_time_s") or {}).get("mean")
+        mem = r.get("peak_memory_bytes")
+        print(f"{r.get('run_id', '?'):<34} {r.get('status', '?'):<8} {num(r.get('tokens_per_s'), '{:,.0f}'):>10} "
+              f"{num(step, '{:.4f}'):>8} {num(mem / 2 ** 30 if isinstance(mem, int) else None, '{:.3f}'):>9}")
     ok = sum(r.get("status") == "ok" for r in records)
     print(f"{len(records)} run(s): {ok} ok, {len(records) - ok} not ok")
 
