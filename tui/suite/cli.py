@@ -56,6 +56,11 @@ def build_parser() -> argparse.ArgumentParser:
                          help=_field_doc(field_name))
     run.add_argument("--trainer-arg", dest="extra_args", action="append", default=None,
                      help="extra trainer flag for every run (repeatable), e.g. --trainer-arg=--compile")
+    kube = run.add_argument_group("kubernetes backend")
+    kube.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: KUBECONFIG or ~/.kube/config)")
+    kube.add_argument("--context", default=None, help="kubeconfig context")
+    kube.add_argument("--namespace", default=None, help="namespace of the releases")
+    kube.add_argument("--keep-failed", action="store_true", default=None, help="keep a failed run's release")
     run.add_argument("--force", action="store_true", help="rerun runs whose result is already there")
     run.add_argument("--dry-run", action="store_true", help="print the runs and exit")
     run.add_argument("--save-matrix", type=Path, help="write the effective matrix YAML here")
@@ -116,7 +121,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 0
     from tui.suite.backends import get_backend
 
-    backend = get_backend(matrix.backend)
+    options = {}
+    if matrix.backend == "kubernetes":
+        options = {"kubeconfig": args.kubeconfig, "context": args.context, "namespace": args.namespace,
+                   "keep_failed": args.keep_failed}
+    backend = get_backend(matrix.backend, **options)
     ok, why = backend.availability()
     if not ok:
         return fail(f"backend {matrix.backend} unavailable: {why}")
