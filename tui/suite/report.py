@@ -160,6 +160,10 @@ def recommendations(summary: pd.DataFrame, wins: list[dict], df: pd.DataFrame) -
                     + (f" (most expensive: {cost.sort_values('cost_usd_per_mtok_mean').iloc[-1]['strategy']} on "
                        f"{int(cost.sort_values('cost_usd_per_mtok_mean').iloc[-1]['world_size'])}, "
                        f"${cost['cost_usd_per_mtok_mean'].max():.4g})." if len(cost) > 1 else "."))
+    elif (df["status"] == "ok").any():
+        shapes = _uniq(df["gpu_shape"])
+        recs.append(f"No cost per token: no $/device-hour is known for shape {shapes}. Set "
+                    "`shape.usdPerGpuHour` in its values file or run with `--usd-per-gpu-hour`.")
     failed = df[df["status"] != "ok"]
     if len(failed):
         kinds = failed["status"].value_counts().to_dict()
