@@ -20,7 +20,6 @@ from tui.suite.matrix import MatrixSpec, expand, load_matrix, save_matrix
 
 DEFAULT_MATRIX = Path(__file__).resolve().parent / "matrices" / "cpu-default.yaml"
 
-# Matrix flags: (flag, MatrixSpec field, parser). Lists are comma-separated.
 def _ints(text: str) -> list[int]:
     try:
         return [int(x) for x in text.split(",") if x.strip()]
@@ -32,6 +31,8 @@ def _strs(text: str) -> list[str]:
     return [x.strip() for x in text.split(",") if x.strip()]
 
 
+# Matrix flags: (flag, MatrixSpec field, parser); lists are comma-separated. Each overrides the
+# matrix file's value; the help text is the field's docstring.
 MATRIX_FLAGS = [
     ("--strategies", "strategies", _strs), ("--world-sizes", "world_sizes", _ints),
     ("--seq-lens", "seq_lens", _ints), ("--micro-batch", "micro_batch", int),
@@ -93,6 +94,8 @@ def effective_matrix(args: argparse.Namespace) -> MatrixSpec:
                  if getattr(args, f.name, None) is not None}
     if "global_batch" in overrides:
         overrides.setdefault("grad_accum", None)
+    if overrides.get("shape") in ("", "none"):
+        overrides["shape"] = None  # --shape none: hardware unknown (no peak, no price)
     return replace(spec, **overrides)
 
 
