@@ -11,9 +11,19 @@ from tui.suite.matrix import MatrixSpec, expand, load_matrix, save_matrix
 from tui.suite.presets import load_presets
 
 
+@pytest.fixture(autouse=True)
+def shapes(tmp_path, monkeypatch):
+    """Shapes of known content (the real values/ files may change their numbers)."""
+    for name, gpus, peak, usd in (("gpu8", 8, 989, 2.98), ("gpu2", 2, 125, 0.75), ("cpu", 0, None, None)):
+        (tmp_path / f"{name}.yaml").write_text(
+            f"shape:\n  name: {name}\n  gpusPerNode: {gpus}\n  peakTflopsBf16: {peak or 'null'}\n"
+            f"  usdPerGpuHour: {usd or 'null'}\n")
+    monkeypatch.setenv("SHARDBENCH_VALUES_DIR", str(tmp_path))
+
+
 def test_expand_ids_order_and_trainer_args(tmp_path):
     m = MatrixSpec(strategies=["zero3", "ddp"], world_sizes=[1, 4], seq_lens=[128], micro_batch=1,
-                   global_batch=8, repeats=2, shape="h100", model="gpt2-124m", device="cuda")
+                   global_batch=8, repeats=2, shape="gpu8", model="gpt2-124m", device="cuda")
     specs, errors = expand(m)
     assert errors == []
     assert [s.run_id for s in specs][:4] == ["zero3-w1-s128-mb1-ga8-r0", "zero3-w1-s128-mb1-ga8-r1",
@@ -23,8 +33,8 @@ def test_expand_ids_order_and_trainer_args(tmp_path):
     args = specs[2].trainer_args(output_dir=tmp_path)
     pairs = dict(zip(args[::2], args[1::2]))
     assert pairs["--strategy"] == "zero3" and pairs["--grad-accum"] == "2" and pairs["--seq-len"] == "128"
-    assert pairs["--run-id"] == "zero3-w4-s128-mb1-ga2-r0" and pairs["--shape"] == "h100"
-    assert float(pairs["--peak-tflops"]) > 0 and float(pairs["--usd-per-gpu-hour"]) > 0
+    assert pairs["--run-id"] == "zero3-w4-s128-mb1-ga2-r0" and pairs["--shape"] == "gpu8"
+    assert pairs["--peak-tflops"] == "989" and pairs["--usd-per-gpu-hour"] == "2.98"
     assert pairs["--output-dir"] == str(tmp_path)
 
 
@@ -36,7 +46,7 @@ def test_expand_ids_order_and_trainer_args(tmp_path):
     ({"seq_lens": [64, 512]}, "seq len 512 is above the tiny preset's block size 256"),
     ({"global_batch": 6, "world_sizes": [1, 4]}, "global batch 6 is not a multiple of micro_batch 4 x world size 4 = 16"),
     ({"world_sizes": [2, 16]}, "world size 16 is larger than allowed"),
-    ({"shape": "a10", "world_sizes": [4]}, "world size 4 is larger than allowed (2: shape a10 has 2 GPUs per node)"),
+    ({"shape": "gpu2", "world_sizes": [4]}, "world size 4 is larger than allowed (2: shape gpu2 has 2 GPUs per node)"),
     ({"shape": "tpu9"}, "unknown shape 'tpu9'"),
     ({"warmup_steps": 10, "steps": 10}, "warmup_steps (10) must be below steps (10)"),
     ({"backend": "slurm"}, "unknown backend 'slurm'"),
@@ -49,11 +59,11 @@ def test_invalid_combinations_are_reported_one_line_each(change, message):
 
 
 def test_kubernetes_spans_nodes_in_whole_gpus_per_node():
-    specs, errors = expand(MatrixSpec(backend="kubernetes", shape="a10", world_sizes=[2, 4], strategies=["ddp"]))
+    specs, errors = expand(MatrixSpec(backend="kubernetes", shape="gpu2", world_sizes=[2, 4], strategies=["ddp"]))
     assert errors == []
     assert [(s.nodes, s.procs_per_node) for s in specs] == [(1, 2), (2, 2)]
-    _, errors = expand(MatrixSpec(backend="kubernetes", shape="a10", world_sizes=[3], strategies=["ddp"]))
-    assert errors == ["world size 3 spans nodes of 2 GPUs (a10) but is not a multiple of 2"]
+    _, errors = expand(MatrixSpec(backend="kubernetes", shape="gpu2", world_sizes=[3], strategies=["ddp"]))
+    assert errors == ["world size 3 spans nodes of 2 GPUs (gpu2) but is not a multiple of 2"]
 
 
 def test_yaml_round_trip_and_unknown_keys(tmp_path):
@@ -95,3 +105,17 @@ def test_cli_rejects_bad_matrix_before_running(tmp_path):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 2 and all(line.startswith("shardbench: invalid matrix:") for line in lines)
     assert not (tmp_path / "r").exists()
+
+
+def test_every_values_file_reads_as_a_shape():
+    from pathlib import Path
+
+    from tui.suite.matrix import load_shape
+
+    directory = Path(__file__).resolve().parents[2] / "values"
+    files = sorted(directory.glob("*.yaml"))
+    assert files, "values/ has no shape files"
+    for path in files:
+        shape = load_shape(path.stem, directory)
+        assert shape.name == path.stem and isinstance(shape.gpus_per_node, int)
+        assert shape.usd_per_gpu_hour is None or shape.usd_per_gpu_hour > 0
