@@ -37,7 +37,8 @@ PLOTS = [
     PlotSpec("scaling_efficiency.png", "scaling_efficiency",
              "Scaling efficiency vs the strategy's smallest world size", "efficiency (1.0 = linear)",
              ideal_line=True),
-    PlotSpec("peak_memory.png", "peak_memory_gib", "Peak memory per device", "GiB"),
+    PlotSpec("peak_memory.png", "peak_memory_gib", "Peak memory per device",
+             "GiB (GPU: max allocated; CPU: peak RSS)"),
     PlotSpec("mfu.png", "mfu", "Model FLOPs utilization", "MFU (%)", scale=100.0),
     PlotSpec("h2d_bandwidth.png", "h2d_gbps", "Host-to-device copy bandwidth", "GB/s"),
 ]
@@ -71,6 +72,7 @@ def draw(summary: pd.DataFrame, plot: PlotSpec, path: Path) -> bool:
         ax.axhline(1.0, color="grey", linestyle="--", linewidth=1, label="linear scaling")
     worlds = sorted(int(w) for w in data["world_size"].unique())
     ax.set_xticks(worlds)
+    ax.set_ylim(bottom=0)  # from zero: a cropped axis makes a 5% gap look like 5x
     ax.set_xlabel("devices (world size)")
     ax.set_ylabel(plot.ylabel)
     ax.set_title(plot.title)
