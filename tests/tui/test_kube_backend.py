@@ -126,7 +126,7 @@ async def test_pod_that_cannot_start_shows_events_and_release_is_kept(cluster, t
         add_event(emu, pod, "Failed", 'Failed to pull image "shardbench:0.1.0-cpu": not found')
 
     op = asyncio.create_task(operator())
-    record, events = await run_in_thread(backend(kubeconfig, keep_failed=True, start_timeout_s=2), s,
+    record, events = await run_in_thread(backend(kubeconfig, keep_failed=True, start_timeout_s=4), s,
                                          tmp_path / "run")
     assert op.done() or not op.cancel(), record.get("error")
     assert record["status"] == "failed" and "ImagePullBackOff" in record["error"]
@@ -207,9 +207,11 @@ async def test_failed_job_seen_through_the_watch_names_the_operator_reason(clust
 
     async def operator():
         name = (await wait_for_mpijob(emu))["metadata"]["name"]
-        pod = add_pod(emu, name, "launcher", "Running")
+        # The log is served before the pod shows up: the backend may ask for it at once.
+        serve_log(emu, f"{name}-launcher", ["Traceback (most recent call last):",
+                                            "RuntimeError: NCCL timeout on rank 3"])
+        add_pod(emu, name, "launcher", "Running")
         await set_conditions(emu, name, "Created", "Running")
-        serve_log(emu, pod, ["Traceback (most recent call last):", "RuntimeError: NCCL timeout on rank 3"])
         await asyncio.sleep(0.3)
         await set_conditions(emu, name, "Created", "Running", "Failed", message="launcher exited with code 1")
 
