@@ -51,6 +51,16 @@ def _series_label(key: tuple, varying: list[str]) -> str:
     return " ".join(parts)
 
 
+def _context(data: pd.DataFrame) -> str:
+    """What every point shares (model, seq len, precision, shape), for the title."""
+    parts = []
+    for col, fmt in (("model", "{}"), ("seq_len", "seq {}"), ("precision", "{}"), ("gpu_shape", "shape {}")):
+        values = data[col].dropna().unique()
+        if len(values) == 1:
+            parts.append(fmt.format(values[0]))
+    return ", ".join(parts)
+
+
 def draw(summary: pd.DataFrame, plot: PlotSpec, path: Path) -> bool:
     """Draw one plot into `path`; False (no file) when no point has the metric."""
     mean, std = f"{plot.metric}_mean", f"{plot.metric}_std"
@@ -75,7 +85,7 @@ def draw(summary: pd.DataFrame, plot: PlotSpec, path: Path) -> bool:
     ax.set_ylim(bottom=0)  # from zero: a cropped axis makes a 5% gap look like 5x
     ax.set_xlabel("devices (world size)")
     ax.set_ylabel(plot.ylabel)
-    ax.set_title(plot.title)
+    ax.set_title(f"{plot.title}\n{_context(data)}", fontsize="medium")
     ax.grid(True, alpha=0.3)
     ax.legend(title="strategy", fontsize="small")
     if (data["repeats"] > 1).any():
