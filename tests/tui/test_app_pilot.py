@@ -2,10 +2,8 @@
 live validation, load/save, logs search, results sorting, the unavailable cluster backend."""
 from __future__ import annotations
 
-import asyncio
 import json
 import time
-from pathlib import Path
 
 import pytest
 from textual.widgets import DataTable, Input, SelectionList, Static
