@@ -18,6 +18,9 @@ ERROR_LINE = re.compile(r"(Error|Exception|Traceback|Killed|ERROR|error:|FAILED|
                         r"cannot start|out of memory)")
 
 
+MAX_SHOWN = 20_000
+
+
 class LogsScreen(Screen):
     BINDINGS = [
         Binding("f", "toggle_follow", "Follow"),
@@ -39,7 +42,8 @@ class LogsScreen(Screen):
     def compose(self) -> ComposeResult:
         yield Header()
         yield Static(id="log-title")
-        yield Log(id="log", highlight=False, auto_scroll=True)
+        # The widget keeps the last lines (rendering cost); search and jumps use the full board log.
+        yield Log(id="log", highlight=False, auto_scroll=True, max_lines=MAX_SHOWN)
         search = Input(placeholder="search the log (enter: next match, esc: close)", id="log-search")
         search.display = False
         yield search
@@ -146,6 +150,11 @@ class LogsScreen(Screen):
         self.follow = False
         log = self.query_one(Log)
         log.auto_scroll = False
-        log.scroll_to(y=max(0, index - 2), animate=False)
+        shown_from = len(self.lines()) - log.line_count  # the widget keeps only the last MAX_SHOWN
+        if index < shown_from:
+            self.notify(f"line {index + 1} is older than the last {MAX_SHOWN} lines shown; see log.txt",
+                        severity="warning")
+            return
+        log.scroll_to(y=max(0, index - shown_from - 2), animate=False)
         self.match_at = index
         self.update_title()

@@ -245,6 +245,8 @@ class KubeBackend:
             log.line(f"[shardbench] {type(exc).__name__}: {_short(exc)}")
             record = failed_record(spec, f"kubernetes backend: {type(exc).__name__}: {_short(exc)}")
             self._cleanup(release, record, log)
+        finally:
+            log.close()  # an abandoned log stream writes nothing after this
         record["started_at"] = record.get("started_at") or started
         if not record.get("run_id"):
             record["run_id"] = spec.run_id
@@ -301,19 +303,27 @@ class _RunLog:
 
     def __init__(self, path: Path, run_id: str, emit: Emit):
         self.path, self.run_id, self.emit = path, run_id, emit
-        path.write_bytes(b"")
+        # Line-buffered: the file is complete up to the last line whenever someone reads it.
+        self._fh = open(path, "w", encoding="utf-8", errors="replace", buffering=1)
         self._lock = threading.Lock()
 
     def line(self, text: str) -> None:
-        with self._lock, open(self.path, "a", encoding="utf-8", errors="replace") as fh:
-            fh.write(text + "\n")
+        with self._lock:
+            if not self._fh.closed:
+                self._fh.write(text + "\n")
         self.emit(RunLogLine(self.run_id, text))
         prog = progress_event(self.run_id, text)
         if prog is not None:
             self.emit(prog)
 
     def text(self) -> bytes:
+        with self._lock:
+            self._fh.flush()
         return self.path.read_bytes()
+
+    def close(self) -> None:
+        with self._lock:
+            self._fh.close()
 
 
 class _Run:
