@@ -103,7 +103,9 @@ async def test_cancel_stops_the_run_and_leaves_no_rank_processes(tmp_path):
 
 
 async def test_matrix_screen_explains_invalid_combinations_live(tmp_path, fixture_values):
-    app = BenchApp(results_dir=tmp_path, availability=FIXED_AVAILABILITY)
+    matrix = MatrixSpec(strategies=["ddp", "fsdp", "zero2", "zero3"], world_sizes=[1, 2], seq_lens=[64],
+                        repeats=1, backend="local", shape="cpu")
+    app = BenchApp(results_dir=tmp_path, matrix=matrix, availability=FIXED_AVAILABILITY)
     async with app.run_test(size=SIZE) as pilot:
         screen = app.matrix_screen
         set_inputs(app, world_sizes="1, 3", global_batch="8", micro_batch="4")

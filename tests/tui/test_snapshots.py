@@ -8,6 +8,7 @@ from __future__ import annotations
 from tui.app.app import BenchApp
 from tui.app.messages import to_message
 from tui.suite import events as ev
+from tui.suite.matrix import MatrixSpec
 
 from .conftest import FIXED_AVAILABILITY, settle, synthetic_record, write_results
 
@@ -15,8 +16,14 @@ SIZE = (140, 40)
 RUNS = ["ddp-w1-s64-mb4-ga1-r0", "ddp-w2-s64-mb4-ga1-r0", "zero2-w1-s64-mb4-ga1-r0", "zero2-w2-s64-mb4-ga1-r0"]
 
 
+# Every field the Matrix screen shows, given: suite default changes must not move the snapshots.
+MATRIX = MatrixSpec(strategies=["ddp", "fsdp", "zero2", "zero3"], world_sizes=[1, 2], seq_lens=[64],
+                    micro_batch=4, grad_accum=1, global_batch=None, model="tiny", precision="auto",
+                    steps=10, warmup_steps=3, repeats=1, launcher="auto", backend="local", shape="cpu")
+
+
 def make_app(results_dir="results") -> BenchApp:
-    return BenchApp(results_dir=results_dir, availability=FIXED_AVAILABILITY)
+    return BenchApp(results_dir=results_dir, matrix=MATRIX, availability=FIXED_AVAILABILITY)
 
 
 def feed(app: BenchApp) -> None:
