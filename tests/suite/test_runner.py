@@ -95,6 +95,9 @@ def test_resume_skips_finished_reruns_failed_and_changed(tmp_path):
     fifth = ScriptedBackend()
     run_matrix(s, fifth, tmp_path, force=True)
     assert fifth.calls == [x.run_id for x in s]
+    sixth = ScriptedBackend()
+    run_matrix([replace(x, timeout_s=5.0) for x in s], sixth, tmp_path)
+    assert sixth.calls == []  # a new timeout does not change what was measured
 
 
 def test_cancel_keeps_finished_results_and_starts_nothing_new(tmp_path):

@@ -2,7 +2,8 @@
 
 Results land in <results_dir>/<run-id>/ (result.json, log.txt, spec.json). Resume rule: a run is
 skipped when its result.json holds a valid record with status ok or oom (outcomes a rerun would
-repeat) and its spec.json equals the current spec (a changed matrix, e.g. more steps, reruns it).
+repeat) and its spec.json equals the current spec (a changed matrix, e.g. more steps, reruns it; only
+the timeout may differ).
 failed / timeout / cancelled results run again: they are not measurements. `force` reruns all.
 """
 from __future__ import annotations
@@ -40,7 +41,12 @@ def reusable(spec: RunSpec, run_dir: Path) -> dict[str, Any] | None:
         saved = json.loads((run_dir / "spec.json").read_text())
     except (OSError, ValueError):
         return None
-    return record if saved == spec.to_dict() else None
+    return record if _measured(saved) == _measured(spec.to_dict()) else None
+
+
+def _measured(spec: dict) -> dict:
+    """The spec fields that change what is measured (a new timeout does not)."""
+    return {k: v for k, v in spec.items() if k != "timeout_s"} if isinstance(spec, dict) else {}
 
 
 def _state_for(record: dict) -> tuple[str, str]:
