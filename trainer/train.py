@@ -42,6 +42,7 @@ class Trainer:
         self.losses: list[float] = []  # rank-local until finish() averages them over ranks
         self.h2d_bytes = 0
         self.h2d_seconds = 0.0
+        self._h2d_events = None  # (start, end, bytes) of the current step's copies (GPU only)
         self.time_to_first_step: float | None = None
         self.state = None
         self.record = self._base_record()
@@ -157,7 +158,7 @@ class Trainer:
             self._progress(step, dt, loss, time.perf_counter() - loop_start)
 
     def _count_h2d(self) -> None:
-        events = getattr(self, "_h2d_events", None)
+        events = self._h2d_events
         if events:
             start, end, nbytes = events
             self.h2d_seconds += start.elapsed_time(end) / 1000.0
