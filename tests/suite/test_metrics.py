@@ -83,3 +83,27 @@ def test_load_records_skips_unreadable_files(tmp_path):
     (tmp_path / "b").mkdir()
     (tmp_path / "b" / "result.json").write_text("{half")
     assert metrics.load_records(tmp_path) == [{"run_id": "a"}]
+
+
+def test_unknown_shape_still_scales():
+    # --shape none: gpu_shape is None in every record (it used to crash the grouping).
+    recs = [record("ddp", 1, 1000.0, shape=None), record("ddp", 2, 1500.0, shape=None)]
+    assert all(r["gpu_shape"] is None for r in recs)
+    df = metrics.to_frame(recs)
+    assert row(df, "ddp-w2-s64-mb4-ga1-r0")["scaling_efficiency"] == pytest.approx(0.75)
+
+
+def test_no_ok_run_gives_empty_efficiency_and_a_report(tmp_path):
+    import json
+
+    from tui.suite.report import build_report
+
+    recs = [record("ddp", 1, 1.0, status="failed"), record("zero3", 2, 1.0, status="failed")]
+    df = metrics.to_frame(recs)
+    assert df["scaling_efficiency"].isna().all()
+    for r in recs:
+        d = tmp_path / "results" / r["run_id"]
+        d.mkdir(parents=True)
+        (d / "result.json").write_text(json.dumps(r))
+    build_report(tmp_path / "results", tmp_path / "out")
+    assert "Failed runs" in (tmp_path / "out" / "BENCHMARK_REPORT.md").read_text()

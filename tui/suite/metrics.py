@@ -147,7 +147,11 @@ def add_scaling(df: pd.DataFrame) -> pd.DataFrame:
     df["scaling_base_world_size"] = pd.NA
     df["scaling_efficiency"] = float("nan")
     ok = df[(df["status"] == "ok") & df["tokens_per_s"].notna()]
-    keys = ok[SCALING_GROUP].astype(str).agg("|".join, axis=1)
+    if ok.empty:
+        return df
+    # Plain str() per cell: astype(str) leaves NaN a float in object columns (an unknown shape).
+    keys = pd.Series(["|".join(str(v) for v in row) for row in ok[SCALING_GROUP].itertuples(index=False)],
+                     index=ok.index)
     for _, group in ok.groupby(keys):
         base = int(group["world_size"].min())
         base_tps = group.loc[group["world_size"] == base, "tokens_per_s"].astype(float).mean()
