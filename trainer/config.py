@@ -132,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv: list[str]) -> RunConfig:
     """Parse the command line; argparse's own errors also exit 2."""
     ns = build_parser().parse_args(argv)
-    return RunConfig(**{k: v for k, v in vars(ns).items()}, argv=list(argv))
+    return RunConfig(**vars(ns), argv=list(argv))
 
 
 def validate(cfg: RunConfig, world_size: int) -> None:

@@ -14,13 +14,12 @@ from typing import Any
 
 import yaml
 
+# The trainer's own tables (torch-free modules): one list of strategies, launchers, precisions.
+from trainer.config import DEVICES, PRECISIONS, STRATEGIES
+from trainer.launchers import LAUNCHERS
 from tui.suite.presets import PRESETS, preset_max_seq_len
 
-STRATEGIES = ("ddp", "fsdp", "zero1", "zero2", "zero3")
-LAUNCHERS = ("mpirun", "deepspeed", "torchrun")
-PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 BACKENDS = ("local", "kubernetes")
-DEVICES = ("auto", "cpu", "cuda")
 # launcher: auto picks the launcher that strategy is normally started with: DeepSpeed's own for
 # ZeRO, mpirun (the MPIJob path) for the PyTorch-native strategies.
 AUTO_LAUNCHER = {"ddp": "mpirun", "fsdp": "mpirun", "zero1": "deepspeed", "zero2": "deepspeed",
