@@ -16,8 +16,11 @@ What helm 3 needs that kmock 0.8 does not do by itself, added here as small, exp
 - PUT (helm's update of its release Secret) is served as a merge PATCH of the same object.
 - protobuf bodies: helm's release storage writes its Secrets as Kubernetes protobuf, which kmock
   cannot parse; `_secret_from_protobuf` decodes just those fields into the JSON object kmock keeps.
+- server-side apply (helm 4 installs with it): an apply PATCH of an object that does not exist yet
+  is served as a create (POST to its collection), of one that exists as a merge PATCH. There are
+  no field managers or conflicts here: each test applies every object once.
 Not supported by kmock and so avoided: `--create-namespace` (kmock cannot parse /namespaces
-paths) and helm 4's server-side apply (tests use helm 3, the one .tools/bin/helm points to).
+paths).
 
 HELM_DRIVER=memory is not used for these runs: in the helm CLI that driver swaps in a printing
 fake kube client (helm.go loadReleasesInMemory), so helm would send nothing but discovery to the
@@ -32,9 +35,11 @@ import json
 from pathlib import Path
 
 import kmock
+import yaml
 from kmock import KubernetesEmulator
 
 PROTOBUF = "application/vnd.kubernetes.protobuf"
+APPLY_PATCH = "application/apply-patch+yaml"
 NAMESPACE = "bench"
 
 
@@ -102,7 +107,13 @@ def _secret_from_protobuf(body: bytes) -> dict:
 class Emulator(KubernetesEmulator):
     """kmock's KubernetesEmulator plus the shims listed in the module docstring."""
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.applied: list[str] = []  # paths of server-side apply requests, as sent
+
     async def __call__(self, raw_request):
+        if raw_request.headers.get("Content-Type", "").startswith(APPLY_PATCH):
+            raw_request = await self._apply_as_create_or_merge(raw_request)
         if raw_request.method == "PUT":
             # kmock 0.8 maps no action to PUT (helm's release update); a merge-PATCH of the same
             # object has the same result here (helm rewrites the same keys), so serve it as one.
@@ -115,6 +126,26 @@ class Emulator(KubernetesEmulator):
             clone._read_bytes = json.dumps(_secret_from_protobuf(body)).encode()
             raw_request = clone
         return await super().__call__(raw_request)
+
+    async def _apply_as_create_or_merge(self, raw_request):
+        path = raw_request.path.rstrip("/")
+        self.applied.append(path)
+        collection, name = path.rsplit("/", 1)
+        plural = collection.rsplit("/", 1)[1]
+        parts = path.split("/")
+        namespace = parts[parts.index("namespaces") + 1] if "namespaces" in parts else None
+        exists = any(res.plural == plural and ns == namespace and key == name and not obj.deleted
+                     for (res, ns, key), obj in self.objects.items())
+        # Clone before reading: aiohttp refuses to clone a request whose body was read.
+        if exists:
+            clone = raw_request.clone(headers={**raw_request.headers,
+                                               "Content-Type": "application/merge-patch+json"})
+        else:
+            clone = raw_request.clone(method="POST", rel_url=collection,
+                                      headers={**raw_request.headers, "Content-Type": "application/json"})
+        body = json.dumps(yaml.safe_load(await raw_request.read())).encode()  # YAML or JSON
+        clone._read_bytes = body
+        return clone
 
 
 def _selector(text: str) -> dict[str, str]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
 from textual.widgets import DataTable
 
 from tui.app.app import BenchApp
@@ -15,16 +14,11 @@ from tui.suite.matrix import MatrixSpec
 from .conftest import settle
 from .kube_emulator import Emulator, add_pod, install_shims, serve_log, set_conditions, wait_for_mpijob, write_kubeconfig
 from .test_app_pilot import wait_until
-from .test_kube_backend import HELM, launcher_log, spec
-
-@pytest.fixture(autouse=True)
-def _helm_installed():
-    # A missing helm is a broken set-up, not a reason to prove nothing: fail, don't skip.
-    assert HELM.exists(), "helm 3 not installed: run `make tools` (make test does)"
+from .test_kube_backend import helm, launcher_log, spec  # noqa: F401 - helm is a fixture (3 and 4)
 
 
-async def test_matrix_runs_on_the_emulated_cluster(tmp_path, monkeypatch, fixture_values):
-    monkeypatch.setenv("SHARDBENCH_HELM", str(HELM))
+async def test_matrix_runs_on_the_emulated_cluster(tmp_path, monkeypatch, fixture_values, helm):
+    monkeypatch.setenv("SHARDBENCH_HELM", str(helm))
     async with Emulator() as emu, emu.Server(emu) as server:
         install_shims(emu)
         kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", str(server.url))

@@ -1,6 +1,7 @@
 """The cluster backend against the kmock Kubernetes emulator (not a real API server) and real helm.
 
-helm 3 (.tools/helm3/helm, `make tools`) installs the real chart/ into the emulator; the test then
+helm 3 and helm 4 (.tools/helm{3,4}/helm, `make tools`) each install the real chart/ into the
+emulator (helm 4 with server-side apply); the test then
 plays the MPI Operator (launcher pod, job conditions, pod log) through the emulator's API, and the
 backend must watch the MPIJob, stream the launcher log, collect the record and uninstall the
 release. See tests/tui/kube_emulator.py for what the emulator does and does not do.
@@ -24,12 +25,15 @@ from .kube_emulator import (NAMESPACE, Emulator, add_event, add_pod, install_shi
                             set_conditions, wait_for_mpijob, write_kubeconfig)
 
 REPO = Path(__file__).resolve().parents[2]
-HELM = REPO / ".tools" / "helm3" / "helm"
+HELMS = {"helm3": REPO / ".tools" / "helm3" / "helm", "helm4": REPO / ".tools" / "helm4" / "helm"}
 
-@pytest.fixture(autouse=True)
-def _helm_installed():
+
+@pytest.fixture(params=sorted(HELMS))
+def helm(request) -> Path:
     # A missing helm is a broken set-up, not a reason to prove nothing: fail, don't skip.
-    assert HELM.exists(), "helm 3 not installed: run `make tools` (make test does)"
+    path = HELMS[request.param]
+    assert path.exists(), f"{request.param} not installed: run `make tools` (make test does)"
+    return path
 
 
 def spec(run_id: str = "ddp-w2-s64-mb4-ga1-r0") -> RunSpec:
@@ -54,14 +58,14 @@ def launcher_log(s: RunSpec, tokens_per_s: float) -> list[str]:
 
 
 @pytest.fixture
-async def cluster(tmp_path):
+async def cluster(tmp_path, helm):
     async with Emulator() as emu, emu.Server(emu) as server:
         install_shims(emu)
-        yield emu, write_kubeconfig(tmp_path / "kubeconfig", str(server.url))
+        yield emu, write_kubeconfig(tmp_path / "kubeconfig", str(server.url)), helm
 
 
-def backend(kubeconfig: Path, **kw) -> KubeBackend:
-    return KubeBackend(kubeconfig=str(kubeconfig), helm=str(HELM), poll_s=0.2, **kw)
+def backend(kubeconfig: Path, helm: Path, **kw) -> KubeBackend:
+    return KubeBackend(kubeconfig=str(kubeconfig), helm=str(helm), poll_s=0.2, **kw)
 
 
 def requests(emu, method: str, needle: str) -> list:
@@ -76,7 +80,7 @@ async def run_in_thread(b: KubeBackend, s: RunSpec, run_dir: Path, cancel=None, 
 
 
 async def test_run_installs_watches_streams_collects_and_uninstalls(cluster, tmp_path):
-    emu, kubeconfig = cluster
+    emu, kubeconfig, helm = cluster
     s = spec()
 
     async def operator():
@@ -92,13 +96,16 @@ async def test_run_installs_watches_streams_collects_and_uninstalls(cluster, tmp
         return job
 
     op = asyncio.create_task(operator())
-    record, events = await run_in_thread(backend(kubeconfig), s, tmp_path / "run")
+    record, events = await run_in_thread(backend(kubeconfig, helm), s, tmp_path / "run")
     assert op.done() or not op.cancel(), record.get("error")
     job = await op
 
     # helm created the real chart's MPIJob with this run's values, in the context's namespace.
     assert job["metadata"]["name"] == f"{release_name(s.run_id)}-shardbench"
     assert requests(emu, "POST", f"/namespaces/{NAMESPACE}/mpijobs")
+    # helm 4 sends its objects by server-side apply, helm 3 by create.
+    applied_job = [p for p in emu.applied if "/mpijobs/" in p]
+    assert bool(applied_job) == (helm.parent.name == "helm4"), emu.applied
     assert s.run_id in json.dumps(job["spec"]) and "--strategy" in json.dumps(job["spec"])
     # The MPIJob was watched, the launcher's log followed.
     assert any(r.params.get("watch") == "true" for r in requests(emu, "GET", "/mpijobs"))
@@ -120,7 +127,7 @@ async def test_run_installs_watches_streams_collects_and_uninstalls(cluster, tmp
 
 
 async def test_pod_that_cannot_start_shows_events_and_release_is_kept(cluster, tmp_path):
-    emu, kubeconfig = cluster
+    emu, kubeconfig, helm = cluster
     s = spec("zero2-w2-s64-mb4-ga1-r0")
 
     async def operator():
@@ -129,7 +136,7 @@ async def test_pod_that_cannot_start_shows_events_and_release_is_kept(cluster, t
         add_event(emu, pod, "Failed", 'Failed to pull image "shardbench:0.1.0-cpu": not found')
 
     op = asyncio.create_task(operator())
-    record, events = await run_in_thread(backend(kubeconfig, keep_failed=True, start_timeout_s=4), s,
+    record, events = await run_in_thread(backend(kubeconfig, helm, keep_failed=True, start_timeout_s=4), s,
                                          tmp_path / "run")
     assert op.done() or not op.cancel(), record.get("error")
     assert record["status"] == "failed" and "ImagePullBackOff" in record["error"]
@@ -140,7 +147,7 @@ async def test_pod_that_cannot_start_shows_events_and_release_is_kept(cluster, t
 
 
 async def test_cancel_uninstalls_the_release(cluster, tmp_path):
-    emu, kubeconfig = cluster
+    emu, kubeconfig, helm = cluster
     s = spec()
     cancel = threading.Event()
 
@@ -155,7 +162,7 @@ async def test_cancel_uninstalls_the_release(cluster, tmp_path):
             cancel.set()
 
     op = asyncio.create_task(operator())
-    b = backend(kubeconfig, keep_failed=True)  # kept on failure, but a cancel always uninstalls
+    b = backend(kubeconfig, helm, keep_failed=True)  # kept on failure, but a cancel always uninstalls
     events: list = []
     record = await asyncio.to_thread(b.run, s, tmp_path / "run", lambda e: (events.append(e), on_event(e)),
                                      cancel, 60)
@@ -165,27 +172,33 @@ async def test_cancel_uninstalls_the_release(cluster, tmp_path):
 
 
 async def test_availability_reasons(cluster, tmp_path, monkeypatch):
-    emu, kubeconfig = cluster
-    assert await asyncio.to_thread(backend(kubeconfig).availability) == (True, "")
+    emu, kubeconfig, helm = cluster
+    assert await asyncio.to_thread(backend(kubeconfig, helm).availability) == (True, "")
 
     ok, why = KubeBackend(kubeconfig=str(kubeconfig), helm="/nonexistent/helm").availability()
     assert not ok and "helm not found" in why
 
+    monkeypatch.setenv("SHARDBENCH_CHART", str(tmp_path))  # a directory with no Chart.yaml
+    ok, why = KubeBackend(kubeconfig=str(kubeconfig), helm=str(helm)).availability()
+    assert not ok and why == (f"no chart at {tmp_path}: run from a shardbench checkout or set "
+                              "SHARDBENCH_CHART to its chart/ directory")
+    monkeypatch.delenv("SHARDBENCH_CHART")
+
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing"))
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    ok, why = KubeBackend(helm=str(HELM)).availability()
+    ok, why = KubeBackend(helm=str(helm)).availability()
     assert not ok and why.startswith("no kubeconfig")
 
     dead = write_kubeconfig(tmp_path / "dead", "http://127.0.0.1:9")  # discard port: nothing listens
-    ok, why = await asyncio.to_thread(backend(dead).availability)
+    ok, why = await asyncio.to_thread(backend(dead, helm).availability)
     assert not ok and "unreachable" in why and "127.0.0.1:9" in why
 
 
-async def test_cluster_without_mpi_operator_is_unavailable(tmp_path):
+async def test_cluster_without_mpi_operator_is_unavailable(tmp_path, helm):
     async with Emulator() as emu, emu.Server(emu) as server:
         install_shims(emu, with_mpi_operator=False)
         kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", str(server.url))
-        ok, why = await asyncio.to_thread(backend(kubeconfig).availability)
+        ok, why = await asyncio.to_thread(backend(kubeconfig, helm).availability)
     assert not ok and "MPI Operator not installed" in why
 
 
@@ -205,7 +218,7 @@ def test_values_merge_shape_file_and_run_overrides(tmp_path):
 
 
 async def test_failed_job_seen_through_the_watch_names_the_operator_reason(cluster, tmp_path):
-    emu, kubeconfig = cluster
+    emu, kubeconfig, helm = cluster
     s = spec()
 
     async def operator():
@@ -219,7 +232,7 @@ async def test_failed_job_seen_through_the_watch_names_the_operator_reason(clust
         await set_conditions(emu, name, "Created", "Running", "Failed", message="launcher exited with code 1")
 
     op = asyncio.create_task(operator())
-    record, events = await run_in_thread(backend(kubeconfig), s, tmp_path / "run")
+    record, events = await run_in_thread(backend(kubeconfig, helm), s, tmp_path / "run")
     assert op.done() or not op.cancel(), record.get("error")
     # The job's Failed condition (only the MPIJob watch knows it) and the log's last error line.
     assert record["status"] == "failed"
@@ -232,13 +245,13 @@ async def test_helm_memory_driver_renders_the_release_but_sends_nothing(cluster,
     """Why the lifecycle tests keep helm's default Secret driver: with HELM_DRIVER=memory the helm
     CLI swaps in a printing fake kube client, so the install 'succeeds' with the run's values
     rendered while the cluster (here the emulator) receives no object at all."""
-    emu, kubeconfig = cluster
+    emu, kubeconfig, helm = cluster
     empty = tmp_path / "releases.yaml"
     empty.write_text("[]\n")  # helm 3.19 exits when HELM_MEMORY_DRIVER_DATA names no file
     monkeypatch.setenv("HELM_DRIVER", "memory")
     monkeypatch.setenv("HELM_MEMORY_DRIVER_DATA", str(empty))
     s = spec()
-    b = backend(kubeconfig)
+    b = backend(kubeconfig, helm)
     resources = await asyncio.to_thread(b.install, s, release_name(s.run_id))
     job = next(r for r in resources if r["kind"] == "MPIJob")
     assert s.run_id in json.dumps(job) and job["metadata"]["name"].startswith(release_name(s.run_id))

@@ -170,7 +170,8 @@ class KubeBackend:
         self.context = context
         self.namespace = namespace
         """Namespace of the releases (must exist); None: the kubeconfig context's, else default."""
-        self.chart = Path(chart) if chart else REPO_ROOT / "chart"
+        self.chart = Path(chart or os.environ.get("SHARDBENCH_CHART") or REPO_ROOT / "chart")
+        """The chart to install: the argument, $SHARDBENCH_CHART, else chart/ of this checkout."""
         self.helm = helm
         self.values_directory = values_directory
         self.keep_failed = keep_failed
@@ -187,6 +188,9 @@ class KubeBackend:
         helm = find_helm(self.helm)
         if helm is None:
             return False, "helm not found on PATH or in .tools/bin (run `make tools`)"
+        if not (self.chart / "Chart.yaml").is_file():
+            return False, (f"no chart at {self.chart}: run from a shardbench checkout or set "
+                           "SHARDBENCH_CHART to its chart/ directory")
         try:
             api = self.api()
         except Exception as exc:  # noqa: BLE001 - any config problem means "not available"
