@@ -17,14 +17,16 @@ from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
 from tui.app import messages as msg
-from tui.app.backends import BACKEND_NAMES, ClusterOptions, PerRunCancel, check, make_backend
+from trainer.contract import BACKENDS
+from tui.app.cancel import PerRunCancel
 from tui.app.board import RunBoard
 from tui.app.screens.dialogs import HelpScreen, PathPrompt
 from tui.app.screens.logs import LogsScreen
 from tui.app.screens.matrix import MatrixScreen
 from tui.app.screens.results import ResultsScreen
 from tui.app.screens.runs import RunsScreen
-from tui.suite.matrix import MatrixSpec, load_matrix, save_matrix
+from tui.suite.backends import ClusterOptions, availability, get_backend
+from tui.suite.matrix import MatrixSpec, default_matrix, load_matrix, save_matrix
 
 MODES = ("matrix", "runs", "logs", "results")
 
@@ -44,11 +46,14 @@ class BenchApp(App):
         Binding("q", "quit", "Quit"),
     ]
 
-    def __init__(self, results_dir: str | Path = "results", matrix: MatrixSpec | None = None,
-                 matrix_path: str | None = None, cluster: ClusterOptions | None = None,
+    def __init__(self, matrix: MatrixSpec | None = None, matrix_path: str | None = None,
+                 cluster: ClusterOptions | None = None, results_dir: str | Path | None = None,
                  availability: dict[str, tuple[bool, str]] | None = None) -> None:
         super().__init__()
-        self.results_dir = Path(results_dir)
+        matrix = matrix or default_matrix()
+        self.results_dir = Path(results_dir or matrix.results)
+        """The result set the Results screen shows (read-only); a matrix run writes into its own
+        `results` directory and shows that one."""
         self.matrix_path = matrix_path
         self.cluster = cluster or ClusterOptions()
         self.fixed_availability = availability
@@ -121,8 +126,8 @@ class BenchApp(App):
     # -- backends -----------------------------------------------------------------------------
     @work(thread=True, group="backends")
     def check_backends(self) -> None:
-        for name in BACKEND_NAMES:
-            self.post_message(msg.BackendChecked(name, *check(name, self.cluster)))
+        for name in BACKENDS:
+            self.post_message(msg.BackendChecked(name, *availability(name, self.cluster)))
 
     def on_backend_checked(self, message: msg.BackendChecked) -> None:
         self.backend_status[message.name] = (message.ok, message.why)
@@ -148,20 +153,21 @@ class BenchApp(App):
         if self.runs_screen.is_mounted:
             self.runs_screen.redraw()
         self.logs_screen.run_id = None
-        self.matrix_worker = self.run_specs(list(screen.specs), spec.backend)
+        self.results_dir = Path(spec.results)
+        self.matrix_worker = self.run_specs(list(screen.specs), spec.backend, self.results_dir)
         self.switch_mode("runs")
 
     @work(thread=True, exclusive=True, group="matrix", exit_on_error=False)
-    def run_specs(self, specs: list, backend_name: str) -> None:
+    def run_specs(self, specs: list, backend_name: str, results_dir: Path) -> None:
         from tui.suite.runner import run_matrix
 
         try:
-            self.runner = PerRunCancel(make_backend(backend_name, self.cluster))
+            self.runner = PerRunCancel(get_backend(backend_name, self.cluster))
             ok, why = self.runner.availability()  # the start-up check may be stale or not done
             if not ok:
                 self.post_message(msg.MatrixDone([], f"backend {backend_name} unavailable: {why}"))
                 return
-            records = run_matrix(specs, self.runner, self.results_dir,
+            records = run_matrix(specs, self.runner, results_dir,
                                  emit=lambda event: self.post_message(msg.to_message(event)),
                                  cancel=self.runner.matrix_cancel)
         except Exception as exc:  # noqa: BLE001 - shown to the user, the app goes on
