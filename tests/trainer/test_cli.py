@@ -63,6 +63,7 @@ def test_zero_without_deepspeed_says_how_to_install(tmp_path):
         "(or pip install deepspeed after torch)"]
 
 
+@pytest.mark.slow
 def test_model_learns_and_result_json_matches_stdout(tmp_path):
     out = tmp_path / "out"
     run = run_trainer(["--strategy", "ddp", "--steps", "30", "--warmup-steps", "2", "--seq-len", "64",

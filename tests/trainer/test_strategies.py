@@ -8,6 +8,8 @@ import pytest
 from tests.trainer.conftest import run_trainer
 from trainer.contract import STRATEGIES as STRATEGY_TABLE
 
+pytestmark = pytest.mark.slow  # multi-process runs
+
 STRATEGIES = ["ddp", "fsdp", "zero1", "zero2", "zero3"]
 # World size 2: each launcher starts at least one plain-torch and one DeepSpeed strategy.
 LAUNCHER_AT_2 = {"ddp": "torchrun", "fsdp": "mpirun", "zero1": "deepspeed", "zero2": "deepspeed",

@@ -10,6 +10,8 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Input, Label, Select, SelectionList, Static
 
+from tui.app.messages import LoadMatrix, SaveMatrix
+from tui.app.screens.dialogs import ask_path
 from tui.app.matrix_form import EXTRA_FIELDS, from_matrix, shapes, to_matrix
 from trainer.contract import BACKENDS, LAUNCHERS, PRECISIONS, STRATEGIES
 from trainer.presets import PRESETS
@@ -166,7 +168,9 @@ class MatrixScreen(Screen):
 
     # -- load / save --------------------------------------------------------------------------
     def action_save(self) -> None:
-        self.app.prompt_path("Save matrix to", self.app.matrix_path or "matrix.yaml", self.app.save_matrix)
+        ask_path(self, "Save matrix to", self.app.matrix_path or "matrix.yaml",
+                 lambda path: self.post_message(SaveMatrix(path)))
 
     def action_load(self) -> None:
-        self.app.prompt_path("Load matrix from", self.app.matrix_path or "matrix.yaml", self.app.load_matrix)
+        ask_path(self, "Load matrix from", self.app.matrix_path or "matrix.yaml",
+                 lambda path: self.post_message(LoadMatrix(path)))
