@@ -197,9 +197,50 @@ async def test_logs_follow_search_and_jump_to_error(tmp_path):
         await pilot.pause()
         assert logs.match_at == 120 and "line 121" in str(logs.query_one("#log-title").content)
         # New lines keep arriving while the view stays where the person put it.
+        top = logs.view.scroll_y
         app.post_message(SuiteEvent(ev.RunLogLine("ddp-w2-s64-mb4-ga1-r0", "late line")))
         await pilot.pause()
-        assert logs.query_one("#log").line_count == 201
+        assert logs.query_one("#log").line_count == 201 and logs.view.scroll_y == top
+        await pilot.press("N")  # previous match of "needle", wrapping backwards from line 121
+        await pilot.pause()
+        assert logs.match_at == 50
+
+
+async def test_logs_show_the_command_first_progress_compact_and_search_every_line(tmp_path):
+    """A short log: line 1 (the launch command) is shown and found (it was "older than the last
+    20000 lines shown" in a 41-line log); progress lines are one
+    status line each, not raw JSON; scrolling up pauses follow and End resumes it."""
+    app = BenchApp(results_dir=tmp_path, availability=FIXED_AVAILABILITY)
+    run = "ddp-w2-s64-mb4-ga1-r0"
+    progress = ('SHARDBENCH_PROGRESS {"step": 3, "steps": 30, "phase": "measure", "loss": 8.5, '
+                '"step_time_s": 0.05, "tokens_per_s": 5120.0, "elapsed_s": 1.0, "eta_s": 1.35}')
+    lines = ["$ mpirun -np 2 python -m trainer --strategy ddp WARNING-in-the-command"]
+    lines += [progress] * 20 + ["x" * 400] + [f"rank {i % 2}: line {i}" for i in range(59)]
+    async with app.run_test(size=SIZE) as pilot:
+        app.post_message(SuiteEvent(ev.RunQueued(run, 0, 1, {})))
+        for line in lines:
+            app.post_message(SuiteEvent(ev.RunLogLine(run, line)))
+        await pilot.press("f4")
+        await pilot.pause(0.3)
+        logs = app.logs_screen
+        view = logs.view
+        assert view.line_count == 81 and view.lines[0].startswith("$ mpirun")
+        assert view.lines[1] == "▸ step 3/30 measure · loss 8.5000 · 5,120 tok/s · 0.050 s/step · ETA 1s"
+        assert view.virtual_size.width > 400  # the long line scrolls instead of being cut
+        await pilot.press("slash", *"warning", "enter")
+        await pilot.pause()
+        assert logs.match_at == 0 and "line 1" in str(logs.query_one("#log-title").content)
+        await pilot.press("escape")
+        await pilot.pause()
+        view.set_follow(True)
+        await wait_until(pilot, lambda: view.scroll_y == view.max_scroll_y > 0, 10, "the view at the bottom")
+        view.focus()
+        await pilot.press("pageup")
+        await pilot.pause()
+        assert not logs.follow and "follow paused" in str(logs.query_one("#log-title").content)
+        await pilot.press("end")
+        await pilot.pause()
+        assert logs.follow and view.scroll_y == view.max_scroll_y
 
 
 async def test_results_table_sorts_and_names_winners(tmp_path):
