@@ -25,6 +25,10 @@ from tui.suite.matrix import (CONFIRM_ABOVE, DEFAULT_MATRIX, MatrixSpec, expand,
                                save_matrix, with_shape_defaults)
 
 
+DESCRIPTION = ("The headless suite: run a matrix of benchmark runs, report on a results directory, "
+               "or collect a record from a saved log.")
+
+
 def _ints(text: str) -> list[int]:
     try:
         return [int(x) for x in text.split(",") if x.strip()]
@@ -66,7 +70,7 @@ def _add_matrix_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="shardbench", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="shardbench", description=DESCRIPTION)
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run a matrix of benchmark runs")
     run.add_argument("--matrix", type=Path, help=f"matrix YAML (default: {DEFAULT_MATRIX.name}); flags override it")
