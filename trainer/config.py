@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass, field
+from typing import Literal
 
 from trainer.presets import PRESETS, ModelConfig
 
@@ -55,6 +56,16 @@ class RunConfig:
     """Global gradient-norm clip; 0 disables it."""
     lr_warmup_steps: int = 5
     """Linear learning-rate warm-up steps, then cosine decay to 10% at the last step."""
+    grad_reduce_dtype: Literal["fp32", "bf16"] = "fp32"
+    """Dtype gradients are reduced in, the same for every strategy: DDP's comm hook, FSDP's
+    MixedPrecisionPolicy reduce_dtype, DeepSpeed's communication_data_type."""
+    fsdp_grad_sync: Literal["every_micro_step", "last_micro_step"] = "every_micro_step"
+    """fsdp only: reduce-scatter gradients after every micro-step (torchtitan's default: sharded
+    gradients, the honest memory figure) or only after the last one (unsharded gradients are
+    held between micro-steps, fewer collectives)."""
+    threads_per_rank: int = 1
+    """CPU threads of every rank whatever the world size (1 rank = 1 core, like 1 GPU); each
+    rank is pinned to its own cores when the machine has enough."""
     activation_checkpointing: bool = False
     """Recompute each block's activations in backward (memory for compute)."""
     compile: bool = False
@@ -114,6 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--weight-decay", type=float, default=0.01)
     p.add_argument("--grad-clip", type=float, default=1.0)
     p.add_argument("--lr-warmup-steps", type=int, default=5)
+    p.add_argument("--grad-reduce-dtype", default="fp32", choices=("fp32", "bf16"))
+    p.add_argument("--fsdp-grad-sync", default="every_micro_step", choices=("every_micro_step", "last_micro_step"))
+    p.add_argument("--threads-per-rank", type=int, default=1)
     p.add_argument("--activation-checkpointing", action="store_true")
     p.add_argument("--compile", action="store_true")
     p.add_argument("--device", default="auto", help=f"one of {', '.join(DEVICES)}")
@@ -147,7 +161,7 @@ def validate(cfg: RunConfig, world_size: int) -> None:
     if cfg.device not in DEVICES:
         raise ConfigError(f"unknown device {cfg.device!r}: use one of {', '.join(DEVICES)}")
     for name in ("micro_batch", "steps", "n_layer", "n_embd", "n_head", "vocab_size", "seq_len",
-                 "grad_accum", "global_batch", "progress_every"):
+                 "grad_accum", "global_batch", "progress_every", "threads_per_rank"):
         value = getattr(cfg, name)
         if value is not None and value < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")

@@ -50,10 +50,15 @@ class TorchStrategy(Strategy):
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
 
+    def held_grads(self) -> list[torch.Tensor]:
+        """Gradients kept somewhere else than the parameters' .grad (FSDP's unsharded ones)."""
+        return []
+
     def model_state(self) -> RankModelState:
         params = list(self.model.parameters())
-        return model_state(self.ctx.dist.rank, params, [p.grad for p in params],
-                           optimizer_state_tensors(self.optimizer))
+        return model_state(self.ctx.dist.rank, params=params,
+                           grads=[p.grad for p in params] + self.held_grads(),
+                           optimizer=optimizer_state_tensors(self.optimizer))
 
 
 class DDPStrategy(TorchStrategy):
@@ -65,7 +70,23 @@ class DDPStrategy(TorchStrategy):
             # gradient_as_bucket_view: grads live in DDP's buckets instead of beside them.
             device_ids = [self.ctx.device.index] if self.ctx.device.type == "cuda" else None
             model = DDP(model, device_ids=device_ids, gradient_as_bucket_view=True)
+            model.register_comm_hook(None, self.comm_hook())
         self.build_optimizer(model)
+
+    def comm_hook(self):
+        """The all-reduce in --grad-reduce-dtype. fp32 too goes through torch's Python hook (the
+        same all-reduce DDP's built-in one does) so that trainer.comm can count it."""
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        return {"fp32": default_hooks.allreduce_hook,
+                "bf16": default_hooks.bf16_compress_hook}[self.ctx.cfg.grad_reduce_dtype]
+
+    @property
+    def compute_path(self) -> str:
+        if self.ctx.amp_dtype is None:
+            return "fp32"
+        return (f"torch.autocast {self.ctx.precision}: matmuls in {self.ctx.precision}, "
+                "fp32 parameters, gradients and optimizer")
 
     def no_sync(self, last):
         # Skip the all-reduce on every micro-step but the last: grads accumulate locally.
