@@ -162,10 +162,7 @@ class Trainer:
         for step in range(cfg.steps):
             measured = step >= cfg.warmup_steps
             COMM.active = measured
-            t0 = time.perf_counter()
-            step_loss = self._step(next_batches)
-            self._sync()
-            dt = time.perf_counter() - t0
+            dt, step_loss = self._timed_step(next_batches)
             COMM.active = False
             # Outside the timer: the next step's tokens, the loss read-back, the bookkeeping.
             next_batches = self.data.step_batches(step + 1)
@@ -180,6 +177,14 @@ class Trainer:
             self._progress(step, dt, loss, time.perf_counter() - loop_start)
         self.record.load_avg_1m_end = load_avg_1m()
         self.state = self._memory_step(next_batches)
+
+    def _timed_step(self, host_batches) -> tuple[float, torch.Tensor]:
+        """The timed window, and all that is in it: the copy to the device, every micro-step,
+        the update, and the wait for the device to finish them."""
+        t0 = time.perf_counter()
+        step_loss = self._step(host_batches)
+        self._sync()
+        return time.perf_counter() - t0, step_loss
 
     def _step(self, host_batches) -> torch.Tensor:
         """One optimizer step: every micro-step's forward and backward, then the update."""

@@ -74,12 +74,13 @@ class DDPStrategy(TorchStrategy):
         self.build_optimizer(model)
 
     def comm_hook(self):
-        """The all-reduce in --grad-reduce-dtype. fp32 too goes through torch's Python hook (the
-        same all-reduce DDP's built-in one does) so that trainer.comm can count it."""
+        """The gradient all-reduce in --grad-reduce-dtype, through Python's dist.all_reduce (the
+        same collective DDP's built-in C++ path issues) so that trainer.comm can count it."""
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-        return {"fp32": default_hooks.allreduce_hook,
-                "bf16": default_hooks.bf16_compress_hook}[self.ctx.cfg.grad_reduce_dtype]
+        if self.ctx.cfg.grad_reduce_dtype == "fp32":
+            return default_hooks.allreduce_hook
+        return bf16_allreduce_hook
 
     @property
     def compute_path(self) -> str:
@@ -93,3 +94,19 @@ class DDPStrategy(TorchStrategy):
         if self.ctx.distributed and not last:
             return self.model.no_sync()
         return contextlib.nullcontext()
+
+
+def bf16_allreduce_hook(group, bucket):
+    """Average a bucket in bf16 and write it back into the fp32 bucket. torch's own
+    bf16_compress_hook does the same but refuses anything but NCCL/XCCL (gloo on CPU too)."""
+    import torch.distributed as dist
+
+    group = group if group is not None else dist.group.WORLD
+    buffer = bucket.buffer()
+    reduced = buffer.to(torch.bfloat16).div_(group.size())
+
+    def write_back(fut):
+        buffer.copy_(fut.value()[0])
+        return buffer
+
+    return dist.all_reduce(reduced, group=group, async_op=True).get_future().then(write_back)
