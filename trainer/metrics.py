@@ -197,38 +197,3 @@ def peak_model_state(samples: list[tuple[str, RankModelState]]) -> RankModelStat
     best.peak_at = where
     return best
 
-
-def expected_model_state_bytes_per_param(strategy: str, precision: str, world_size: int, grad_accum: int = 1,
-                                         fsdp_grad_sync: str = "every_micro_step") -> float:
-    """What each strategy holds per parameter on one rank at the peak of a step, with AdamW (two
-    fp32 moments, 8 B), communication buffers excluded - the formula model_state() is checked
-    against (N ranks).
-
-    - ddp: every rank holds everything: fp32 params 4 + fp32 grads 4 + moments 8 = 16
-      (autocast keeps fp32 params and grads: still 16).
-    - fsdp: the same 16 bytes, sharded: 16/N. With --fsdp-grad-sync last_micro_step and
-      grad-accum > 1, unsharded fp32 gradients (4) are held between micro-steps: 4 + 12/N.
-    - zero1 / zero2: the model's own weights stay whole on every rank (4 B fp32, 2 B bf16/fp16);
-      DeepSpeed keeps an fp32 master partition (4/N), the reduced gradient partition (fp32 4/N,
-      2/N in bf16/fp16) and the moments (8/N). ZeRO-1 with grad-accum > 1 accumulates full
-      gradients until the last micro-step (+ full grads, minus the partition): weights + grads
-      + 12/N.
-    - zero3: everything partitioned: (weights + master 4 + grads + moments 8) / N.
-    """
-    n = world_size
-    half = precision in ("bf16", "fp16")
-    weights = 2 if half and strategy.startswith("zero") else 4
-    grads = 2 if half and strategy.startswith("zero") else 4
-    if strategy == "ddp":
-        return 16.0
-    if strategy == "fsdp":
-        if fsdp_grad_sync == "last_micro_step" and grad_accum > 1 and n > 1:
-            return 4 + 12.0 / n
-        return 16.0 / n
-    if strategy == "zero1" and grad_accum > 1:
-        return weights + grads + 12.0 / n
-    if strategy in ("zero1", "zero2"):
-        return weights + (4 + grads + 8) / n
-    if strategy == "zero3":
-        return (weights + 4 + grads + 8) / n
-    raise ValueError(f"unknown strategy {strategy!r}")

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from tests.trainer.conftest import run_trainer
-from trainer.metrics import expected_model_state_bytes_per_param
+from trainer.contract import STRATEGIES
 from trainer.model import PRESETS
 
 pytestmark = pytest.mark.slow
@@ -53,7 +53,7 @@ def test_fsdp_last_micro_step_sync_is_an_explicit_recorded_option(runs):
     assert r["fsdp_grad_sync"] == "last_micro_step"
     assert r["comm_per_step"]["reduce_scatter"]["calls"] == layers + 1
     assert r["comm_per_step"]["all_gather"]["calls"] == 4 * r["grad_accum"]
-    per_param = expected_model_state_bytes_per_param("fsdp", "fp32", 2, 2, "last_micro_step")
+    per_param = STRATEGIES["fsdp"].model_state_bytes_per_param("fp32", 2, 2, "last_micro_step")
     assert per_param == 10.0
     for m in r["model_state"]:
         assert m["total_bytes"] == pytest.approx(per_param * r["n_params"], rel=0.02)

@@ -10,11 +10,11 @@ import jsonschema
 import pytest
 
 from tests.trainer.conftest import run_trainer
-from trainer.metrics import expected_model_state_bytes_per_param
+from trainer.contract import STRATEGIES as STRATEGY_TABLE
 from trainer.model import PRESETS, TinyGPT
 from trainer.strategies.zero import CONFIG_DIR
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.slow  # multi-process runs
 
 STRATEGIES = ["ddp", "fsdp", "zero1", "zero2", "zero3"]
 # World size 2: each launcher starts at least one plain-torch and one DeepSpeed strategy.
@@ -88,7 +88,7 @@ def test_records_are_valid_and_describe_the_run(records, result_schema, strategy
 def test_model_state_matches_the_formula(records, strategy):
     for world in (1, 2):
         r = records[(strategy, world)]
-        per_param = expected_model_state_bytes_per_param(strategy, "fp32", world, r["grad_accum"])
+        per_param = STRATEGY_TABLE[strategy].model_state_bytes_per_param("fp32", world, r["grad_accum"])
         for rank in r["model_state"]:
             held = rank["total_bytes"] - rank["comm_buffer_bytes"]
             assert held == pytest.approx(per_param * r["n_params"], rel=0.02), (world, rank)
