@@ -74,6 +74,16 @@ class RunConfig:
     """Global gradient-norm clip; 0 disables it."""
     lr_warmup_steps: int = knob(5, min=0)
     """Linear learning-rate warm-up steps, then cosine decay to 10% at the last step."""
+    grad_reduce_dtype: Literal["fp32", "bf16"] = "fp32"
+    """Dtype gradients are reduced in, the same for every strategy: DDP's comm hook, FSDP's
+    MixedPrecisionPolicy reduce_dtype, DeepSpeed's communication_data_type."""
+    fsdp_grad_sync: Literal["every_micro_step", "last_micro_step"] = "every_micro_step"
+    """fsdp only: reduce-scatter gradients after every micro-step (torchtitan's default: only
+    sharded gradients are held) or only after the last one (unsharded gradients held between
+    micro-steps, fewer collectives)."""
+    threads_per_rank: int = knob(1, min=1)
+    """CPU threads of every rank whatever the world size (1 rank = 1 core, like 1 GPU); each rank
+    is pinned to cores of its own when the machine has enough."""
     activation_checkpointing: bool = False
     """Recompute each block's activations in backward (memory for compute)."""
     compile: bool = False

@@ -49,11 +49,20 @@ class StrategyInfo:
     """Model-state bytes split across the N ranks, (fp32 run, bf16/fp16 run), AdamW."""
     summary: str
 
-    def model_state_bytes_per_param(self, precision: str, world_size: int) -> float:
-        """Bytes of parameters + gradients + optimizer state one of `world_size` ranks holds per
-        parameter after an optimizer step (AdamW: two fp32 moments, 8 B)."""
+    def model_state_bytes_per_param(self, precision: str, world_size: int, grad_accum: int = 1,
+                                    fsdp_grad_sync: str = "every_micro_step") -> float:
+        """Bytes of parameters + gradients + optimizer state (+ master copies) one of `world_size`
+        ranks holds per parameter at the peak of an optimizer step (AdamW: two fp32 moments,
+        8 B; communication buffers excluded). With grad-accum > 1, ZeRO-1 (and FSDP with
+        --fsdp-grad-sync last_micro_step) hold whole gradients between micro-steps instead of
+        their partition."""
         half = 1 if precision in ("bf16", "fp16") else 0
-        return self.replicated_bytes_per_param[half] + self.sharded_bytes_per_param[half] / world_size
+        replicated, sharded = self.replicated_bytes_per_param[half], self.sharded_bytes_per_param[half]
+        whole_grads = self.zero_stage == 1 or (self.engine == "fsdp" and fsdp_grad_sync == "last_micro_step")
+        if grad_accum > 1 and whole_grads:
+            grads = 2 if half and self.engine == "deepspeed" else 4
+            replicated, sharded = replicated + grads, sharded - grads
+        return replicated + sharded / world_size
 
 
 def _zero(stage: int, replicated: tuple[float, float], sharded: tuple[float, float], summary: str) -> StrategyInfo:

@@ -1,9 +1,10 @@
 """Deterministic synthetic tokens: the same tokens for every global step, whatever the strategy
 or world size, so that losses can be compared step by step.
 
-Step s's global batch (global_batch sequences) depends only on (seed, s). Rank r's micro-step m
-takes rows [(m * world + r) * micro_batch, ... + micro_batch): every row is used exactly once per
-step, and the step's mean loss is the same however the rows are split. Tokens follow a skewed (Zipf-like)
+Row g of global step s depends only on (seed, s, g), so each rank generates only its own rows
+(generation cost does not grow with the world size). Rank r's micro-step m takes global rows
+[(m * world + r) * micro_batch, ... + micro_batch): every row is used exactly once per step, and
+the step's mean loss is the same however the rows are split. Tokens follow a skewed (Zipf-like)
 unigram distribution and repeat the previous token 30% of the time, so the model has something
 to learn within tens of steps and the loss falls (uniform noise would sit at ln(V) for ever and
 hide a broken optimizer step).
@@ -12,14 +13,16 @@ from __future__ import annotations
 
 import torch
 
+_MASK = (1 << 63) - 1
 
-def global_batch_tokens(seed: int, step: int, rows: int, seq_len: int, vocab: int) -> torch.Tensor:
-    """(rows, seq_len + 1) int64 tokens of global step `step`."""
-    gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
-    skewed = (torch.rand(rows, seq_len + 1, generator=gen) ** 4 * vocab).long().clamp_(max=vocab - 1)
-    repeat = torch.rand(rows, seq_len, generator=gen) < 0.3
+
+def row_tokens(seed: int, step: int, row: int, seq_len: int, vocab: int) -> torch.Tensor:
+    """(seq_len + 1,) int64 tokens of global row `row` of global step `step`."""
+    gen = torch.Generator().manual_seed(((seed * 1_000_003 + step) * 1_000_000_007 + row) & _MASK)
+    skewed = (torch.rand(seq_len + 1, generator=gen) ** 4 * vocab).long().clamp_(max=vocab - 1)
+    repeat = torch.rand(seq_len, generator=gen) < 0.3
     tokens = skewed.clone()
-    tokens[:, 1:] = torch.where(repeat, skewed[:, :-1], skewed[:, 1:])
+    tokens[1:] = torch.where(repeat, skewed[:-1], skewed[1:])
     return tokens
 
 
@@ -38,12 +41,12 @@ class SyntheticBatches:
         return self.micro_batch * self.grad_accum * self.world_size
 
     def step_batches(self, step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """This rank's grad_accum micro-batches for global step `step`."""
-        tokens = global_batch_tokens(self.seed, step, self.global_rows, self.seq_len, self.vocab)
+        """This rank's grad_accum micro-batches for global step `step` (only its own rows)."""
         out = []
         for micro in range(self.grad_accum):
             first = (micro * self.world_size + self.rank) * self.micro_batch
-            rows = tokens[first:first + self.micro_batch]
+            rows = torch.stack([row_tokens(self.seed, step, first + i, self.seq_len, self.vocab)
+                                for i in range(self.micro_batch)])
             x, y = rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
             if self.pin_memory:
                 x, y = x.pin_memory(), y.pin_memory()

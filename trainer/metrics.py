@@ -1,38 +1,75 @@
 """Measurements: step-time statistics, peak memory, model-state bytes, MFU's peak FLOP/s."""
 from __future__ import annotations
 
+import os
+import re
 import resource
 import statistics
 import sys
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import torch
 
 from trainer.record import RankMemory, RankModelState, StepTimes
 
-# Peak dense bf16 TFLOP/s per device, matched against torch.cuda.get_device_name().
-# Ordered most specific first: "A10" is a substring of "A100", "H100" of "H100 PCIe".
-PEAK_BF16_TFLOPS: list[tuple[str, float]] = [
-    ("H200", 989.0),
-    ("H100 PCIe", 756.0),
-    ("H100", 989.0),       # SXM
-    ("A100", 312.0),
-    ("A10G", 70.0),
-    ("A10", 125.0),
-    ("L40S", 362.0),
-    ("L4", 121.0),
-    ("V100", 125.0),       # fp16 tensor cores (no bf16)
+# Peak dense (no sparsity) TFLOP/s per device and dtype, matched against
+# torch.cuda.get_device_name() as whole words, most specific first ("H100 NVL" before "H100";
+# "L4" never matches "L40", "A10" never "A100", "H200" never "GH200"). tf32 is used for fp32 runs
+# when TF32 matmuls are on, fp32 (CUDA cores) when they are off (torch's default).
+PEAK_TFLOPS: list[tuple[str, dict[str, float]]] = [
+    ("H100 NVL", {"bf16": 835.0, "fp16": 835.0, "tf32": 418.0, "fp32": 60.0}),
+    ("H100 PCIe", {"bf16": 756.0, "fp16": 756.0, "tf32": 378.0, "fp32": 51.0}),
+    ("H100", {"bf16": 989.0, "fp16": 989.0, "tf32": 495.0, "fp32": 67.0}),  # SXM
+    ("H200 NVL", {"bf16": 835.0, "fp16": 835.0, "tf32": 418.0, "fp32": 60.0}),
+    ("H200", {"bf16": 989.0, "fp16": 989.0, "tf32": 495.0, "fp32": 67.0}),
+    ("GH200", {"bf16": 989.0, "fp16": 989.0, "tf32": 495.0, "fp32": 67.0}),
+    ("A100", {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5}),
+    ("A10G", {"bf16": 70.0, "fp16": 70.0, "tf32": 35.0, "fp32": 31.2}),
+    ("A10", {"bf16": 125.0, "fp16": 125.0, "tf32": 62.5, "fp32": 31.2}),
+    ("L40S", {"bf16": 362.0, "fp16": 362.0, "tf32": 183.0, "fp32": 91.6}),
+    ("L40", {"bf16": 181.0, "fp16": 181.0, "tf32": 90.5, "fp32": 90.5}),
+    ("L4", {"bf16": 121.0, "fp16": 121.0, "tf32": 60.0, "fp32": 30.3}),
+    ("V100", {"fp16": 125.0, "fp32": 15.7}),  # no bf16, no tf32
 ]
 
 
-def peak_flops_for(device_name: str, override_tflops: float | None) -> tuple[float | None, str | None]:
-    """(peak FLOP/s of one device, where it came from); (None, None) when unknown (CPUs)."""
-    if override_tflops:
-        return override_tflops * 1e12, f"--peak-tflops {override_tflops:g}"
-    for key, tflops in PEAK_BF16_TFLOPS:
-        if key in device_name:
-            return tflops * 1e12, f"device table: {key} dense bf16 {tflops:g} TFLOP/s"
-    return None, None
+@dataclass
+class Peak:
+    flops: float | None
+    """Peak FLOP/s of one device used for MFU, None when unknown (CPUs)."""
+    source: str | None
+    given: float | None = None
+    """--peak-tflops (the shape's), FLOP/s."""
+    warning: str | None = None
+
+
+def device_peak(device_name: str, dtype: str) -> tuple[str, float] | None:
+    """(table key, TFLOP/s) of the detected device for a dtype (bf16, fp16, tf32, fp32)."""
+    for key, peaks in PEAK_TFLOPS:
+        if re.search(rf"(?<![A-Za-z0-9]){re.escape(key)}(?![A-Za-z0-9])", device_name):
+            return (key, peaks[dtype]) if dtype in peaks else None
+    return None
+
+
+def peak_flops_for(device_name: str, precision: str, given_tflops: float | None,
+                   tf32: bool = False) -> Peak:
+    """The peak MFU divides by. A device found in the table wins (for the run's precision:
+    fp32 runs use the fp32 or tf32 peak, never bf16's); --peak-tflops is used only for a device
+    the table does not know, and is recorded with a warning when it disagrees with the table."""
+    dtype = ("tf32" if tf32 else "fp32") if precision == "fp32" else precision
+    given = given_tflops * 1e12 if given_tflops else None
+    found = device_peak(device_name, dtype) if device_name else None
+    if found is None:
+        if given is None:
+            return Peak(None, None)
+        return Peak(given, f"--peak-tflops {given_tflops:g} (device not in the table)", given)
+    key, tflops = found
+    peak = Peak(tflops * 1e12, f"device table: {key} dense {dtype} {tflops:g} TFLOP/s", given)
+    if given is not None and abs(given - peak.flops) > 0.01 * peak.flops:
+        peak.warning = (f"--peak-tflops {given_tflops:g} (the shape's) disagrees with the detected "
+                        f"{device_name}'s dense {dtype} peak {tflops:g} TFLOP/s: MFU uses the device's")
+    return peak
 
 
 def percentile(sorted_values: list[float], q: float) -> float:
@@ -59,12 +96,34 @@ def peak_rss_bytes() -> int:
     return rss if sys.platform == "darwin" else rss * 1024
 
 
-def rank_memory(rank: int, device: torch.device) -> RankMemory:
-    mem = RankMemory(rank=rank, rss_bytes=peak_rss_bytes())
+def end_setup_memory(device: torch.device) -> int | None:
+    """GPU: the set-up peak (whole model before sharding included), then reset the peak
+    statistics so that the training peak is training's alone."""
+    if device.type != "cuda":
+        return None
+    torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    return peak
+
+
+def rank_memory(rank: int, device: torch.device, setup_peak: int | None) -> RankMemory:
+    mem = RankMemory(rank=rank, rss_peak_bytes=peak_rss_bytes())
     if device.type == "cuda":
-        mem.allocated_bytes = torch.cuda.max_memory_allocated(device)
-        mem.reserved_bytes = torch.cuda.max_memory_reserved(device)
+        stats = torch.cuda.memory_stats(device)
+        mem.setup_peak_bytes = setup_peak
+        mem.train_peak_bytes = torch.cuda.max_memory_allocated(device)
+        mem.train_reserved_peak_bytes = torch.cuda.max_memory_reserved(device)
+        mem.num_alloc_retries = int(stats.get("num_alloc_retries", 0))
+        mem.num_ooms = int(stats.get("num_ooms", 0))
     return mem
+
+
+def load_avg_1m() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return None
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -119,12 +178,22 @@ def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tens
     return out
 
 
-def model_state(rank: int, params: list[torch.Tensor], grads: list[torch.Tensor | None],
-                optimizer_tensors: list[torch.Tensor]) -> RankModelState:
-    """Bytes this rank holds: its parameters, its gradients, and its optimizer's tensors
-    (Adam moments, and master fp32 copies when a mixed-precision or ZeRO optimizer keeps them)."""
+def model_state(rank: int, params: Iterable, grads: Iterable = (), master: Iterable = (),
+                optimizer: Iterable = (), comm_buffers: Iterable = ()) -> RankModelState:
+    """Bytes this rank holds, by kind, each byte once (counted in the order params, grads,
+    master, optimizer, comm buffers: a region already counted is not counted again)."""
     counter = StorageCounter()
-    p = counter.add(params)
-    g = counter.add(grads)
-    o = counter.add(optimizer_tensors)
-    return RankModelState(rank=rank, params_bytes=p, grads_bytes=g, optimizer_bytes=o, total_bytes=p + g + o)
+    p, g, m = counter.add(params), counter.add(grads), counter.add(master)
+    o, c = counter.add(optimizer), counter.add(comm_buffers)
+    return RankModelState(rank=rank, params_bytes=p, grads_bytes=g, optimizer_bytes=o, master_bytes=m,
+                          comm_buffer_bytes=c, total_bytes=p + g + m + o + c)
+
+
+def peak_model_state(samples: list[tuple[str, RankModelState]]) -> RankModelState | None:
+    """The sample with the largest total, labelled with where it was taken."""
+    if not samples:
+        return None
+    where, best = max(samples, key=lambda s: s[1].total_bytes)
+    best.peak_at = where
+    return best
+

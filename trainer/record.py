@@ -15,7 +15,7 @@ from typing import Any
 
 from trainer.contract import STATUSES  # noqa: F401 (re-exported: the record's statuses)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 START_MARKER = "BENCHMARK_RESULT_JSON_START"
 END_MARKER = "BENCHMARK_RESULT_JSON_END"
 # Rank 0 prints one of these per step so launchers, the CLI and the TUI can show progress:
@@ -37,23 +37,46 @@ class StepTimes:
 
 @dataclass
 class RankMemory:
-    """Peak memory of one rank, bytes. GPU: torch.cuda max allocated/reserved; CPU: peak RSS."""
+    """Memory of one rank, bytes. GPU: torch.cuda's allocator, with peak statistics reset after
+    set-up so that set-up (the whole model before sharding) and training peaks are separate.
+    CPU: only the process's peak RSS, a footprint (mostly libraries), never compared."""
 
     rank: int
-    allocated_bytes: int | None = None
-    reserved_bytes: int | None = None
-    rss_bytes: int | None = None
+    setup_peak_bytes: int | None = None
+    """GPU max allocated from process start to the end of set-up (model built, wrapped, sharded)."""
+    train_peak_bytes: int | None = None
+    """GPU max allocated during training (warm-up and measured steps), reset after set-up."""
+    train_reserved_peak_bytes: int | None = None
+    """GPU max reserved by the caching allocator during training."""
+    num_alloc_retries: int | None = None
+    """GPU allocator retries (cudaMalloc failed, cache flushed, tried again): memory pressure."""
+    num_ooms: int | None = None
+    """GPU out-of-memory errors the allocator raised."""
+    rss_peak_bytes: int | None = None
+    """Peak resident set size of the process: a footprint, never a comparison."""
 
 
 @dataclass
 class RankModelState:
-    """Bytes of model state one rank actually holds, counted from its tensors."""
+    """Model state one rank holds, counted from its tensors, bytes: the maximum over the whole
+    optimizer step (sampled after every micro-step's backward and after the optimizer step,
+    in one untimed extra step); the breakdown is that of the sample where the total peaked."""
 
     rank: int
     params_bytes: int = 0
+    """Parameters as the model holds them (whole, or this rank's shard)."""
     grads_bytes: int = 0
+    """Gradients, accumulated or reduced, full or partitioned."""
     optimizer_bytes: int = 0
+    """Optimizer state (Adam's two moments)."""
+    master_bytes: int = 0
+    """fp32 master copies of the weights kept beside the model's (DeepSpeed's partitions)."""
+    comm_buffer_bytes: int = 0
+    """Communication buffers held across steps (DeepSpeed's reduce buckets) beyond the above."""
     total_bytes: int = 0
+    """The sum of the above at the sample where it was largest."""
+    peak_at: str = ""
+    """Where that sample was taken, e.g. "micro-step 1 backward" or "optimizer step"."""
 
 
 @dataclass
@@ -109,20 +132,50 @@ class ResultRecord:
     loss_per_step: list[float] = field(default_factory=list)
     """Loss of every step (warm-up included), averaged over micro-steps and ranks."""
     final_loss: float | None = None
-    peak_memory: list[RankMemory] = field(default_factory=list)
+    memory: list[RankMemory] = field(default_factory=list)
+    """Per rank: GPU set-up and training peaks, allocator retries and OOMs; CPU RSS footprint."""
     peak_memory_bytes: int | None = None
-    """Max over ranks of GPU max-allocated, or of CPU peak RSS."""
+    """The memory figure runs are compared on, max over ranks: on GPU the training peak of
+    allocated memory; on CPU the tensors held (model_state_bytes_per_rank), never RSS."""
+    peak_memory_source: str | None = None
+    """What peak_memory_bytes measured (gpu train_peak_bytes, or cpu model state)."""
     model_state: list[RankModelState] = field(default_factory=list)
     model_state_bytes_per_rank: int | None = None
-    """Max over ranks of params + grads + optimizer state held."""
+    """Max over ranks of the model state total (params, grads, optimizer, master, comm buffers)."""
+    comm_per_step: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Collectives rank 0 issued per measured step, by operation: {"all_gather": {"calls": 4,
+    "bytes": ...}}. Bytes: the whole buffer of each call (all-reduce tensor, gathered output,
+    reduce-scatter input); see trainer/comm.py."""
+    grad_reduce_dtype: str = "fp32"
+    """Dtype gradients were reduced in (DDP comm hook, FSDP reduce_dtype, DeepSpeed
+    communication_data_type)."""
+    fsdp_grad_sync: str | None = None
+    """fsdp only: every_micro_step (reduce-scatter after each micro-step) or last_micro_step."""
+    compute_path: str = ""
+    """How this strategy computes in its precision, e.g. autocast over fp32 parameters, or
+    parameters cast to bf16."""
+    threads_per_rank: int | None = None
+    """torch CPU threads of every rank."""
+    cpu_affinity: list[list[int]] = field(default_factory=list)
+    """Per rank, the CPU cores it may run on (pinned to its own when there are enough)."""
+    load_avg_1m_start: float | None = None
+    """The host's 1-minute load average when training started (os.getloadavg, rank 0)."""
+    load_avg_1m_end: float | None = None
+    """The host's 1-minute load average when training ended."""
+    warnings: list[str] = field(default_factory=list)
+    """Things a reader should know about the numbers (e.g. a shape's peak FLOP/s that disagrees
+    with the detected device's)."""
     flops_per_token: float | None = None
     """6N + 12 L d T (PaLM appendix B), training FLOPs per token."""
     mfu: float | None = None
     """flops_per_token x tokens_per_s / (world_size x peak_flops); None when the peak is unknown."""
     peak_flops: float | None = None
-    """Peak dense FLOP/s of one device used for MFU."""
+    """Peak dense FLOP/s of one device in the run's precision, used for MFU."""
     peak_flops_source: str | None = None
-    """Where the peak came from: --peak-tflops, or the device table entry that matched."""
+    """Where the peak came from: the device table entry that matched the detected device, or
+    --peak-tflops when the device is not in the table."""
+    peak_flops_given: float | None = None
+    """The peak --peak-tflops gave (the shape's), FLOP/s, recorded even when the device's won."""
     h2d_gbps: float | None = None
     """Host-to-device copy rate of the batches, GB/s (None on CPU: nothing is copied)."""
     time_to_first_step_s: float | None = None

@@ -1,8 +1,11 @@
 """One benchmark run on this rank: process group, model, strategy, warm-up and measured steps.
 
 The device is synchronised only at step boundaries (the step timer needs it); everything inside
-a step is queued asynchronously. Measurements accumulate on the `Trainer` as they are taken so
-that a run that fails half-way still reports what it measured.
+a step is queued asynchronously. Only the step is timed: the next step's tokens are generated
+after the timer stops, and model-state memory is sampled in one untimed extra step after the
+measured ones. Collectives are counted during measured steps (trainer/comm.py). Measurements
+accumulate on the `Trainer` as they are taken so that a run that fails half-way still reports
+what it measured.
 """
 from __future__ import annotations
 
@@ -21,7 +24,9 @@ from trainer.config import RunConfig, measured_fields
 from trainer.data import SyntheticBatches
 from trainer.devices import check_memory, device_name, resolve_device, resolve_precision
 from trainer.dist_env import DistEnv, resolve_rendezvous
-from trainer.metrics import peak_flops_for, rank_memory, step_time_stats
+from trainer.comm import COUNTER as COMM
+from trainer.metrics import (end_setup_memory, load_avg_1m, peak_flops_for, peak_model_state, rank_memory,
+                             step_time_stats)
 from trainer.model import TinyGPT, count_params, flops_params, flops_per_token
 from trainer.record import PROGRESS_PREFIX, ResultRecord
 from trainer.strategies import Context, make_strategy
@@ -46,15 +51,20 @@ class Trainer:
         self.h2d_seconds = 0.0
         self._h2d_events = None  # (start, end, bytes) of the current step's copies (GPU only)
         self.time_to_first_step: float | None = None
-        self.state = None
+        self.state = None  # this rank's peak model state (the untimed memory step)
+        self.setup_peak: int | None = None
+        self.affinity: list[int] = []
+        self.comm_per_step: dict = {}
+        # Before DeepSpeed's comm layer captures references to torch.distributed's functions.
+        COMM.install()
         self.record = self._base_record()
 
     # -- set-up ---------------------------------------------------------------------------------
     def _base_record(self) -> ResultRecord:
         cfg, d = self.cfg, self.dist
         tokens_per_step = cfg.micro_batch * self.grad_accum * d.world_size * self.seq_len
-        peak, source = peak_flops_for(device_name(self.device) if self.device.type == "cuda" else "",
-                                      cfg.peak_tflops)
+        peak = peak_flops_for(device_name(self.device) if self.device.type == "cuda" else "",
+                              self.precision, cfg.peak_tflops, tf32=torch.backends.cuda.matmul.allow_tf32)
         launcher, nodes = cfg.launcher or d.launcher, max(1, d.world_size // d.local_world_size)
         config = contract.config_id(measured_fields(cfg, d.world_size, nodes, launcher))
         return ResultRecord(
@@ -71,8 +81,11 @@ class Trainer:
             micro_batch=cfg.micro_batch, grad_accum=self.grad_accum,
             global_batch=cfg.micro_batch * self.grad_accum * d.world_size,
             tokens_per_step=tokens_per_step, steps=cfg.steps, warmup_steps=cfg.warmup_steps,
-            flops_per_token=flops_per_token(self.mcfg, self.seq_len), peak_flops=peak,
-            peak_flops_source=source, usd_per_gpu_hour=cfg.usd_per_gpu_hour,
+            flops_per_token=flops_per_token(self.mcfg, self.seq_len), peak_flops=peak.flops,
+            peak_flops_source=peak.source, peak_flops_given=peak.given,
+            warnings=[peak.warning] if peak.warning else [], usd_per_gpu_hour=cfg.usd_per_gpu_hour,
+            grad_reduce_dtype=cfg.grad_reduce_dtype,
+            fsdp_grad_sync=cfg.fsdp_grad_sync if cfg.strategy == "fsdp" else None,
             activation_checkpointing=cfg.activation_checkpointing, compile=cfg.compile, seed=cfg.seed,
             optimizer={"name": "AdamW", "lr": cfg.lr, "betas": [0.9, 0.95], "weight_decay": cfg.weight_decay,
                        "grad_clip": cfg.grad_clip, "lr_warmup_steps": cfg.lr_warmup_steps,
@@ -99,10 +112,21 @@ class Trainer:
             rank=d.rank, world_size=d.world_size,
             timeout=timedelta(seconds=self.cfg.pg_timeout_s))
 
-    def build(self) -> None:
+    def _pin_cpu(self) -> None:
+        """Every rank gets --threads-per-rank threads whatever the world size (1 rank = 1 core,
+        like 1 GPU), on cores of its own when the machine has enough for all local ranks."""
         if self.device.type == "cpu":
-            # Ranks on one machine share its cores: oversubscribed threads thrash.
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // self.dist.local_world_size))
+            t = self.cfg.threads_per_rank
+            torch.set_num_threads(t)
+            allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+            local, ranks = self.dist.local_rank, self.dist.local_world_size
+            if len(allowed) >= ranks * t:
+                os.sched_setaffinity(0, allowed[local * t:(local + 1) * t])
+        if hasattr(os, "sched_getaffinity"):
+            self.affinity = sorted(os.sched_getaffinity(0))
+
+    def build(self) -> None:
+        self._pin_cpu()
         torch.manual_seed(self.cfg.seed)  # identical initial weights on every rank and strategy
         model = TinyGPT(self.mcfg, activation_checkpointing=self.cfg.activation_checkpointing)
         self.record.n_params = count_params(model)
@@ -113,9 +137,11 @@ class Trainer:
                            grad_accum=self.grad_accum, distributed=self.distributed)
         self.strategy = make_strategy(self.ctx)
         self.strategy.setup(model)
+        self.record.compute_path = self.strategy.compute_path
         self.data = SyntheticBatches(self.cfg.seed, self.seq_len, self.mcfg.vocab_size, self.cfg.micro_batch,
                                      self.grad_accum, self.dist.rank, self.dist.world_size,
                                      pin_memory=self.device.type == "cuda")
+        self.setup_peak = end_setup_memory(self.device)
 
     # -- the loop -------------------------------------------------------------------------------
     def _to_device(self, batches):
@@ -136,31 +162,58 @@ class Trainer:
         cfg = self.cfg
         next_batches = self.data.step_batches(0)
         loop_start = time.perf_counter()
+        self.record.load_avg_1m_start = load_avg_1m()
         self._sync()
         for step in range(cfg.steps):
             measured = step >= cfg.warmup_steps
-            last_step = step == cfg.steps - 1
-            t0 = time.perf_counter()
-            batches = self._to_device(next_batches)
-            step_loss = torch.zeros((), device=self.device)
-            for micro, (x, y) in enumerate(batches):
-                last = micro == len(batches) - 1
-                step_loss += self.strategy.forward_backward(x, y, last)
-                if last and last_step:
-                    self.state = self.strategy.model_state()  # grads are present only here
-                self.strategy.step(last)
-            if not last_step:
-                next_batches = self.data.step_batches(step + 1)  # overlaps queued GPU work
-            self._sync()
-            dt = time.perf_counter() - t0
-            loss = (step_loss / len(batches)).item()
+            COMM.active = measured
+            dt, step_loss = self._timed_step(next_batches)
+            COMM.active = False
+            # Outside the timer: the next step's tokens, the loss read-back, the bookkeeping.
+            next_batches = self.data.step_batches(step + 1)
+            loss = (step_loss / self.grad_accum).item()
             self.losses.append(loss)
             if self.time_to_first_step is None:
                 self.time_to_first_step = time.time() - process_start
             if measured:
                 self.step_times.append(dt)
+                self.comm_per_step = COMM.per_step(len(self.step_times))
                 self._count_h2d()
             self._progress(step, dt, loss, time.perf_counter() - loop_start)
+        self.record.load_avg_1m_end = load_avg_1m()
+        self.state = self._memory_step(next_batches)
+
+    def _timed_step(self, host_batches) -> tuple[float, torch.Tensor]:
+        """The timed window, and all that is in it: the copy to the device, every micro-step,
+        the update, and the wait for the device to finish them."""
+        t0 = time.perf_counter()
+        step_loss = self._step(host_batches)
+        self._sync()
+        return time.perf_counter() - t0, step_loss
+
+    def _step(self, host_batches) -> torch.Tensor:
+        """One optimizer step: every micro-step's forward and backward, then the update."""
+        batches = self._to_device(host_batches)
+        step_loss = torch.zeros((), device=self.device)
+        for micro, (x, y) in enumerate(batches):
+            last = micro == len(batches) - 1
+            step_loss += self.strategy.forward_backward(x, y, last)
+            self.strategy.step(last)
+        return step_loss
+
+    def _memory_step(self, host_batches):
+        """One extra, untimed step that samples the model state after every micro-step's
+        backward and after the optimizer step; returns the largest sample."""
+        samples = []
+        batches = self._to_device(host_batches)
+        for micro, (x, y) in enumerate(batches):
+            last = micro == len(batches) - 1
+            self.strategy.forward_backward(x, y, last)
+            samples.append((f"micro-step {micro} backward", self.strategy.model_state()))
+            self.strategy.step(last)
+        samples.append(("optimizer step", self.strategy.model_state()))
+        self._sync()
+        return peak_model_state(samples)
 
     def _count_h2d(self) -> None:
         events = self._h2d_events
@@ -200,12 +253,20 @@ class Trainer:
         r.loss_per_step = [float(v) for v in losses]
         r.final_loss = r.loss_per_step[-1] if r.loss_per_step else None
         self.fill_timings(r)
-        r.peak_memory = sorted(self._gather(rank_memory(self.dist.rank, self.device)), key=lambda m: m.rank)
-        r.peak_memory_bytes = max((m.allocated_bytes if m.allocated_bytes is not None else m.rss_bytes)
-                                  for m in r.peak_memory)
-        if self.state is not None:
-            r.model_state = sorted(self._gather(self.state), key=lambda s: s.rank)
-            r.model_state_bytes_per_rank = max(s.total_bytes for s in r.model_state)
+        mine = (rank_memory(self.dist.rank, self.device, self.setup_peak), self.state, self.affinity)
+        everyone = self._gather(mine)
+        r.memory = [m for m, _, _ in everyone]
+        r.cpu_affinity = [a for _, _, a in everyone]
+        states = [s for _, s, _ in everyone if s is not None]
+        if states:
+            r.model_state = states
+            r.model_state_bytes_per_rank = max(s.total_bytes for s in states)
+        if self.device.type == "cuda":
+            r.peak_memory_bytes = max(m.train_peak_bytes for m in r.memory)
+            r.peak_memory_source = "gpu: max allocated during training (peak statistics reset after set-up)"
+        elif r.model_state_bytes_per_rank is not None:
+            r.peak_memory_bytes = r.model_state_bytes_per_rank
+            r.peak_memory_source = "cpu: model state tensors held (activations not included; RSS is in memory)"
         r.wall_time_s = time.time() - wall_start
         r.finished_at = _now()
         return r
@@ -213,6 +274,8 @@ class Trainer:
     def fill_timings(self, r: ResultRecord) -> None:
         """The throughput numbers from whatever steps were measured (also for failed runs)."""
         r.measured_steps = len(self.step_times)
+        r.comm_per_step = self.comm_per_step
+        r.threads_per_rank = torch.get_num_threads()
         r.step_time_s = step_time_stats(self.step_times)
         r.time_to_first_step_s = self.time_to_first_step
         if self.step_times:

@@ -12,6 +12,10 @@ from trainer.dist_env import DistEnv
 from trainer.record import RankModelState
 
 
+# --grad-reduce-dtype -> torch dtype; every strategy reduces gradients in this one dtype.
+REDUCE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
 @dataclass
 class Context:
     """Where and how this rank runs."""
@@ -79,8 +83,14 @@ class Strategy:
         raise NotImplementedError
 
     def model_state(self) -> RankModelState:
-        """Bytes of params + grads + optimizer state this rank holds (call with grads present)."""
+        """Bytes of params, grads, optimizer state, master copies and communication buffers this
+        rank holds right now (the trainer samples it through one untimed step)."""
         raise NotImplementedError
+
+    @property
+    def compute_path(self) -> str:
+        """How this strategy computes in the run's precision (recorded)."""
+        return "fp32" if self.ctx.amp_dtype is None else f"torch.autocast {self.ctx.precision}"
 
     def autocast(self):
         dtype = self.ctx.amp_dtype

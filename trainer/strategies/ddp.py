@@ -50,10 +50,15 @@ class TorchStrategy(Strategy):
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
 
+    def held_grads(self) -> list[torch.Tensor]:
+        """Gradients kept somewhere else than the parameters' .grad (FSDP's unsharded ones)."""
+        return []
+
     def model_state(self) -> RankModelState:
         params = list(self.model.parameters())
-        return model_state(self.ctx.dist.rank, params, [p.grad for p in params],
-                           optimizer_state_tensors(self.optimizer))
+        return model_state(self.ctx.dist.rank, params=params,
+                           grads=[p.grad for p in params] + self.held_grads(),
+                           optimizer=optimizer_state_tensors(self.optimizer))
 
 
 class DDPStrategy(TorchStrategy):
@@ -65,10 +70,43 @@ class DDPStrategy(TorchStrategy):
             # gradient_as_bucket_view: grads live in DDP's buckets instead of beside them.
             device_ids = [self.ctx.device.index] if self.ctx.device.type == "cuda" else None
             model = DDP(model, device_ids=device_ids, gradient_as_bucket_view=True)
+            model.register_comm_hook(None, self.comm_hook())
         self.build_optimizer(model)
+
+    def comm_hook(self):
+        """The gradient all-reduce in --grad-reduce-dtype, through Python's dist.all_reduce (the
+        same collective DDP's built-in C++ path issues) so that trainer.comm can count it."""
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        if self.ctx.cfg.grad_reduce_dtype == "fp32":
+            return default_hooks.allreduce_hook
+        return bf16_allreduce_hook
+
+    @property
+    def compute_path(self) -> str:
+        if self.ctx.amp_dtype is None:
+            return "fp32"
+        return (f"torch.autocast {self.ctx.precision}: matmuls in {self.ctx.precision}, "
+                "fp32 parameters, gradients and optimizer")
 
     def no_sync(self, last):
         # Skip the all-reduce on every micro-step but the last: grads accumulate locally.
         if self.ctx.distributed and not last:
             return self.model.no_sync()
         return contextlib.nullcontext()
+
+
+def bf16_allreduce_hook(group, bucket):
+    """Average a bucket in bf16 and write it back into the fp32 bucket. torch's own
+    bf16_compress_hook does the same but refuses anything but NCCL/XCCL (gloo on CPU too)."""
+    import torch.distributed as dist
+
+    group = group if group is not None else dist.group.WORLD
+    buffer = bucket.buffer()
+    reduced = buffer.to(torch.bfloat16).div_(group.size())
+
+    def write_back(fut):
+        buffer.copy_(fut.value()[0])
+        return buffer
+
+    return dist.all_reduce(reduced, group=group, async_op=True).get_future().then(write_back)

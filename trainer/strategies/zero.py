@@ -34,6 +34,9 @@ def deepspeed_config(ctx: Context) -> dict:
     ds["gradient_clipping"] = float(cfg.grad_clip)
     ds.setdefault("bf16", {})["enabled"] = ctx.precision == "bf16"
     ds.setdefault("fp16", {})["enabled"] = ctx.precision == "fp16"
+    # One gradient-reduction dtype for every strategy (DeepSpeed's default follows the model's
+    # dtype: bf16 gradients would move half the bytes of DDP's and FSDP's fp32 reductions).
+    ds["communication_data_type"] = cfg.grad_reduce_dtype
     ds.pop("optimizer", None)  # ours is passed in: see the module docstring
     ds.pop("scheduler", None)
     return ds
@@ -48,6 +51,14 @@ def _tensors(value) -> list[torch.Tensor]:
     if isinstance(value, (list, tuple)):
         return [t for v in value for t in _tensors(v)]
     return []
+
+
+# Where DeepSpeed 0.19's ZeRO optimizers keep what they hold (stage 1/2: DeepSpeedZeroOptimizer,
+# stage 3: DeepSpeedZeroOptimizer_Stage3). Each name is read if present.
+GRAD_ATTRS = ("grads_in_partition", "averaged_gradients", "grad_partitions_flat_buffer")
+MASTER_ATTRS = ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat")
+# Reduce buckets: {dtype: bucket}, each bucket's .buffer a tensor (stage 3) or a list of them
+# (stage 1/2: two when overlap_comm double-buffers).
 
 
 class ZeroStrategy(Strategy):
@@ -81,14 +92,24 @@ class ZeroStrategy(Strategy):
         # and the schedule only at the end of the accumulation cycle.
         self.engine.step()
 
+    @property
+    def compute_path(self) -> str:
+        if self.ctx.amp_dtype is None:
+            return "fp32"
+        return (f"model cast to {self.ctx.precision} by the engine: every op, parameters and gradients in "
+                f"{self.ctx.precision}; fp32 master partition and optimizer in DeepSpeed's ZeRO optimizer")
+
     def model_state(self) -> RankModelState:
         opt = self.optimizer
         params = [getattr(p, "ds_tensor", p) for p in self.model.parameters()]
         grads = [p.grad for p in self.model.parameters()]
-        for name in ("grads_in_partition", "averaged_gradients", "grad_partitions_flat_buffer"):
+        for name in GRAD_ATTRS:
             grads += _tensors(getattr(opt, name, None))
         masters = []
-        for name in ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat"):
+        for name in MASTER_ATTRS:
             masters += _tensors(getattr(opt, name, None))
+        buckets = getattr(opt, "ipg_buckets", None) or {}
+        buffers = [t for b in buckets.values() for t in _tensors(getattr(b, "buffer", None))]
         inner = getattr(opt, "optimizer", opt)
-        return model_state(self.ctx.dist.rank, params, grads, masters + optimizer_state_tensors(inner))
+        return model_state(self.ctx.dist.rank, params=params, grads=grads, master=masters,
+                           optimizer=optimizer_state_tensors(inner), comm_buffers=buffers)

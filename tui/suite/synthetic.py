@@ -32,7 +32,7 @@ def record(strategy: str = "ddp", world_size: int = 1, tokens_per_s: float = 100
         tokens_per_s_per_device=tokens_per_s / world_size,
         step_time_s=StepTimes(mean=step, p50=step, p90=step * 1.1, all=[step] * 4),
         loss_per_step=[9.0, 8.9, 8.8, 8.7, 8.6, 8.5], final_loss=8.5,
-        peak_memory=[RankMemory(rank=r, rss_bytes=peak_memory_bytes) for r in range(world_size)],
+        memory=[RankMemory(rank=r, rss_peak_bytes=peak_memory_bytes) for r in range(world_size)],
         peak_memory_bytes=peak_memory_bytes, model_state_bytes_per_rank=peak_memory_bytes // 4,
         flops_per_token=6 * 1_900_000 + 12 * 2 * 128 * seq_len, wall_time_s=step * 6 + 3,
         usd_per_gpu_hour=usd_per_gpu_hour, seed=1234,

@@ -1,0 +1,170 @@
+"""Counting the collectives a rank issues: calls and bytes per step, by operation.
+
+Every strategy ends up in Python's torch.distributed: DDP through its comm hook (trainer/
+strategies/ddp.py always registers one), FSDP2 through dist.all_gather_single /
+reduce_scatter_single, DTensor (FSDP's gradient clipping) through the functional collectives,
+and DeepSpeed's comm layer (deepspeed.comm's TorchBackend) through torch.distributed too. So the
+counter wraps those module functions once, before DeepSpeed's backend captures references to
+them, and counts only while a measured step runs. A collective that calls another one inside
+(all_gather_object, coalesced variants) counts once, as the outermost call.
+
+Bytes are the size of the whole buffer the operation works on, per call: the tensor of an
+all-reduce or broadcast, the gathered (full) output of an all-gather, the full input of a
+reduce-scatter. Bytes on the wire per rank follow from them: about 2(N-1)/N of that for a ring
+all-reduce, (N-1)/N for an all-gather or reduce-scatter.
+"""
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable
+
+import torch
+
+# torch.distributed function -> (operation name, which argument holds the measured buffer)
+# The buffer is given as (position, keyword); "list" sums a list of tensors.
+_C10D_OPS: dict[str, tuple[str, int, str]] = {
+    "all_reduce": ("all_reduce", 0, "tensor"),
+    "all_reduce_coalesced": ("all_reduce", 0, "tensors"),
+    "all_gather": ("all_gather", 0, "tensor_list"),
+    "all_gather_into_tensor": ("all_gather", 0, "output_tensor"),
+    "all_gather_single": ("all_gather", 0, "output_tensor"),
+    "_all_gather_base": ("all_gather", 0, "output_tensor"),
+    "all_gather_coalesced": ("all_gather", 0, "output_tensor_lists"),
+    "reduce_scatter": ("reduce_scatter", 1, "input_list"),
+    "reduce_scatter_tensor": ("reduce_scatter", 1, "input"),
+    "reduce_scatter_single": ("reduce_scatter", 1, "input"),
+    "_reduce_scatter_base": ("reduce_scatter", 1, "input"),
+    "broadcast": ("broadcast", 0, "tensor"),
+    "reduce": ("reduce", 0, "tensor"),
+    "all_to_all": ("all_to_all", 1, "input_tensor_list"),
+    "all_to_all_single": ("all_to_all", 1, "input"),
+    "gather": ("gather", 0, "tensor"),
+    "scatter": ("scatter", 0, "tensor"),
+    "send": ("send", 0, "tensor"),
+    "recv": ("recv", 0, "tensor"),
+    "isend": ("send", 0, "tensor"),
+    "irecv": ("recv", 0, "tensor"),
+    "barrier": ("barrier", -1, ""),
+}
+# torch.distributed._functional_collectives (DTensor's redistribute uses these).
+_FUNCOL_OPS: dict[str, tuple[str, int, str]] = {
+    "all_reduce": ("all_reduce", 0, "self"),
+    "all_reduce_coalesced": ("all_reduce", 0, "self"),
+    "all_gather_tensor": ("all_gather", 0, "self"),
+    "all_gather_single": ("all_gather", 0, "self"),
+    "reduce_scatter_tensor": ("reduce_scatter", 0, "self"),
+    "reduce_scatter_single": ("reduce_scatter", 0, "self"),
+    "all_to_all_single": ("all_to_all", 0, "self"),
+    "broadcast": ("broadcast", 0, "self"),
+}
+
+
+def _nbytes(value) -> int:
+    if isinstance(value, torch.Tensor):
+        return value.nelement() * value.element_size()
+    if isinstance(value, (list, tuple)):
+        return sum(_nbytes(v) for v in value)
+    return 0
+
+
+def _group_size(group) -> int:
+    """Ranks in a functional collective's group (a ProcessGroup, a (mesh, dim), a name...)."""
+    import torch.distributed as dist
+
+    try:
+        from torch.distributed._functional_collectives import _resolve_group_name
+
+        name = _resolve_group_name(group)
+        return dist.distributed_c10d._resolve_process_group(name).size()
+    except Exception:  # noqa: BLE001 - an unknown group form: the world is the best guess
+        return dist.get_world_size() if dist.is_initialized() else 1
+
+
+class CommCounter:
+    """Calls and bytes per operation, summed while `active`; installed once per process."""
+
+    def __init__(self) -> None:
+        self.active = False
+        self.calls: dict[str, int] = {}
+        self.bytes: dict[str, int] = {}
+        self._depth = threading.local()
+        self._lock = threading.Lock()
+        self._installed = False
+
+    def add(self, op: str, nbytes: int) -> None:
+        with self._lock:
+            self.calls[op] = self.calls.get(op, 0) + 1
+            self.bytes[op] = self.bytes.get(op, 0) + nbytes
+
+    def _wrap(self, fn: Callable, op: str, pos: int, key: str, size_of: Callable | None) -> Callable:
+        counter = self
+
+        @functools.wraps(fn)
+        def counted(*args, **kwargs):
+            depth = getattr(counter._depth, "n", 0)
+            if counter.active and depth == 0:
+                buf = kwargs.get(key) if key in kwargs else (args[pos] if 0 <= pos < len(args) else None)
+                nbytes = _nbytes(buf)
+                if size_of is not None:
+                    nbytes = size_of(nbytes, args, kwargs)
+                counter.add(op, nbytes)
+            counter._depth.n = depth + 1
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                counter._depth.n = depth
+
+        counted.__shardbench_counted__ = True
+        return counted
+
+    def install(self) -> None:
+        """Wrap torch.distributed's collectives (both the package and distributed_c10d, which
+        other modules import from) and the functional collectives. Idempotent."""
+        if self._installed:
+            return
+        import torch.distributed as dist
+        import torch.distributed.distributed_c10d as c10d
+
+        for name, (op, pos, key) in _C10D_OPS.items():
+            original = getattr(c10d, name, None) or getattr(dist, name, None)
+            if original is None or getattr(original, "__shardbench_counted__", False):
+                continue
+            wrapped = self._wrap(original, op, pos, key, None)
+            for module in (dist, c10d):
+                if getattr(module, name, None) is original:
+                    setattr(module, name, wrapped)
+        try:
+            import torch.distributed._functional_collectives as funcol
+        except ImportError:
+            funcol = None
+        if funcol is not None:
+            for name, (op, pos, key) in _FUNCOL_OPS.items():
+                original = getattr(funcol, name, None)
+                if original is None or getattr(original, "__shardbench_counted__", False):
+                    continue
+                size_of = _gathered_bytes if op == "all_gather" else None
+                setattr(funcol, name, self._wrap(original, op, pos, key, size_of))
+        self._installed = True
+
+    def reset(self) -> None:
+        with self._lock:
+            self.calls.clear()
+            self.bytes.clear()
+
+    def per_step(self, steps: int) -> dict[str, dict[str, float]]:
+        """{op: {"calls": mean per step, "bytes": mean per step}} over `steps` counted steps."""
+        if steps <= 0:
+            return {}
+        return {op: {"calls": self.calls[op] / steps, "bytes": self.bytes[op] / steps}
+                for op in sorted(self.calls)}
+
+
+def _gathered_bytes(input_bytes: int, args, kwargs) -> int:
+    """A functional all-gather is given this rank's input: the full output is N times that."""
+    group = kwargs.get("group", args[2] if len(args) > 2 else None)
+    return input_bytes * _group_size(group)
+
+
+COUNTER = CommCounter()
+"""The process's one counter (collectives are process-wide, so is the count)."""
