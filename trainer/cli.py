@@ -19,7 +19,8 @@ import time
 import traceback
 from typing import NoReturn
 
-from trainer.config import ConfigError, RunConfig, parse_args, validate
+from trainer import contract
+from trainer.config import ConfigError, RunConfig, parse_args
 from trainer.dist_env import detect
 from trainer.lifeline import tie_to_launcher
 from trainer.record import emit, write_atomic
@@ -77,10 +78,14 @@ def check_output_dir(path: str) -> None:
 
 
 def check(cfg: RunConfig, world_size: int, rank: int = 0) -> None:
-    validate(cfg, world_size)
+    """The contract's rules, then DeepSpeed installed where needed (memory that must fit is
+    checked by trainer.devices once the device is known)."""
+    errors = contract.validate(cfg, world_size)
+    if errors:
+        raise ConfigError(errors[0])
     if cfg.output_dir and rank == 0:
         check_output_dir(cfg.output_dir)
-    if cfg.strategy.startswith("zero") and importlib.util.find_spec("deepspeed") is None:
+    if contract.is_deepspeed(cfg.strategy) and importlib.util.find_spec("deepspeed") is None:
         raise ConfigError(f"--strategy {cfg.strategy} needs DeepSpeed, which is not installed: "
                           "run scripts/bootstrap.sh (or pip install deepspeed after torch)")
 

@@ -69,10 +69,10 @@ def test_two_records_last_wins_and_run_id_preferred():
 def test_truncated_record_becomes_failed_with_reason():
     text = json.dumps(rec())
     log = f"step 5\n{START_MARKER}\n{text[: len(text) // 2]}"
-    found = extract(log, spec().run_id)
-    record = failed_record(spec(), found.error)
+    run = spec()
+    record = failed_record(run, extract(log, run.run_id).error)
     assert record["status"] == "failed" and "truncated" in record["error"]
-    assert record["run_id"] == "zero3-w2-s64-mb4-ga1-r0" and record["world_size"] == 2
+    assert record["run_id"] == run.run_id and record["world_size"] == 2
     jsonschema.validate(record, SCHEMA)
 
 

@@ -11,6 +11,8 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static
 from textual_plotext import PlotextPlot
 
+from tui.app.messages import OpenResults
+from tui.app.screens.dialogs import ask_path
 from tui.app.results import KEY_COLUMNS, ResultsView, fmt_cell
 
 
@@ -127,4 +129,5 @@ class ResultsScreen(Screen):
         self.sort_by(self.sort_column, reverse=not self.sort_reverse)
 
     def action_open_dir(self) -> None:
-        self.app.prompt_path("Open results dir", str(self.app.results_dir), self.app.open_results)
+        ask_path(self, "Open results dir (read-only)", str(self.app.results_dir),
+                 lambda path: self.post_message(OpenResults(path)))
