@@ -305,23 +305,24 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_collect(args: argparse.Namespace) -> int:
-    """0 when the log held a valid record (whatever its status); 1 when it did not: then the
-    output is a failed record saying why."""
+    """0 when the log held a valid record (whatever its status), printed or written to -o; 1 when
+    it did not: one line on stderr says why (and -o gets a failed record saying the same)."""
     from trainer.record import write_atomic
-    from tui.suite.collect import extract, failed_record
+    from tui.suite.collect import extract_file, failed_record
 
-    try:
-        data = args.log.read_bytes()
-    except OSError as exc:
-        return fail(f"{args.log}: {exc.strerror}")
-    found = extract(data, args.run_id)
+    if not args.log.is_file():
+        return fail(f"{args.log}: no such log file")
+    found = extract_file(args.log, args.run_id)
     for note in found.notes:
         print(f"note: {note}", file=sys.stderr)
     record = found.record or failed_record(None, found.error or "no result record", run_id=args.run_id)
-    if args.output:
-        write_atomic(record, str(args.output))
-    else:
-        print(json.dumps(record, indent=2))
+    try:
+        if args.output:
+            write_atomic(record, str(args.output))
+        elif found.record is not None:
+            print(json.dumps(record, indent=2))
+    except OSError as exc:
+        return fail(f"cannot write {args.output}: {exc.strerror or exc}")
     if found.record is None:
         print(f"shardbench: no valid record in {args.log}: {found.error}", file=sys.stderr)
         return 1
