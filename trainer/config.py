@@ -110,6 +110,17 @@ class RunConfig:
     """Price of one device-hour, recorded for the cost report."""
     progress_every: int = knob(1, min=1, recorded_only=True)
     """Print a progress line every N steps on rank 0."""
+    checkpoint_dir: str | None = knob(None, recorded_only=True)
+    """Directory of the run's checkpoints (step-NNNNNNNN/ each); also where --resume auto looks."""
+    checkpoint_every: int = knob(0, min=0)
+    """Save a checkpoint every N optimizer steps (0: never); needs --checkpoint-dir."""
+    keep_checkpoints: int = knob(2, min=1)
+    """Newest checkpoints kept; older ones are deleted after each save."""
+    async_checkpoint: bool = False
+    """ddp and fsdp only: save in the background (torch.distributed.checkpoint async_save)."""
+    resume: str = knob("auto", recorded_only=True)
+    """auto (the newest valid checkpoint in --checkpoint-dir, if any), never, or a checkpoint
+    directory."""
     argv: list[str] = field(default_factory=list, metadata={"recorded_only": "argv"})
     """The command line this config came from (recorded; not a flag)."""
 

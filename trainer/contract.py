@@ -205,6 +205,11 @@ def _run_rule_errors(cfg: Any, world_size: int) -> list[str]:
     if cfg.precision == "fp16" and cfg.device == "cpu":
         errors.append("--precision fp16 needs a CUDA GPU (loss-scaled fp16 is unsupported on "
                       "CPU): use fp32 or bf16")
+    if cfg.checkpoint_every and not cfg.checkpoint_dir:
+        errors.append("--checkpoint-every needs --checkpoint-dir: give the directory to save into")
+    if cfg.async_checkpoint and is_deepspeed(cfg.strategy):
+        errors.append(f"--async-checkpoint applies to ddp and fsdp (torch.distributed.checkpoint), not "
+                      f"{cfg.strategy}: DeepSpeed saves synchronously")
     return errors
 
 

@@ -80,6 +80,63 @@ class RankModelState:
 
 
 @dataclass
+class CheckpointCost:
+    """What checkpointing cost the run (trainer/checkpoint.py), over every attempt when it was
+    resumed. Checkpoint steps are left out of step_time_s and listed here on their own."""
+
+    every: int = 0
+    """Optimizer steps between checkpoints (0: never saved)."""
+    keep: int = 0
+    """Newest checkpoints kept on disk."""
+    async_save: bool = False
+    """Saved in the background (torch.distributed.checkpoint async_save) while training went on."""
+    saves: int = 0
+    """Checkpoints written."""
+    save_s_mean: float | None = None
+    """From the start of a save to its commit (rename into place), seconds, mean."""
+    save_s_max: float | None = None
+    blocking_s_mean: float | None = None
+    """Seconds the training loop stood still per save (the whole save when synchronous)."""
+    load_s: float | None = None
+    """Seconds to verify and load the checkpoint this attempt resumed from."""
+    size_bytes_per_rank: list[int] = field(default_factory=list)
+    """Bytes of the last checkpoint written by each rank (files attributed by name)."""
+    size_bytes: int | None = None
+    """Bytes of the whole last checkpoint."""
+    resumed_from_step: int | None = None
+    """The step the last attempt resumed from (None: it started from scratch)."""
+    restarts: int = 0
+    """Times the run was resumed from a checkpoint."""
+    step_time_s: list[float] = field(default_factory=list)
+    """Measured steps that ended in a save (step + the loop's part of the save) or ran while an
+    async save was in flight."""
+
+
+@dataclass
+class FaultRecovery:
+    """An injected fault and the recovery from it, over every attempt (the suite's fault axis)."""
+
+    fault: str = ""
+    """What was injected, e.g. kill-rank:1@12 (SIGKILL rank 1 after optimizer step 12)."""
+    attempts: int = 1
+    """Launches of the run, the first included."""
+    injected_at_step: int | None = None
+    """Last optimizer step rank 0 reported before the fault."""
+    detection_s: float | None = None
+    """From the fault to the launcher's exit, seconds."""
+    restart_s: float | None = None
+    """From the launcher's exit to the first step after resume, seconds."""
+    recovery_s: float | None = None
+    """From the fault to the first step after resume (detection + restart), seconds."""
+    steps_redone: int = 0
+    """Steps computed again because they came after the checkpoint resumed from."""
+    total_wall_s: float | None = None
+    """Wall time of all attempts together, seconds."""
+    goodput_tokens_per_s: float | None = None
+    """Useful tokens (steps x tokens per step) / total wall time."""
+
+
+@dataclass
 class ResultRecord:
     schema_version: int = SCHEMA_VERSION
     run_id: str = ""
@@ -162,6 +219,10 @@ class ResultRecord:
     """The host's 1-minute load average when training started (os.getloadavg, rank 0)."""
     load_avg_1m_end: float | None = None
     """The host's 1-minute load average when training ended."""
+    checkpoint: CheckpointCost | None = None
+    """Checkpoint cost, when the run checkpointed or resumed (--checkpoint-dir)."""
+    fault: FaultRecovery | None = None
+    """The injected fault and its recovery, when the suite's fault axis injected one."""
     warnings: list[str] = field(default_factory=list)
     """Things a reader should know about the numbers (e.g. a shape's peak FLOP/s that disagrees
     with the detected device's)."""

@@ -27,8 +27,9 @@ from trainer.dist_env import DistEnv, resolve_rendezvous
 from trainer.comm import COUNTER as COMM
 from trainer.metrics import (end_setup_memory, load_avg_1m, peak_flops_for, peak_model_state, rank_memory,
                              step_time_stats)
+from trainer.checkpoint import Checkpointer
 from trainer.model import TinyGPT, count_params, flops_params, flops_per_token
-from trainer.record import PROGRESS_PREFIX, ResultRecord
+from trainer.record import PROGRESS_PREFIX, CheckpointCost, ResultRecord
 from trainer.strategies import Context, make_strategy
 
 
@@ -55,6 +56,10 @@ class Trainer:
         self.setup_peak: int | None = None
         self.affinity: list[int] = []
         self.comm_per_step: dict = {}
+        self.measured_here = 0  # measured steps run by this process (a resumed run restores the rest)
+        self.ckpt: Checkpointer | None = None
+        self.ckpt_step_times: list[float] = []
+        self.restarts = 0
         # Before DeepSpeed's comm layer captures references to torch.distributed's functions.
         COMM.install()
         self.record = self._base_record()
@@ -142,6 +147,8 @@ class Trainer:
                                      self.grad_accum, self.dist.rank, self.dist.world_size,
                                      pin_memory=self.device.type == "cuda")
         self.setup_peak = end_setup_memory(self.device)
+        if self.cfg.checkpoint_dir or self.cfg.resume not in ("auto", "never"):
+            self.ckpt = Checkpointer(self.cfg, self.strategy, self.dist.rank, self.dist.world_size)
 
     # -- the loop -------------------------------------------------------------------------------
     def _to_device(self, batches):
@@ -160,11 +167,12 @@ class Trainer:
 
     def train(self, process_start: float) -> None:
         cfg = self.cfg
-        next_batches = self.data.step_batches(0)
+        first = self._resume()
+        next_batches = self.data.step_batches(first)
         loop_start = time.perf_counter()
         self.record.load_avg_1m_start = load_avg_1m()
         self._sync()
-        for step in range(cfg.steps):
+        for step in range(first, cfg.steps):
             measured = step >= cfg.warmup_steps
             COMM.active = measured
             dt, step_loss = self._timed_step(next_batches)
@@ -175,13 +183,63 @@ class Trainer:
             self.losses.append(loss)
             if self.time_to_first_step is None:
                 self.time_to_first_step = time.time() - process_start
-            if measured:
+            # A checkpoint step is reported on its own, never in the step-time statistics.
+            if not self._checkpoint(step + 1, dt if measured else None) and measured:
                 self.step_times.append(dt)
-                self.comm_per_step = COMM.per_step(len(self.step_times))
+            if measured:
+                self.measured_here += 1
+                self.comm_per_step = COMM.per_step(self.measured_here)
                 self._count_h2d()
             self._progress(step, dt, loss, time.perf_counter() - loop_start)
+        if self.ckpt:
+            self.ckpt.wait()
         self.record.load_avg_1m_end = load_avg_1m()
         self.state = self._memory_step(next_batches)
+
+    # -- checkpoints (trainer/checkpoint.py) -----------------------------------------------------
+    def _resume(self) -> int:
+        """Continue from a checkpoint when --resume finds one: the state is loaded and the
+        history (losses, step times, checkpoint costs) restored, so the record covers the run."""
+        if self.ckpt is None:
+            return 0
+        step, history, warnings = self.ckpt.resume()
+        self.record.warnings += warnings
+        if history:
+            self.losses = list(history["losses"])
+            self.step_times = list(history["step_times"])
+            self.ckpt_step_times = list(history["ckpt_step_times"])
+            self.ckpt.stats.save_s = list(history["save_s"]) + self.ckpt.stats.save_s
+            self.ckpt.stats.blocking_s = list(history["blocking_s"]) + self.ckpt.stats.blocking_s
+            self.restarts = history["restarts"] + 1
+        return step
+
+    def _checkpoint(self, done: int, dt: float | None) -> bool:
+        """After step `done` (which took `dt`, None when not measured): save when due. True for a
+        checkpoint step (one that saved, or ran beside an async save): its time, plus the part of
+        the save the loop waited for, goes to the checkpoint's own list."""
+        if self.ckpt is None:
+            return False
+        in_flight = self.ckpt.poll()
+        due = self.ckpt.due(done)
+        if dt is not None and (due or in_flight):
+            self.ckpt_step_times.append(dt)  # before the save, so its history holds this step
+        if due:
+            blocked = self.ckpt.save(done, self._history())
+            if dt is not None:
+                self.ckpt_step_times[-1] += blocked
+        return due or in_flight
+
+    def _history(self) -> dict:
+        """What a resumed run needs to report the whole run: losses averaged over ranks now
+        (every rank holds the same list afterwards), measured step times, checkpoint costs."""
+        losses = torch.tensor(self.losses, dtype=torch.float64)
+        if dist.is_initialized() and self.dist.world_size > 1:
+            dist.all_reduce(losses)
+            losses /= self.dist.world_size
+        self.losses = [float(v) for v in losses]
+        s = self.ckpt.stats
+        return {"losses": self.losses, "step_times": self.step_times, "ckpt_step_times": self.ckpt_step_times,
+                "save_s": s.save_s, "blocking_s": s.blocking_s, "restarts": self.restarts}
 
     def _timed_step(self, host_batches) -> tuple[float, torch.Tensor]:
         """The timed window, and all that is in it: the copy to the device, every micro-step,
@@ -234,6 +292,16 @@ class Trainer:
                 "elapsed_s": round(elapsed, 3), "eta_s": round(remaining * sum(recent) / len(recent), 3)}
         print(PROGRESS_PREFIX + json.dumps(line), flush=True)
 
+    def _checkpoint_cost(self) -> CheckpointCost:
+        s, cfg = self.ckpt.stats, self.cfg
+        return CheckpointCost(
+            every=cfg.checkpoint_every, keep=cfg.keep_checkpoints, async_save=cfg.async_checkpoint,
+            saves=len(s.save_s), save_s_mean=sum(s.save_s) / len(s.save_s) if s.save_s else None,
+            save_s_max=max(s.save_s, default=None),
+            blocking_s_mean=sum(s.blocking_s) / len(s.blocking_s) if s.blocking_s else None,
+            load_s=s.load_s, size_bytes_per_rank=list(s.sizes), size_bytes=sum(s.sizes) if s.sizes else None,
+            resumed_from_step=s.resumed_step, restarts=self.restarts, step_time_s=list(self.ckpt_step_times))
+
     # -- results --------------------------------------------------------------------------------
     def _gather(self, obj):
         if dist.is_initialized() and self.dist.world_size > 1:
@@ -285,6 +353,8 @@ class Trainer:
                 r.mfu = r.flops_per_token * r.tokens_per_s / (r.world_size * r.peak_flops)
         if self.h2d_seconds > 0:
             r.h2d_gbps = self.h2d_bytes / self.h2d_seconds / 1e9
+        if self.ckpt:
+            r.checkpoint = self._checkpoint_cost()
         if not r.loss_per_step and self.losses:
             r.loss_per_step = list(self.losses)  # rank 0's own, when the ranks can't be averaged
             r.final_loss = self.losses[-1]

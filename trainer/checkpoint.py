@@ -1,0 +1,370 @@
+"""Checkpoints: save, load, verify and rotate what a run needs to continue exactly where it was.
+
+A checkpoint is a directory `<checkpoint-dir>/step-00000012/` holding:
+- the engine's state: ddp and fsdp through torch.distributed.checkpoint (`dcp/`: model and
+  optimizer, sharded by rank, so an fsdp checkpoint loads at another world size), ZeRO-1/2/3
+  through DeepSpeed's own save_checkpoint (`deepspeed/`: module, ZeRO partitions, LR scheduler);
+- `rng-rank<R>.pt`: every rank's RNG states (torch CPU and CUDA, Python, NumPy);
+- `trainer_state.json`: the step (= the data position: tokens depend only on the step), the LR
+  scheduler (torch strategies), and the history the final record needs (losses averaged over
+  ranks, measured step times, checkpoint costs, restarts);
+- `manifest.json`, written last: every file's size, sha256 and writing rank.
+
+Atomic: everything is written into `.tmp-step-00000012/`, every file and the directory are
+fsynced, the manifest is written, and only then is the directory renamed into place. A crash
+leaves at most a `.tmp-*` directory, which resume ignores. On resume every file is checked
+against the manifest; a checkpoint that fails is skipped for the one before it, with a warning.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import re
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from trainer import contract
+
+STEP_DIR = re.compile(r"^step-(\d{8})$")
+TMP_PREFIX = ".tmp-"
+MANIFEST = "manifest.json"
+STATE = "trainer_state.json"
+DS_TAG = "deepspeed"
+# Which rank wrote a file, from its name (DCP: __<rank>_<n>.distcp; DeepSpeed:
+# zero_pp_rank_<rank>_...; ours: rng-rank<rank>.pt). Anything else is rank 0's.
+_RANK_OF_FILE = (re.compile(r"__(\d+)_\d+\.distcp$"), re.compile(r"zero_pp_rank_(\d+)_"),
+                 re.compile(r"rng-rank(\d+)\.pt$"))
+
+
+def step_dir_name(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+# --- files: manifest, verification, listing, rotation ----------------------------------------
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _rank_of(name: str) -> int:
+    for pattern in _RANK_OF_FILE:
+        m = pattern.search(name)
+        if m:
+            return int(m.group(1))
+    return 0
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.is_file() and p.name != MANIFEST)
+
+
+def commit(tmp: Path, final: Path) -> dict[str, Any]:
+    """fsync every file of `tmp`, write its manifest, rename it to `final` (atomic on one file
+    system) and fsync the parent so the rename survives a crash. Returns the manifest."""
+    files = {}
+    for path in _files(tmp):
+        _fsync(path)
+        rel = path.relative_to(tmp).as_posix()
+        files[rel] = {"size": path.stat().st_size, "sha256": _sha256(path), "rank": _rank_of(path.name)}
+    for d in sorted({p.parent for p in tmp.rglob("*")} | {tmp}, key=lambda p: -len(p.parts)):
+        _fsync(d)
+    manifest = {"files": files}
+    with open(tmp / MANIFEST, "w") as fh:
+        json.dump(manifest, fh, indent=1)
+        fh.flush()
+        os.fsync(fh.fileno())
+    _fsync(tmp)
+    os.rename(tmp, final)
+    _fsync(final.parent)
+    return manifest
+
+
+def verify(path: Path) -> str | None:
+    """Why the checkpoint at `path` cannot be trusted, or None when every file matches its
+    manifest (present, same size, same sha256)."""
+    try:
+        files = json.loads((path / MANIFEST).read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return "no readable manifest (a partial checkpoint)"
+    for rel, meta in files.items():
+        f = path / rel
+        if not f.is_file():
+            return f"{rel} is missing"
+        if f.stat().st_size != meta.get("size"):
+            return f"{rel} has {f.stat().st_size} bytes, the manifest says {meta.get('size')}"
+        if _sha256(f) != meta.get("sha256"):
+            return f"{rel} does not match its sha256 (corrupt)"
+    return None
+
+
+def committed(root: Path) -> list[tuple[int, Path]]:
+    """(step, path) of the checkpoint directories under `root`, newest first."""
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := STEP_DIR.match(p.name)) and p.is_dir()]
+    return sorted(found, reverse=True)
+
+
+def rotate(root: Path, keep: int) -> None:
+    """Delete all but the `keep` newest checkpoints."""
+    for _, path in committed(root)[keep:]:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def sizes_per_rank(manifest: dict[str, Any], world_size: int) -> list[int]:
+    out = [0] * world_size
+    for meta in manifest["files"].values():
+        out[min(meta["rank"], world_size - 1)] += meta["size"]
+    return out
+
+
+def choose(root: Path, resume: str) -> tuple[Path | None, list[str]]:
+    """The checkpoint to resume from and warnings about the ones passed over. `resume`: never,
+    auto (the newest valid one under `root`, or none) or a checkpoint directory."""
+    if resume == "never":
+        return None, []
+    if resume != "auto":
+        path = Path(resume)
+        problem = verify(path)
+        if problem:
+            raise RuntimeError(f"--resume {resume}: {problem}")
+        return path, []
+    warnings = [f"checkpoint {p.name} ignored: never committed (the run stopped while writing it)"
+                for p in sorted(root.glob(TMP_PREFIX + "*"))] if root.is_dir() else []
+    for _, path in committed(root):
+        problem = verify(path)
+        if problem is None:
+            return path, warnings
+        warnings.append(f"checkpoint {path.name} skipped: {problem}; trying the one before it")
+    return None, warnings
+
+
+# --- what the loop hands over ---------------------------------------------------------------
+
+def rng_state() -> dict[str, Any]:
+    import numpy as np
+
+    state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    import numpy as np
+
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def resume_key(cfg, world_size: int) -> dict[str, Any]:
+    """What must match for a checkpoint to continue this run (the world size only for DeepSpeed,
+    whose ZeRO partitions are laid out for the world size that wrote them)."""
+    key = {"model": cfg.model_config().__dict__, "seq_len": cfg.effective_seq_len(), "seed": cfg.seed,
+           "global_batch": cfg.micro_batch * cfg.effective_grad_accum(world_size) * world_size,
+           "engine": contract.STRATEGIES[cfg.strategy].engine, "strategy": cfg.strategy}
+    if contract.is_deepspeed(cfg.strategy):
+        key["world_size"] = world_size
+    return key
+
+
+@dataclass
+class Stats:
+    """What checkpointing cost this process (the record's `checkpoint`)."""
+
+    save_s: list[float] = field(default_factory=list)
+    blocking_s: list[float] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)
+    load_s: float | None = None
+    resumed_from: str | None = None
+    resumed_step: int | None = None
+
+
+class Checkpointer:
+    """Saves every `every` optimizer steps into `root`, keeps `keep`, and resumes. Engine-specific
+    calls are the only difference between strategies."""
+
+    def __init__(self, cfg, strategy, rank: int, world_size: int):
+        self.cfg, self.strategy, self.rank, self.world = cfg, strategy, rank, world_size
+        self.root = Path(cfg.checkpoint_dir)
+        self.deepspeed = contract.is_deepspeed(cfg.strategy)
+        self.stats = Stats()
+        self._pending = None  # (future, tmp, final, started) of an async save in flight
+        # An async save runs collectives from a background thread: on a group of its own, never
+        # on the one the training step uses at the same moment.
+        self._async_group = None
+        if cfg.async_checkpoint and not self.deepspeed and self._group() and world_size > 1:
+            self._async_group = dist.new_group(backend="gloo")
+
+    # -- helpers ------------------------------------------------------------------------------
+    def _group(self) -> bool:
+        return dist.is_available() and dist.is_initialized()
+
+    def _barrier(self) -> None:
+        if self._group():
+            dist.barrier()
+
+    def _broadcast(self, obj):
+        if self._group() and self.world > 1:
+            box = [obj]
+            dist.broadcast_object_list(box, src=0)
+            return box[0]
+        return obj
+
+    def due(self, step: int) -> bool:
+        return self.cfg.checkpoint_every > 0 and step % self.cfg.checkpoint_every == 0 and step < self.cfg.steps
+
+    def in_flight(self) -> bool:
+        return self._pending is not None
+
+    def _model_optim(self):
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model_sd, optim_sd = get_state_dict(self.strategy.model, self.strategy.optimizer)
+        return {"model": model_sd, "optim": optim_sd}
+
+    # -- save ---------------------------------------------------------------------------------
+    def save(self, step: int, history: dict[str, Any]) -> float:
+        """Write the checkpoint of `step` (all ranks call it). Returns the seconds the loop was
+        blocked; an async save finishes in the background and is committed by poll()."""
+        t0 = time.perf_counter()
+        self.wait()  # one save in flight at a time
+        final, tmp = self.root / step_dir_name(step), self.root / (TMP_PREFIX + step_dir_name(step))
+        if self.rank == 0:
+            self.root.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
+        self._barrier()
+        torch.save(rng_state(), tmp / f"rng-rank{self.rank}.pt")
+        if self.rank == 0:
+            state = {"step": step, "key": resume_key(self.cfg, self.world), "world_size": self.world,
+                     "history": history}
+            if not self.deepspeed:
+                state["scheduler"] = self.strategy.scheduler.state_dict()
+            (tmp / STATE).write_text(json.dumps(state))
+        if self.deepspeed:
+            self.strategy.engine.save_checkpoint(str(tmp), tag=DS_TAG, save_latest=False)
+        elif self.cfg.async_checkpoint:
+            import torch.distributed.checkpoint as dcp
+
+            future = dcp.async_save(self._model_optim(), checkpoint_id=str(tmp / "dcp"),
+                                    process_group=self._async_group, no_dist=not self._group())
+            self._pending = (future, tmp, final, t0)
+            blocked = time.perf_counter() - t0
+            self.stats.blocking_s.append(blocked)
+            return blocked
+        else:
+            import torch.distributed.checkpoint as dcp
+
+            dcp.save(self._model_optim(), checkpoint_id=str(tmp / "dcp"), no_dist=not self._group())
+        self._finish(tmp, final, t0)
+        blocked = time.perf_counter() - t0
+        self.stats.blocking_s.append(blocked)
+        return blocked
+
+    def _finish(self, tmp: Path, final: Path, t0: float) -> None:
+        """All ranks' files are written: rank 0 commits and rotates; every rank waits for it so
+        that a checkpoint counts as saved only once it is in place."""
+        self._barrier()
+        sizes = None
+        if self.rank == 0:
+            sizes = sizes_per_rank(commit(tmp, final), self.world)
+            rotate(self.root, self.cfg.keep_checkpoints)
+        sizes = self._broadcast(sizes)
+        self._barrier()
+        self.stats.sizes = sizes
+        self.stats.save_s.append(time.perf_counter() - t0)
+
+    def poll(self) -> bool:
+        """Commit an async save whose writes are done (every rank must agree: the commit is
+        collective). Returns True while a save is still in flight."""
+        if self._pending is None:
+            return False
+        done = self._pending[0].done()
+        if self._group() and self.world > 1:
+            flag = torch.tensor([1 if done else 0])
+            dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+            done = bool(flag.item())
+        if done:
+            self.wait()
+        return self._pending is not None
+
+    def wait(self) -> None:
+        """Block until an async save in flight is written and committed."""
+        if self._pending is None:
+            return
+        future, tmp, final, t0 = self._pending
+        self._pending = None
+        future.result()
+        self._finish(tmp, final, t0)
+
+    # -- load ---------------------------------------------------------------------------------
+    def resume(self) -> tuple[int, dict[str, Any], list[str]]:
+        """Load the checkpoint --resume names (all ranks). Returns (step to continue from, the
+        saved history, warnings); (0, {}, warnings) when there is nothing to resume."""
+        t0 = time.perf_counter()
+        chosen = None
+        if self.rank == 0:
+            try:
+                path, warnings = choose(self.root, self.cfg.resume)
+                chosen = (str(path) if path else None, warnings, None)
+            except RuntimeError as exc:
+                chosen = (None, [], str(exc))
+        path, warnings, error = self._broadcast(chosen)
+        if error:
+            raise RuntimeError(error)
+        if path is None:
+            return 0, {}, warnings
+        path = Path(path)
+        state = json.loads((path / STATE).read_text())
+        if state["key"] != resume_key(self.cfg, self.world):
+            raise RuntimeError(f"checkpoint {path} belongs to another configuration (saved {state['key']}, "
+                               f"this run {resume_key(self.cfg, self.world)}): use another --checkpoint-dir "
+                               "or --resume never")
+        if self.deepspeed:
+            loaded, _ = self.strategy.engine.load_checkpoint(str(path), tag=DS_TAG)
+            if loaded is None:
+                raise RuntimeError(f"DeepSpeed could not load the checkpoint in {path}")
+        else:
+            self._load_dcp(path / "dcp")
+            self.strategy.scheduler.load_state_dict(state["scheduler"])
+        rng_file = path / f"rng-rank{self.rank}.pt"
+        if rng_file.is_file():  # absent when resuming at a larger world size
+            set_rng_state(torch.load(rng_file, weights_only=False))
+        self._barrier()
+        self.stats.load_s = time.perf_counter() - t0
+        self.stats.resumed_from, self.stats.resumed_step = str(path), state["step"]
+        self.stats.sizes = sizes_per_rank(json.loads((path / MANIFEST).read_text()), self.world)
+        return state["step"], state["history"], warnings
+
+    def _load_dcp(self, path: Path) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        state = self._model_optim()
+        dcp.load(state, checkpoint_id=str(path), no_dist=not self._group())
+        set_state_dict(self.strategy.model, self.strategy.optimizer,
+                       model_state_dict=state["model"], optim_state_dict=state["optim"])
