@@ -11,8 +11,8 @@ The rules (README "How the report decides" states them for users):
   single-device mean of any strategy (same model, seq len, precision, shape, device), same method.
 - Flags (a flagged configuration is never named winner): efficiency above 1.05; throughput
   spread (max - min) / mean above 20% across repeats; a host overloaded during a run (1-minute
-  load average at start plus the run's own threads, or at end, above the host's CPUs); a loss
-  curve off its group's reference.
+  load average at start plus the run's own threads, or at end, above the host's CPUs + 1); a
+  loss curve off its group's reference.
 - Loss check: runs that must follow one trajectory (same model, seq len, precision, global
   batch, steps, lr, seed) are compared step by step with the per-step median of the group; a run
   further than 1e-4 relative (fp32; 1e-2 in bf16/fp16) at any step is broken.
@@ -41,6 +41,8 @@ LOSS_GROUP = ["model_key", "seq_len", "precision", "global_batch", "steps", "lr"
 
 EFFICIENCY_LIMIT = 1.05
 SPREAD_LIMIT = 0.20
+OVERLOAD_SLACK = 1.0
+"""CPUs of load above the host's count tolerated before a run counts as overloaded (background work)."""
 LOSS_TOLERANCE = {"fp32": 1e-4}
 OTHER_LOSS_TOLERANCE = 1e-2  # bf16, fp16
 MIN_REPEATS = 3  # what to ask for when the data cannot say how many repeats a comparison needs
@@ -55,7 +57,7 @@ RUN_COLUMNS: list[tuple[str, str]] = [
     ("scaling_efficiency", "tok/s / (mean tok/s of the ok base runs x world_size / base); empty when the base has no ok run"),
     ("scaling_note", "why scaling_efficiency is empty"),
     ("speedup_vs_best_1dev", "tok/s / mean tok/s of the best single-device configuration of any strategy (same model, seq len, precision, shape)"),
-    ("host_overloaded", "yes when the 1-minute load average at start plus the run's threads, or at end, exceeded the host's CPUs"),
+    ("host_overloaded", "yes when the 1-minute load average at start plus the run's threads, or at end, exceeded the host's CPUs + 1; empty when not recorded"),
     ("loss_max_rel_diff", "largest relative difference of this run's loss per step from its group's per-step median"),
     ("loss_check", "ok, broken (off the reference beyond the tolerance), or empty when the run had no group"),
 ]
@@ -295,7 +297,7 @@ def _overloaded(row: pd.Series) -> str | None:
         threads = row["threads_per_rank"] if finite(row["threads_per_rank"]) else 1
         own = row["devices_per_node"] * threads
     load = max((start + own) if finite(start) else 0.0, end if finite(end) else 0.0)
-    return "yes" if load > cpus else "no"
+    return "yes" if load > cpus + OVERLOAD_SLACK else "no"
 
 
 def _flag(c: Config, df: pd.DataFrame) -> None:
@@ -421,7 +423,8 @@ def _verdict(cat: Category, group: list[Config], every: list[Config]) -> Verdict
     margin = abs(b.mean - s.mean) / abs(s.mean) * 100 if s.mean else math.nan
     both = f"{best.strategy} {cat.show(b)} vs {second.strategy} {cat.show(s)}"
     need = repeats_needed(b.mean, s.mean, pooled_cv(every, cat.metric))
-    need_text = (f"about {need} repeats would separate a difference this size" if need
+    need_text = ("the means are equal" if b.mean == s.mean
+                 else f"about {need} repeats would separate a difference this size" if need
                  else f"rerun with at least {MIN_REPEATS} repeats" if pooled_cv(every, cat.metric) is None
                  else "the difference is within the noise even at 100 repeats")
     if best.flags:
