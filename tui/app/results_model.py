@@ -92,7 +92,9 @@ def compute(records: list[dict]) -> ResultsView:
                   "detail": str(r["error"] or "")}
         key = str(r["source"] or r["run_id"]).removesuffix("/result.json").rsplit("/", 1)[-1]
         view.rows.append(Row(key, str(r["status"]), [values.get(k) for k, _, _ in COLUMNS], values["detail"]))
-    view.verdicts = [_verdict_line(v) for v in an.verdicts]
+    # Winners and flagged candidates first: the lines a reader acts on, before the ties.
+    order = {"winner": 0, "flagged": 1, "one repeat": 2}
+    view.verdicts = [_verdict_line(v) for v in sorted(an.verdicts, key=lambda v: order.get(v.kind, 3))]
     view.throughput = plots.series(an, "tokens_per_s")
     view.memory = plots.series(an, "model_state_gib_per_rank")
     return view

@@ -10,7 +10,7 @@ from typing import Any
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal
+from textual.containers import Horizontal, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static
 from textual_plotext import PlotextPlot
@@ -74,7 +74,8 @@ class ResultsScreen(Screen):
         for column, header, _ in COLUMNS:
             table.add_column(header, key=column)
         yield table
-        yield Static(id="winners")
+        with VerticalScroll(id="verdicts"):
+            yield Static(id="winners")
         with Horizontal(id="plots"):
             yield PlotextPlot(id="plot-throughput")
             yield PlotextPlot(id="plot-memory")
