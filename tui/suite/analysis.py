@@ -103,6 +103,8 @@ class Config:
 
     key: dict[str, Any]
     run_ids: list[str]
+    index: list[Any] = field(default_factory=list)
+    """Row labels of its ok runs in Analysis.runs."""
     est: dict[str, Estimate] = field(default_factory=dict)
     efficiency: Estimate | None = None
     base_world_size: int | None = None
@@ -185,21 +187,29 @@ def analyze(records: list[dict[str, Any]]) -> Analysis:
     df = metrics.to_frame(records)
     for col, _ in RUN_COLUMNS:
         df[col] = None
-    df["host_overloaded"] = [_overloaded(r) for _, r in df.iterrows()]
+    df["host_overloaded"] = [_overloaded(r) for r in df[OVERLOAD_INPUTS].to_dict("records")]
     loss_groups = _loss_check(df)
     configs = _configs(df)
     _scaling(df, configs)
     _speedup(df, configs)
+    per_run = df[FLAG_INPUTS].to_dict("index")
     for c in configs:
-        _flag(c, df)
+        _flag(c, [per_run[i] for i in c.index])
     verdicts = _verdicts(configs)
     an = Analysis(df, configs, verdicts, loss_groups, [])
     an.recommendations = _recommendations(an)
     return an
 
 
-def _key(row: pd.Series, cols: list[str]) -> str:
+def _key(row: Any, cols: list[str]) -> str:
+    """One string per combination of values (a row, or a Config's key dict)."""
     return "|".join(str(row[c]) for c in cols)
+
+
+def _keys(frame: pd.DataFrame, cols: list[str]) -> pd.Series:
+    """_key of every row, vectorized (str() of each cell, as _key does)."""
+    return pd.Series(["|".join(map(str, t)) for t in frame[cols].itertuples(index=False)], index=frame.index,
+                     dtype=object)
 
 
 def _ok_rows(df: pd.DataFrame) -> pd.DataFrame:
@@ -213,9 +223,9 @@ def _configs(df: pd.DataFrame) -> list[Config]:
     out: list[Config] = []
     if ok.empty:
         return out
-    for _, group in ok.groupby(ok.apply(lambda r: _key(r, CONFIG_KEYS), axis=1), sort=False):
+    for _, group in ok.groupby(_keys(ok, CONFIG_KEYS), sort=False):
         first = group.iloc[0]
-        c = Config({k: first[k] for k in CONFIG_KEYS}, list(group["run_id"]))
+        c = Config({k: first[k] for k in CONFIG_KEYS}, list(group["run_id"]), list(group.index))
         for m in SUMMARY_METRICS:
             e = estimate(group[m])
             if e is not None:
@@ -239,7 +249,10 @@ def _scaling(df: pd.DataFrame, configs: list[Config]) -> None:
     runs = df[(df["status"] != metrics.UNREADABLE) & df["world_size"].notna()]
     if runs.empty:
         return
-    for key, group in runs.groupby(runs.apply(lambda r: _key(r, SCALING_GROUP), axis=1), sort=False):
+    by_key: dict[str, list[Config]] = {}
+    for c in configs:
+        by_key.setdefault(_key(c.key, SCALING_GROUP), []).append(c)
+    for key, group in runs.groupby(_keys(runs, SCALING_GROUP), sort=False):
         base = int(group["world_size"].min())
         base_runs = group[group["world_size"] == base]
         base_ok = _ok_rows(base_runs)
@@ -250,14 +263,12 @@ def _scaling(df: pd.DataFrame, configs: list[Config]) -> None:
                                  for _, r in base_runs.head(3).iterrows())
             note = f"base {group.iloc[0]['strategy']} at {base} dev has no ok run: {statuses}"
         df.loc[group.index, "scaling_base_world_size"] = base
-        for idx, row in group.iterrows():
-            if base_est is None:
-                df.at[idx, "scaling_note"] = note
-            elif row["status"] == "ok" and finite(row["tokens_per_s"]):
-                df.at[idx, "scaling_efficiency"] = row["tokens_per_s"] / (base_est.mean * row["world_size"] / base)
-        for c in configs:
-            if _key(pd.Series(c.key), SCALING_GROUP) != key:
-                continue
+        if base_est is None:
+            df.loc[group.index, "scaling_note"] = note
+        else:
+            ok = _ok_rows(group)
+            df.loc[ok.index, "scaling_efficiency"] = ok["tokens_per_s"] / (base_est.mean * ok["world_size"] / base)
+        for c in by_key.get(key, []):
             c.base_world_size = base
             if base_est is None:
                 c.efficiency_note = note
@@ -272,7 +283,7 @@ def _speedup(df: pd.DataFrame, configs: list[Config]) -> None:
     """tok/s over the best single-device configuration of any strategy in the same setting."""
     groups: dict[str, list[Config]] = {}
     for c in configs:
-        groups.setdefault(_key(pd.Series(c.key), SPEEDUP_GROUP), []).append(c)
+        groups.setdefault(_key(c.key, SPEEDUP_GROUP), []).append(c)
     for group in groups.values():
         singles = [c for c in group if int(c.world_size) == 1]
         best = max(singles, key=lambda c: c.est["tokens_per_s"].mean) if singles else None
@@ -283,11 +294,13 @@ def _speedup(df: pd.DataFrame, configs: list[Config]) -> None:
             c.speedup_note = f"vs {best.label}"
             c.speedup = (Estimate(c.n, 1.0, 0.0, 0.0) if c.n > 1 else Estimate(1, 1.0)) if c is best \
                 else ratio(c.est["tokens_per_s"], best.est["tokens_per_s"])
-            idx = df.index[df["run_id"].isin(c.run_ids) & (df["status"] == "ok")]
-            df.loc[idx, "speedup_vs_best_1dev"] = df.loc[idx, "tokens_per_s"] / best.est["tokens_per_s"].mean
+            df.loc[c.index, "speedup_vs_best_1dev"] = df.loc[c.index, "tokens_per_s"] / best.est["tokens_per_s"].mean
 
 
-def _overloaded(row: pd.Series) -> str | None:
+OVERLOAD_INPUTS = ["host_cpus", "load_avg_1m_start", "load_avg_1m_end", "device", "devices_per_node", "threads_per_rank"]
+
+
+def _overloaded(row: dict[str, Any]) -> str | None:
     cpus = row["host_cpus"]
     start, end = row["load_avg_1m_start"], row["load_avg_1m_end"]
     if not finite(cpus) or not (finite(start) or finite(end)):
@@ -300,23 +313,27 @@ def _overloaded(row: pd.Series) -> str | None:
     return "yes" if load > cpus + OVERLOAD_SLACK else "no"
 
 
-def _flag(c: Config, df: pd.DataFrame) -> None:
+FLAG_INPUTS = ["host_overloaded", "load_avg_1m_start", "load_avg_1m_end", "host_cpus", "loss_check",
+               "loss_max_rel_diff"]
+
+
+def _flag(c: Config, runs: list[dict[str, Any]]) -> None:
+    """Append the configuration's flags; `runs` are its ok runs' FLAG_INPUTS."""
     if c.efficiency is not None and c.efficiency.mean > EFFICIENCY_LIMIT:
         c.flags.append(f"scaling efficiency {c.efficiency.mean:.2f} > {EFFICIENCY_LIMIT}: more than linear")
     if c.spread is not None and c.spread > SPREAD_LIMIT:
         c.flags.append(f"throughput varies {c.spread:.0%} across {c.n} repeats (> {SPREAD_LIMIT:.0%})")
-    runs = df[df["run_id"].isin(c.run_ids) & (df["status"] == "ok")]
-    over = runs[runs["host_overloaded"] == "yes"]
-    if len(over):
-        worst = max(max(a, b) if finite(a) and finite(b) else (a if finite(a) else b)
-                    for a, b in zip(over["load_avg_1m_start"], over["load_avg_1m_end"]))
+    over = [r for r in runs if r["host_overloaded"] == "yes"]
+    if over:
+        worst = max(v for r in over for v in (r["load_avg_1m_start"], r["load_avg_1m_end"]) if finite(v))
         c.flags.append(f"host overloaded in {len(over)} of {len(runs)} runs "
-                       f"(load average up to {worst:.1f} on {int(over['host_cpus'].max())} CPUs)")
-    broken = runs[runs["loss_check"] == "broken"]
-    if len(broken):
+                       f"(load average up to {worst:.1f} on {max(int(r['host_cpus']) for r in over)} CPUs)")
+    broken = [r for r in runs if r["loss_check"] == "broken"]
+    if broken:
         c.broken = True
+        worst_rel = max((r["loss_max_rel_diff"] for r in broken if finite(r["loss_max_rel_diff"])), default=math.inf)
         c.flags.append(f"broken: loss off the reference in {len(broken)} of {len(runs)} runs "
-                       f"(up to {broken['loss_max_rel_diff'].max():.2g} relative)")
+                       f"(up to {worst_rel:.2g} relative)")
 
 
 # --- loss check ----------------------------------------------------------------------------
@@ -330,7 +347,7 @@ def _loss_check(df: pd.DataFrame) -> list[LossGroup]:
     out = []
     if ok.empty:
         return out
-    for _, group in ok.groupby(ok.apply(lambda r: _key(r, LOSS_GROUP), axis=1), sort=True):
+    for _, group in ok.groupby(_keys(ok, LOSS_GROUP), sort=True):
         if len(group) < 2:
             continue
         first = group.iloc[0]
@@ -397,16 +414,18 @@ def _verdicts(configs: list[Config]) -> list[Verdict]:
     out: list[Verdict] = []
     groups: dict[str, list[Config]] = {}
     for c in configs:
-        groups.setdefault(_key(pd.Series(c.key), GROUP), []).append(c)
+        groups.setdefault(_key(c.key, GROUP), []).append(c)
+    cvs = {cat.metric: pooled_cv(configs, cat.metric) for cat in CATEGORIES}
     for group in groups.values():
         for cat in CATEGORIES:
-            v = _verdict(cat, group, configs)
+            v = _verdict(cat, group, cvs[cat.metric])
             if v is not None:
                 out.append(v)
     return out
 
 
-def _verdict(cat: Category, group: list[Config], every: list[Config]) -> Verdict | None:
+def _verdict(cat: Category, group: list[Config], cv: float | None) -> Verdict | None:
+    """Best against runner-up of one category in one comparison group; cv: the metric's noise."""
     sign = -1 if cat.higher_is_better else 1
     per_strategy: dict[str, Config] = {}
     for c in group:
@@ -422,10 +441,10 @@ def _verdict(cat: Category, group: list[Config], every: list[Config]) -> Verdict
     b, s = best.get(cat.metric), second.get(cat.metric)
     margin = abs(b.mean - s.mean) / abs(s.mean) * 100 if s.mean else math.nan
     both = f"{best.strategy} {cat.show(b)} vs {second.strategy} {cat.show(s)}"
-    need = repeats_needed(b.mean, s.mean, pooled_cv(every, cat.metric))
+    need = repeats_needed(b.mean, s.mean, cv)
     need_text = ("the means are equal" if b.mean == s.mean
                  else f"about {need} repeats would separate a difference this size" if need
-                 else f"rerun with at least {MIN_REPEATS} repeats" if pooled_cv(every, cat.metric) is None
+                 else f"rerun with at least {MIN_REPEATS} repeats" if cv is None
                  else "the difference is within the noise even at 100 repeats")
     if best.flags:
         kind, text = "flagged", f"not named: {best.strategy} has the best mean but is flagged ({'; '.join(best.flags)}); {both}"

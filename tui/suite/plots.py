@@ -45,6 +45,7 @@ PLOTS = [
     PlotSpec("h2d_bandwidth.png", "h2d_gbps", "Host-to-device copy bandwidth", "GB/s"),
 ]
 STATE_PLOT = "model_state.png"
+MAX_LEGEND = 30  # more lines than this make an unreadable legend that takes seconds to lay out
 
 
 def series(an: Analysis, metric: str) -> dict[str, list[tuple[int, float, float]]]:
@@ -112,7 +113,8 @@ def draw(an: Analysis, plot: PlotSpec, path: Path) -> bool:
     ax.set_ylabel(plot.ylabel)
     ax.set_title(f"{plot.title}\n{_context(an)}", fontsize="medium")
     ax.grid(True, alpha=0.3)
-    ax.legend(title="strategy", fontsize="small")
+    if len(data) <= MAX_LEGEND:
+        ax.legend(title="strategy", fontsize="small")
     ax.annotate("error bars: 95% intervals" if with_bars else "one repeat per point: no intervals",
                 xy=(0.99, 0.01), xycoords="axes fraction", ha="right", va="bottom", fontsize="x-small", color="grey")
     _save(fig, path)
