@@ -79,7 +79,8 @@ def estimate(values: Iterable[float]) -> Estimate | None:
 def ratio(num: Estimate, den: Estimate, scale: float = 1.0) -> Estimate | None:
     """scale x num/den with the delta-method interval; None when den's mean is 0.
 
-    n is the smaller of the two; without two repeats on both sides there is no interval."""
+    n is the smaller of the two; without two repeats on both sides there is no interval. sd is
+    the propagated standard error x sqrt(n), so that sd / sqrt(n) is the ratio's standard error."""
     if not den.mean:
         return None
     r = scale * num.mean / den.mean
