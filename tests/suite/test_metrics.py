@@ -11,6 +11,11 @@ from tui.suite import analysis, metrics, stats
 from tui.suite.synthetic import record
 
 
+def rid(strategy, world, seq_len=64, repeat=0):
+    """The run id the synthetic helper gives this run (the contract's id, with its config hash)."""
+    return record(strategy, world, seq_len=seq_len, repeat=repeat)["run_id"]
+
+
 def row(df, run_id):
     return df[df["run_id"] == run_id].iloc[0]
 
@@ -53,12 +58,12 @@ def test_scaling_efficiency_against_each_strategys_smallest_world_size():
     ]
     an = analysis.analyze(recs)
     df = an.runs
-    assert row(df, "ddp-w2-s64-mb4-ga1-r0")["scaling_efficiency"] == pytest.approx(1980 / (1100 * 2))
-    assert row(df, "ddp-w4-s64-mb4-ga1-r0")["scaling_efficiency"] == pytest.approx(3300 / (1100 * 4))
-    assert row(df, "zero3-w4-s64-mb4-ga1-r0")["scaling_efficiency"] == pytest.approx(2400 / (1500 * 4 / 2))
-    assert row(df, "zero3-w4-s64-mb4-ga1-r0")["scaling_base_world_size"] == 2
-    assert row(df, "ddp-w4-s128-mb4-ga1-r0")["scaling_efficiency"] == pytest.approx(900 / (500 * 2))
-    assert pd.isna(row(df, "zero3-w8-s64-mb4-ga1-r0")["scaling_efficiency"])
+    assert row(df, rid("ddp", 2))["scaling_efficiency"] == pytest.approx(1980 / (1100 * 2))
+    assert row(df, rid("ddp", 4))["scaling_efficiency"] == pytest.approx(3300 / (1100 * 4))
+    assert row(df, rid("zero3", 4))["scaling_efficiency"] == pytest.approx(2400 / (1500 * 4 / 2))
+    assert row(df, rid("zero3", 4))["scaling_base_world_size"] == 2
+    assert row(df, rid("ddp", 4, seq_len=128))["scaling_efficiency"] == pytest.approx(900 / (500 * 2))
+    assert pd.isna(row(df, rid("zero3", 8))["scaling_efficiency"])
     assert config(an, "ddp", 4).efficiency.mean == pytest.approx(0.75)
     assert config(an, "ddp", 4).efficiency.half is None  # one 4-device run: no interval
 
@@ -69,7 +74,7 @@ def test_failed_base_leaves_efficiency_empty_with_the_reason():
     # The old code took the 2-device run as base: 1.00 at 2 and 0.80 at 4 devices.
     assert an.runs["scaling_efficiency"].isna().all()
     assert config(an, "zero3", 4).efficiency is None
-    assert config(an, "zero3", 4).efficiency_note.startswith("base zero3 at 1 dev has no ok run: zero3-w1-s64-mb4-ga1-r0 oom")
+    assert config(an, "zero3", 4).efficiency_note.startswith(f"base zero3 at 1 dev has no ok run: {rid('zero3', 1)} oom")
 
 
 def test_speedup_over_the_best_single_device_run_of_any_strategy():
@@ -80,7 +85,7 @@ def test_speedup_over_the_best_single_device_run_of_any_strategy():
     z2 = config(an, "zero3", 2)
     assert z2.speedup.mean == pytest.approx(1520 / 1010) and z2.speedup_note == "vs ddp @ 1 dev"
     assert z2.efficiency.mean == pytest.approx(1520 / (810 * 2))  # its own base, not ddp's
-    assert row(an.runs, "zero3-w2-s64-mb4-ga1-r0")["speedup_vs_best_1dev"] == pytest.approx(1515 / 1010)
+    assert row(an.runs, rid("zero3", 2))["speedup_vs_best_1dev"] == pytest.approx(1515 / 1010)
 
 
 def test_cost_per_million_tokens_from_record_or_values_file(tmp_path, monkeypatch):
@@ -90,10 +95,10 @@ def test_cost_per_million_tokens_from_record_or_values_file(tmp_path, monkeypatc
             record("zero2", 2, 1000.0, shape="nowhere")]
     df = metrics.to_frame(recs)
     # 2 $/h x 2 devices = 1/900 $/s; 1800 tok/s -> 1e6 tokens take 555.6 s -> $0.6173
-    assert row(df, "ddp-w2-s64-mb4-ga1-r0")["cost_usd_per_mtok"] == pytest.approx(0.61728, rel=1e-4)
+    assert row(df, rid("ddp", 2))["cost_usd_per_mtok"] == pytest.approx(0.61728, rel=1e-4)
     # 3.6 $/h x 4 = 0.004 $/s; 4000 tok/s -> 250 s per 1e6 tokens -> $1.00
-    assert row(df, "fsdp-w4-s64-mb4-ga1-r0")["cost_usd_per_mtok"] == pytest.approx(1.0)
-    assert pd.isna(row(df, "zero2-w2-s64-mb4-ga1-r0")["cost_usd_per_mtok"])
+    assert row(df, rid("fsdp", 4))["cost_usd_per_mtok"] == pytest.approx(1.0)
+    assert pd.isna(row(df, rid("zero2", 2))["cost_usd_per_mtok"])
 
 
 def test_schema_2_fields_are_read_and_missing_ones_are_unknown():
@@ -116,7 +121,10 @@ def test_schema_2_fields_are_read_and_missing_ones_are_unknown():
     assert (r["cpu_affinity"], r["host_cpus"], r["load_avg_1m_end"]) == ("0 1", 2, 1.5)
     v1 = metrics.flatten(record("ddp", 1, 1000.0))  # schema 1: the new fields are unknown, not 0
     assert v1["comm_bytes_per_step"] is None and v1["load_avg_1m_start"] is None and v1["train_peak_gib"] is None
-    assert v1["repeat"] == 0 and v1["config_id"] == "ddp-w1-s64-mb4-ga1"
+    # a record written before the run contract: repeat and config from the old id
+    old = {k: v for k, v in record("ddp", 1, 1000.0).items() if k not in ("config_id", "repeat")}
+    old = metrics.flatten({**old, "run_id": "ddp-w1-s64-mb4-ga1-r2"})
+    assert old["repeat"] == 2 and old["config_id"] == "ddp-w1-s64-mb4-ga1"
     assert analysis.analyze([record("ddp", 1, 1000.0)]).runs["host_overloaded"].isna().all()
 
 

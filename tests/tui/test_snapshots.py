@@ -6,7 +6,7 @@ fixed, runs and logs are fed as suite events with fixed times, results are synth
 from __future__ import annotations
 
 from tui.app.app import BenchApp
-from tui.app.messages import to_message
+from tui.app.messages import ShowLogs, SuiteEvent
 from tui.suite import events as ev
 from tui.suite.matrix import MatrixSpec
 
@@ -28,7 +28,7 @@ def make_app(results_dir="results") -> BenchApp:
 
 def feed(app: BenchApp) -> None:
     """A matrix part-way through: two finished, one running (frozen clock), one queued."""
-    post = lambda event: app.post_message(to_message(event))  # noqa: E731
+    post = lambda event: app.post_message(SuiteEvent(event))  # noqa: E731
     for i, run_id in enumerate(RUNS):
         post(ev.RunQueued(run_id, i, len(RUNS), {}))
     post(ev.RunStateChanged(RUNS[0], "running"))
@@ -81,7 +81,7 @@ def test_logs_screen(snap_compare, fixture_values):
     async def run_before(pilot):
         feed(pilot.app)
         await pilot.pause()
-        pilot.app.show_logs(RUNS[2])
+        pilot.app.post_message(ShowLogs(RUNS[2]))
         await pilot.pause()
 
     assert snap_compare(make_app(), terminal_size=SIZE, run_before=run_before)

@@ -93,6 +93,3 @@ class RunBoard:
 
     def active(self) -> list[RunRow]:
         return [r for r in self.rows.values() if not r.final and r.state != "queued"]
-
-    def records(self) -> list[dict[str, Any]]:
-        return [r.record for r in self.rows.values() if r.record is not None]

@@ -37,7 +37,7 @@ COLUMNS: list[tuple[str, str, str]] = [
 @dataclass
 class Row:
     key: str
-    """config_id of a configuration; run id (or directory) of a run that is not ok."""
+    """A configuration's name (run id without -rN); run id (or directory) of a run that is not ok."""
     status: str
     cells: list[Any]
     """Raw values in COLUMNS order: an Estimate, a number, a string or None."""
@@ -79,12 +79,12 @@ def compute(records: list[dict]) -> ResultsView:
         return view
     an = analysis.analyze(records)
     for c in an.configs:
-        values = {"name": c.config_id, "status": "ok", "strategy": c.strategy, "world_size": _plain(c.world_size),
+        values = {"name": c.name, "status": "ok", "strategy": c.strategy, "world_size": _plain(c.world_size),
                   "seq_len": _plain(c.seq_len), "n": c.n, "scaling_efficiency": c.efficiency,
                   "speedup": c.speedup, "detail": "; ".join(c.flags) or c.efficiency_note}
         values.update({m: c.est.get(m) for m in ("tokens_per_s", "step_time_mean_s", "model_state_gib_per_rank",
                                                    "train_peak_gib", "cost_usd_per_mtok")})
-        view.rows.append(Row(str(c.config_id), "ok", [values.get(k) for k, _, _ in COLUMNS],
+        view.rows.append(Row(c.name, "ok", [values.get(k) for k, _, _ in COLUMNS],
                              "; ".join(c.flags), c.broken, bool(c.flags)))
     for _, r in an.not_ok.iterrows():
         values = {"name": r["run_id"], "status": r["status"], "strategy": _plain(r["strategy"]),

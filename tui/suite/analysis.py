@@ -130,6 +130,11 @@ class Config:
         return len(self.run_ids)
 
     @property
+    def name(self) -> str:
+        """Readable and unique: the first run's id without its repeat part."""
+        return metrics.without_repeat(self.run_ids[0])
+
+    @property
     def label(self) -> str:
         return f"{self.key['strategy']} @ {int(self.key['world_size'])} dev"
 

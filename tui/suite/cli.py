@@ -13,12 +13,16 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import fields, replace
+from dataclasses import asdict, fields
 from pathlib import Path
 
-from tui.suite.matrix import MatrixSpec, expand, load_matrix, save_matrix
+import yaml
 
-DEFAULT_MATRIX = Path(__file__).resolve().parent / "matrices" / "cpu-default.yaml"
+from trainer.fielddocs import field_docs
+
+from tui.suite.backends import add_cluster_flags, cluster_options
+from tui.suite.matrix import DEFAULT_MATRIX, MatrixSpec, CONFIRM_ABOVE, expand, load_matrix, matrix_from_dict, save_matrix
+
 
 def _ints(text: str) -> list[int]:
     try:
@@ -31,19 +35,33 @@ def _strs(text: str) -> list[str]:
     return [x.strip() for x in text.split(",") if x.strip()]
 
 
-# Matrix flags: (flag, MatrixSpec field, parser); lists are comma-separated. Each overrides the
-# matrix file's value; the help text is the field's docstring.
-MATRIX_FLAGS = [
-    ("--strategies", "strategies", _strs), ("--world-sizes", "world_sizes", _ints),
-    ("--seq-lens", "seq_lens", _ints), ("--micro-batch", "micro_batch", int),
-    ("--grad-accum", "grad_accum", int), ("--global-batch", "global_batch", int),
-    ("--model", "model", str), ("--precision", "precision", str), ("--steps", "steps", int),
-    ("--warmup-steps", "warmup_steps", int), ("--repeats", "repeats", int),
-    ("--launcher", "launcher", str), ("--backend", "backend", str), ("--shape", "shape", str),
-    ("--device", "device", str), ("--timeout-s", "timeout_s", float),
-    ("--usd-per-gpu-hour", "usd_per_gpu_hour", float),
-    ("--max-world-size", "max_world_size", int),
-]
+def _knob(text: str) -> tuple[str, object]:
+    """KEY=VALUE, the value read as YAML (true, 2, [fp32, bf16])."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    try:
+        return key.strip(), yaml.safe_load(value)
+    except yaml.YAMLError:
+        raise argparse.ArgumentTypeError(f"{key}: value {value!r} is not valid YAML") from None
+
+
+# How a flag's text becomes a MatrixSpec field's value, by the field's declared type.
+_PARSERS = {"list[str]": _strs, "list[int]": _ints, "int": int, "int | None": int, "float": float,
+            "float | None": float, "str": str, "str | None": str}
+
+
+def _add_matrix_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per MatrixSpec field (lists comma-separated), help from its docstring; each
+    overrides the matrix file's value. Other trainer knobs: --set KEY=VALUE."""
+    docs = field_docs(MatrixSpec)
+    for f in fields(MatrixSpec):
+        if f.type in _PARSERS:
+            parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=_PARSERS[f.type],
+                                default=None, help=docs.get(f.name, "").replace("%", "%%"))
+    parser.add_argument("--set", dest="knobs", type=_knob, action="append", default=[], metavar="KEY=VALUE",
+                        help="any trainer knob for every run, e.g. --set activation_checkpointing=true "
+                             "(a list sweeps it: --set precision=[fp32,bf16])")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -51,18 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run a matrix of benchmark runs")
     run.add_argument("--matrix", type=Path, help=f"matrix YAML (default: {DEFAULT_MATRIX.name}); flags override it")
-    run.add_argument("--results", type=Path, default=Path("results/default"), help="results directory")
-    for flag, field_name, kind in MATRIX_FLAGS:
-        run.add_argument(flag, dest=field_name, type=kind, default=None,
-                         help=_field_doc(field_name))
-    run.add_argument("--trainer-arg", dest="extra_args", action="append", default=None,
-                     help="extra trainer flag for every run (repeatable), e.g. --trainer-arg=--compile")
-    kube = run.add_argument_group("kubernetes backend")
-    kube.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: KUBECONFIG or ~/.kube/config)")
-    kube.add_argument("--context", default=None, help="kubeconfig context")
-    kube.add_argument("--namespace", default=None, help="namespace of the releases")
-    kube.add_argument("--keep-failed", action="store_true", default=None, help="keep a failed run's release")
+    _add_matrix_flags(run)
+    add_cluster_flags(run)
     run.add_argument("--force", action="store_true", help="rerun runs whose result is already there")
+    run.add_argument("--yes", action="store_true", help="run a matrix of more than 1,000 runs")
     run.add_argument("--dry-run", action="store_true", help="print the runs and exit")
     run.add_argument("--save-matrix", type=Path, help="write the effective matrix YAML here")
     run.add_argument("--report", type=Path, help="also write the report into this directory")
@@ -78,18 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _field_doc(name: str) -> str:
-    import inspect
-
-    src = inspect.getsource(MatrixSpec)
-    marker = f"    {name}:"
-    if marker not in src:
-        return ""
-    doc = src.split(marker, 1)[1].split('"""')[1]
-    return " ".join(doc.split()).replace("%", "%%")
-
-
 def effective_matrix(args: argparse.Namespace) -> MatrixSpec:
+    """The matrix file (default: the default matrix), then every flag given over it."""
     spec = load_matrix(args.matrix or DEFAULT_MATRIX)
     overrides = {f.name: getattr(args, f.name) for f in fields(MatrixSpec)
                  if getattr(args, f.name, None) is not None}
@@ -97,7 +97,9 @@ def effective_matrix(args: argparse.Namespace) -> MatrixSpec:
         overrides.setdefault("grad_accum", None)
     if overrides.get("shape") in ("", "none"):
         overrides["shape"] = None  # --shape none: hardware unknown (no peak, no price)
-    return replace(spec, **overrides)
+    data = {**asdict(spec), **overrides}
+    options = data.pop("options")
+    return matrix_from_dict({**data, **options, **dict(args.knobs)})
 
 
 def fail(message: str) -> int:
@@ -112,7 +114,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         matrix = effective_matrix(args)
     except (OSError, ValueError, TypeError) as exc:
         return fail(str(exc))
-    specs, errors = expand(matrix)
+    specs, errors = expand(matrix, limit=None if args.yes else CONFIRM_ABOVE)
     if errors:
         for line in errors:
             print(f"shardbench: invalid matrix: {line}", file=sys.stderr)
@@ -125,29 +127,25 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 0
     from tui.suite.backends import get_backend
 
-    options = {}
-    if matrix.backend == "kubernetes":
-        options = {"kubeconfig": args.kubeconfig, "context": args.context, "namespace": args.namespace,
-                   "keep_failed": args.keep_failed}
-    backend = get_backend(matrix.backend, **options)
+    backend = get_backend(matrix.backend, cluster_options(args))
     ok, why = backend.availability()
     if not ok:
         return fail(f"backend {matrix.backend} unavailable: {why}")
-    records, interrupted = _run_with_progress(specs, backend, args)
+    records, interrupted = _run_with_progress(specs, backend, matrix.results, args)
     failed = [r for r in records if r.get("status") != "ok"]
     _print_summary(records)
     if args.report and records:
         from tui.suite.report import build_report
 
-        rep = build_report(args.results, args.report)
+        rep = build_report(matrix.results, args.report)
         print(f"report: {rep.markdown}")
     if interrupted:
-        print(f"interrupted: kept {len(records)} finished run(s) under {args.results}", file=sys.stderr)
+        print(f"interrupted: kept {len(records)} finished run(s) under {matrix.results}", file=sys.stderr)
         return 130
     return 1 if records and len(failed) == len(records) else 0
 
 
-def _run_with_progress(specs, backend, args) -> tuple[list[dict], bool]:
+def _run_with_progress(specs, backend, results_dir, args) -> tuple[list[dict], bool]:
     from tui.suite.runner import run_matrix
 
     cancel = threading.Event()
@@ -155,7 +153,7 @@ def _run_with_progress(specs, backend, args) -> tuple[list[dict], bool]:
     view = _QuietView() if args.quiet else _RichView(len(specs))
 
     def work():
-        result["records"] = run_matrix(specs, backend, args.results, view.emit, cancel, args.force)
+        result["records"] = run_matrix(specs, backend, results_dir, view.emit, cancel, args.force)
 
     worker = threading.Thread(target=work, name="matrix", daemon=True)
 

@@ -54,11 +54,16 @@ def _repeat(record: dict) -> Any:
     return int(m.group(1)) if m else 0
 
 
+def without_repeat(run_id: str) -> str:
+    """The run id without its -rN part: the readable name of its configuration."""
+    return _REPEAT.sub("", run_id, count=1)
+
+
 def _config_id(record: dict) -> str:
     """The record's `config_id` (schema 2), else the run id without its -rN part."""
     if isinstance(record.get("config_id"), str) and record["config_id"]:
         return record["config_id"]
-    return _REPEAT.sub("", str(record.get("run_id") or ""), count=1)
+    return without_repeat(str(record.get("run_id") or ""))
 
 
 def _gib(value: Any) -> Any:

@@ -131,7 +131,7 @@ def flags_section(an: Analysis) -> str:
     if not flagged:
         return "## Flags\n\nNo configuration is flagged."
     return "## Flags\n\n" + md_table(["configuration", "runs", "flags"],
-                                     [[c.label + f" ({c.config_id})", c.n, "; ".join(c.flags)] for c in flagged])
+                                     [[c.label + f" ({c.name})", c.n, "; ".join(c.flags)] for c in flagged])
 
 
 def _eff(c: Config) -> str:

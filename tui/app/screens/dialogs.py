@@ -60,3 +60,8 @@ class PathPrompt(ModalScreen[str | None]):
 
     def action_cancel(self) -> None:
         self.dismiss(None)
+
+
+def ask_path(screen, title: str, default: str, then) -> None:
+    """Prompt for a path over `screen`; `then(path)` when one is given (escape gives none)."""
+    screen.app.push_screen(PathPrompt(title, default), callback=lambda path: path and then(path))

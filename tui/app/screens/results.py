@@ -15,7 +15,9 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static
 from textual_plotext import PlotextPlot
 
+from tui.app.messages import OpenResults
 from tui.app.results_model import COLUMNS, ResultsView, Row, fmt_cell
+from tui.app.screens.dialogs import ask_path
 from tui.suite.stats import Estimate
 
 ROW_STYLES = {"broken": "bold red", "flagged": "yellow", "not ok": "red dim"}
@@ -149,4 +151,5 @@ class ResultsScreen(Screen):
         self.sort_by(self.sort_column, reverse=not self.sort_reverse)
 
     def action_open_dir(self) -> None:
-        self.app.prompt_path("Open results dir", str(self.app.results_dir), self.app.open_results)
+        ask_path(self, "Open results dir (read-only)", str(self.app.results_dir),
+                 lambda path: self.post_message(OpenResults(path)))

@@ -7,6 +7,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static
 
 from tui.app.board import RunRow
+from tui.app.messages import CancelRun, ShowLogs
 
 COLUMNS = (("#", "index"), ("run", "run"), ("state", "state"), ("tok/s", "tps"),
            ("elapsed", "elapsed"), ("ETA", "eta"))
@@ -94,9 +95,9 @@ class RunsScreen(Screen):
     def action_cancel_run(self) -> None:
         run_id = self.selected_run()
         if run_id:
-            self.app.cancel_run(run_id)
+            self.post_message(CancelRun(run_id))
 
     def action_logs(self) -> None:
         run_id = self.selected_run()
         if run_id:
-            self.app.show_logs(run_id)
+            self.post_message(ShowLogs(run_id))
