@@ -11,6 +11,7 @@ import pytest
 from textual.widgets import DataTable, Input, SelectionList, Static
 
 from tui.app.app import BenchApp
+from tui.app.screens.dialogs import Confirm
 from tui.app.messages import SuiteEvent
 from tui.suite import events as ev
 from tui.suite.matrix import MatrixSpec, default_matrix, load_matrix
@@ -104,6 +105,30 @@ async def test_cancel_stops_the_run_and_leaves_no_rank_processes(tmp_path):
         assert rank_processes(str(results)) == []
         record = json.loads((results / row.run_id / "result.json").read_text())
         assert record["status"] == "failed" and "cancelled" in record["error"]
+
+
+@pytest.mark.slow
+async def test_quit_with_runs_asks_and_enter_stops_every_rank(tmp_path):
+    results = tmp_path / "quit-results"
+    matrix = MatrixSpec(strategies=["ddp"], world_sizes=[2], seq_lens=[64], steps=100000, warmup_steps=2,
+                        timeout_s=300, results=str(results))
+    app = BenchApp(matrix=matrix, availability=FIXED_AVAILABILITY)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("ctrl+r")
+        await wait_until(pilot, lambda: any(r.tokens_per_s for r in app.board.rows.values()), 120,
+                         "the first progress line")
+        await pilot.press("q")
+        await pilot.pause()
+        assert isinstance(app.screen, Confirm) and "1 run(s) not finished" in str(
+            app.screen.query_one("#confirm-question").content)
+        await pilot.press("escape")  # stay: nothing stops
+        await pilot.pause()
+        assert app.matrix_worker.is_running and rank_processes(str(results))
+        await pilot.press("q")
+        await pilot.pause()
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: not app.matrix_worker.is_running, 60, "the runs to stop")
+    assert rank_processes(str(results)) == []
 
 
 async def test_matrix_screen_explains_invalid_combinations_live(tmp_path, fixture_values):

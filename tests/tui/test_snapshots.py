@@ -5,8 +5,11 @@ fixed, runs and logs are fed as suite events with fixed times, results are synth
 """
 from __future__ import annotations
 
+import time
+
 from tui.app.app import BenchApp
 from tui.app.messages import ShowLogs, SuiteEvent
+from tui.app.screens.dialogs import Confirm
 from tui.suite import events as ev
 from tui.suite.matrix import MatrixSpec
 
@@ -38,8 +41,13 @@ def feed(app: BenchApp) -> None:
     post(ev.RunStateChanged(RUNS[1], "running"))
     post(ev.RunStateChanged(RUNS[1], "failed", "oom: CUDA out of memory"))
     post(ev.RunStateChanged(RUNS[2], "running"))
+    post(ev.RunLogLine(RUNS[2], "$ deepspeed --hostfile hostfiles/local --launcher openmpi --module trainer "
+                                "--strategy zero2 --model tiny --seq-len 64 --micro-batch 4 --grad-accum 1 "
+                                "--steps 10 --warmup-steps 3 --precision auto --seed 1234 --device auto"))
     for step in (1, 2, 3):
-        post(ev.RunLogLine(RUNS[2], f"SHARDBENCH_PROGRESS step {step}"))
+        post(ev.RunLogLine(RUNS[2], 'SHARDBENCH_PROGRESS {"step": %d, "steps": 10, "phase": "warmup", '
+                                    '"loss": 9.%d, "step_time_s": 0.1, "tokens_per_s": %d.0, "eta_s": 42.0}'
+                           % (step, 9 - step, 500 + step)))
         post(ev.RunProgress(RUNS[2], step, 10, tokens_per_s=500.0 + step, eta_s=42.0))
     post(ev.RunLogLine(RUNS[2], "RuntimeError: example error line"))
     post(ev.MatrixProgress(2, 4, 30.0, eta_s=75.0))
@@ -113,6 +121,29 @@ def test_results_screen(snap_compare, fixture_values, tmp_path, monkeypatch):
             await pilot.pause(0.1)
         await settle(pilot)
         await pilot.press("f5")
+        await pilot.pause()
+
+    assert snap_compare(make_app(), terminal_size=SIZE, run_before=run_before)
+
+
+def test_runs_screen_while_a_run_starts(snap_compare, fixture_values):
+    """Before the first step a run says "starting" and its elapsed time counts."""
+    async def run_before(pilot):
+        pilot.app.post_message(SuiteEvent(ev.RunQueued(RUNS[0], 0, 2, {})))
+        pilot.app.post_message(SuiteEvent(ev.RunQueued(RUNS[1], 1, 2, {})))
+        pilot.app.post_message(SuiteEvent(ev.RunStateChanged(RUNS[0], "running")))
+        await pilot.pause()
+        await pilot.press("f3")
+        pilot.app.board.rows[RUNS[0]].started = time.monotonic() - 14.2
+        pilot.app.runs_screen.redraw()
+        await pilot.pause()
+
+    assert snap_compare(make_app(), terminal_size=SIZE, run_before=run_before)
+
+
+def test_quit_with_runs_in_progress_asks_first(snap_compare, fixture_values):
+    async def run_before(pilot):
+        pilot.app.push_screen(Confirm("2 run(s) not finished: quit and stop them?"))
         await pilot.pause()
 
     assert snap_compare(make_app(), terminal_size=SIZE, run_before=run_before)

@@ -21,7 +21,7 @@ from tui.suite import events as ev
 from trainer.contract import BACKENDS
 from tui.app.cancel import PerRunCancel
 from tui.app.board import RunBoard
-from tui.app.screens.dialogs import HelpScreen
+from tui.app.screens.dialogs import Confirm, HelpScreen
 from tui.app.screens.logs import LogsScreen
 from tui.app.screens.matrix import MatrixScreen
 from tui.app.screens.results import ResultsScreen
@@ -182,12 +182,21 @@ class BenchApp(App):
             self.runner.cancel_all()
             self.notify("cancelling all runs")
 
-    async def action_quit(self) -> None:
-        if self.matrix_worker is not None and self.matrix_worker.is_running and self.runner is not None:
-            # Stop the ranks (or releases) before leaving: no orphan processes behind the app.
-            self.runner.cancel_all()
-            self.notify("stopping runs before quitting…")
-            await self.matrix_worker.wait()
+    def action_quit(self) -> None:
+        running = self.matrix_worker is not None and self.matrix_worker.is_running
+        if not running:
+            self.exit()
+            return
+        left = sum(1 for r in self.board.rows.values() if not r.final)
+        self.push_screen(Confirm(f"{left} run(s) not finished: quit and stop them?"),
+                         callback=lambda yes: yes and self.stop_and_exit())
+
+    @work(group="quit")
+    async def stop_and_exit(self) -> None:
+        # Stop the ranks (or releases) before leaving: no orphan processes behind the app.
+        self.runner.cancel_all()
+        self.notify("stopping runs before quitting…")
+        await self.matrix_worker.wait()
         self.exit()
 
     # -- suite events -------------------------------------------------------------------------
