@@ -87,16 +87,25 @@ async def test_tiny_matrix_runs_for_real_and_results_hold_measured_tokens_per_s(
         assert app.logs_screen.query_one("#log").line_count > 0
 
 
+def endless_run_app(results) -> BenchApp:
+    """An app whose matrix is one ddp run at world size 2 that would run for hours."""
+    matrix = MatrixSpec(strategies=["ddp"], world_sizes=[2], seq_lens=[64], steps=100000, warmup_steps=2,
+                        timeout_s=300, results=str(results))
+    return BenchApp(matrix=matrix, availability=FIXED_AVAILABILITY)
+
+
+async def start_and_wait_for_progress(pilot, app: BenchApp) -> None:
+    await pilot.press("ctrl+r")
+    await wait_until(pilot, lambda: any(r.tokens_per_s for r in app.board.rows.values()), 120,
+                     "the first progress line")
+
+
 @pytest.mark.slow
 async def test_cancel_stops_the_run_and_leaves_no_rank_processes(tmp_path):
     results = tmp_path / "cancel-results"
-    matrix = MatrixSpec(strategies=["ddp"], world_sizes=[2], seq_lens=[64], steps=100000, warmup_steps=2,
-                        timeout_s=300, results=str(results))
-    app = BenchApp(matrix=matrix, availability=FIXED_AVAILABILITY)
+    app = endless_run_app(results)
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.press("ctrl+r")
-        await wait_until(pilot, lambda: any(r.tokens_per_s for r in app.board.rows.values()), 120,
-                         "the first progress line")
+        await start_and_wait_for_progress(pilot, app)
         assert rank_processes(str(results)), "the run's ranks should be running"
         await pilot.press("c")  # cancel the selected (first) run on the Runs screen
         await wait_until(pilot, lambda: not app.matrix_worker.is_running, 60, "the cancelled matrix to end")
@@ -111,13 +120,9 @@ async def test_cancel_stops_the_run_and_leaves_no_rank_processes(tmp_path):
 @pytest.mark.slow
 async def test_quit_with_runs_asks_and_enter_stops_every_rank(tmp_path):
     results = tmp_path / "quit-results"
-    matrix = MatrixSpec(strategies=["ddp"], world_sizes=[2], seq_lens=[64], steps=100000, warmup_steps=2,
-                        timeout_s=300, results=str(results))
-    app = BenchApp(matrix=matrix, availability=FIXED_AVAILABILITY)
+    app = endless_run_app(results)
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.press("ctrl+r")
-        await wait_until(pilot, lambda: any(r.tokens_per_s for r in app.board.rows.values()), 120,
-                         "the first progress line")
+        await start_and_wait_for_progress(pilot, app)
         await pilot.press("q")
         await pilot.pause()
         assert isinstance(app.screen, Confirm) and "1 run(s) not finished" in str(
