@@ -13,7 +13,7 @@ from tui.app.screens.dialogs import Confirm
 from tui.suite import events as ev
 from tui.suite.matrix import MatrixSpec
 
-from .conftest import FIXED_AVAILABILITY, settle, synthetic_record, write_results
+from .conftest import FIXED_AVAILABILITY, settle, write_results
 
 SIZE = (140, 40)
 RUNS = ["ddp-w1-s64-mb4-ga1-r0", "ddp-w2-s64-mb4-ga1-r0", "zero2-w1-s64-mb4-ga1-r0", "zero2-w2-s64-mb4-ga1-r0"]
@@ -96,12 +96,25 @@ def test_logs_screen(snap_compare, fixture_values):
 
 
 def test_results_screen(snap_compare, fixture_values, tmp_path, monkeypatch):
+    """Configurations with 95% intervals, a flagged (yellow) and a broken (red) one, a failed run and
+    an unreadable result.json as rows, the verdicts, plots with error bars."""
+    from tui.suite.synthetic import record
+
     monkeypatch.chdir(tmp_path)  # the screen names its results dir: keep it the same every run
-    write_results(tmp_path / "results", [
-        synthetic_record("ddp", 1, 660.0, 0.45), synthetic_record("ddp", 2, 1250.0, 0.46),
-        synthetic_record("zero2", 1, 610.0, 0.41), synthetic_record("zero2", 2, 1300.0, 0.33),
-        synthetic_record("fsdp", 2, 0, 0, status="failed", error="RuntimeError: boom"),
-    ])
+    loss, off = [9.0, 8.5, 8.2, 8.1], [9.0, 8.6, 8.3, 8.2]
+    recs = []
+    for strategy, world, values, curve in [("ddp", 1, [660.0, 650.0, 670.0], loss),
+                                           ("ddp", 2, [1250.0, 1240.0, 1260.0], loss),
+                                           ("zero2", 1, [610.0, 640.0, 580.0], loss),
+                                           ("zero2", 2, [1600.0, 1610.0, 1590.0], loss),  # eff 1.31: flagged
+                                           ("zero3", 2, [1300.0, 1305.0, 1295.0], off)]:  # broken loss
+        recs += [record(strategy, world, v, repeat=i, loss_per_step=curve,
+                        peak_memory_bytes=2 ** 30 // (world if strategy != "ddp" else 1))
+                 for i, v in enumerate(values)]
+    recs.append(record("fsdp", 2, 1.0, status="failed", error="RuntimeError: boom"))
+    write_results(tmp_path / "results", recs)
+    (tmp_path / "results" / "corrupt").mkdir()
+    (tmp_path / "results" / "corrupt" / "result.json").write_text("{half")
 
     async def run_before(pilot):
         while "result(s) in" not in pilot.app.results_screen.source:

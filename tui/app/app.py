@@ -247,14 +247,16 @@ class BenchApp(App):
     # -- results ------------------------------------------------------------------------------
     @work(thread=True, exclusive=True, group="results", exit_on_error=False)
     def refresh_results(self) -> None:
-        from tui.app.results import ResultsView, compute
+        from tui.app.results_model import ResultsView, compute
         from tui.suite.metrics import load_records
 
-        records = load_records(self.results_dir) if self.results_dir.is_dir() else []
-        source = f"{len(records)} result(s) in {self.results_dir}"
-        try:
+        source = f"0 result(s) in {self.results_dir}"
+        try:  # a bad record or directory must not take the app down nor leave the screen empty
+            records = load_records(self.results_dir) if self.results_dir.is_dir() else []
+            unreadable = sum(r.get("status") == "unreadable" for r in records)
+            source = f"{len(records)} result(s) in {self.results_dir}" + (f" ({unreadable} unreadable)" if unreadable else "")
             view = compute(records)
-        except Exception as exc:  # noqa: BLE001 - a bad record must not take the app down
+        except Exception as exc:  # noqa: BLE001
             view, source = ResultsView(), f"{source}: could not tabulate them ({type(exc).__name__}: {exc})"
         self.post_message(msg.ResultsReady(view, source))
 

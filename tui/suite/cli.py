@@ -87,8 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--report", type=Path, help="also write the report into this directory")
     run.add_argument("--quiet", action="store_true", help="no live progress, one line per run")
     rep = sub.add_parser("report", help="results dir -> metrics.csv, plots/, BENCHMARK_REPORT.md")
-    rep.add_argument("results", type=Path)
-    rep.add_argument("--out", type=Path, default=None, help="output directory (default: RESULTS/report)")
+    rep.add_argument("results", type=Path, help="a results dir, or a dir holding several (each gets a report)")
+    rep.add_argument("--out", type=Path, default=None,
+                     help="output directory (default: <result set>/report; with several sets, one subdir each)")
     col = sub.add_parser("collect", help="read the result record from a saved log")
     col.add_argument("log", type=Path)
     col.add_argument("-o", "--output", type=Path, default=None, help="write the record here (default: stdout)")
@@ -319,17 +320,27 @@ def _print_summary(records: list[dict]) -> None:
 # --- report / collect ----------------------------------------------------------------------
 
 def cmd_report(args: argparse.Namespace) -> int:
+    """A report per result set at or below RESULTS (e.g. `report results` finds results/default)."""
+    from tui.suite.metrics import find_result_sets
     from tui.suite.report import build_report
 
     if not args.results.is_dir():
         return fail(f"{args.results}: no such results directory")
-    out = args.out or args.results / "report"
-    try:
-        rep = build_report(args.results, out)
-    except ValueError as exc:
-        return fail(str(exc))
-    print(f"{rep.runs} runs ({rep.failed} not ok) -> {rep.csv}, {len(rep.plots)} plots, {rep.markdown}")
-    return 0
+    sets = find_result_sets(args.results)
+    if not sets:
+        return fail(f"no <run-id>/result.json under {args.results} (nor in its subdirectories)")
+    code = 0
+    for results in sets:
+        rel = results.relative_to(args.results)
+        out = (args.out / rel) if args.out else results / "report"
+        try:
+            rep = build_report(results, out)
+        except (OSError, ValueError) as exc:
+            print(f"shardbench: {results}: report not written: {exc}", file=sys.stderr)
+            code = 1
+            continue
+        print(f"{results}: {rep.runs} runs ({rep.failed} not ok) -> {rep.csv}, {len(rep.plots)} plots, {rep.markdown}")
+    return code
 
 
 def cmd_collect(args: argparse.Namespace) -> int:
