@@ -195,7 +195,9 @@ def resume_key(cfg, world_size: int) -> dict[str, Any]:
 class Stats:
     """What checkpointing cost this process (the record's `checkpoint`)."""
 
+    saves: int = 0
     save_s: list[float] = field(default_factory=list)
+    """Seconds of every save whose end this run saw (a checkpoint cannot hold its own)."""
     blocking_s: list[float] = field(default_factory=list)
     sizes: list[int] = field(default_factory=list)
     load_s: float | None = None
@@ -251,6 +253,7 @@ class Checkpointer:
         """Write the checkpoint of `step` (all ranks call it). Returns the seconds the loop was
         blocked; an async save finishes in the background and is committed by poll()."""
         t0 = time.perf_counter()
+        self.stats.saves += 1
         self.wait()  # one save in flight at a time
         final, tmp = self.root / step_dir_name(step), self.root / (TMP_PREFIX + step_dir_name(step))
         if self.rank == 0:

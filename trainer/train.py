@@ -111,11 +111,16 @@ class Trainer:
         # Variables DeepSpeed's own communication layer reads.
         os.environ.update(RANK=str(d.rank), WORLD_SIZE=str(d.world_size), LOCAL_RANK=str(d.local_rank),
                           MASTER_ADDR=str(d.master_addr), MASTER_PORT=str(d.master_port))
+        timeout = timedelta(seconds=self.cfg.pg_timeout_s)
+        # Groups made later without a timeout (DeepSpeed's ZeRO data-parallel group is a
+        # new_group) take torch's module default, 30 min, not the world's: a hung rank would stall
+        # them that long. torch reads these defaults at each new_group call.
+        from torch.distributed import distributed_c10d as c10d
+        c10d.default_pg_timeout = c10d.default_pg_nccl_timeout = timeout
         dist.init_process_group(
             backend="nccl" if self.device.type == "cuda" else "gloo",
             init_method=f"tcp://{d.master_addr}:{d.master_port}",
-            rank=d.rank, world_size=d.world_size,
-            timeout=timedelta(seconds=self.cfg.pg_timeout_s))
+            rank=d.rank, world_size=d.world_size, timeout=timeout)
 
     def _pin_cpu(self) -> None:
         """Every rank gets --threads-per-rank threads whatever the world size (1 rank = 1 core,
@@ -210,6 +215,7 @@ class Trainer:
             self.ckpt_step_times = list(history["ckpt_step_times"])
             self.ckpt.stats.save_s = list(history["save_s"]) + self.ckpt.stats.save_s
             self.ckpt.stats.blocking_s = list(history["blocking_s"]) + self.ckpt.stats.blocking_s
+            self.ckpt.stats.saves = history["saves"]
             self.restarts = history["restarts"] + 1
         return step
 
@@ -238,7 +244,7 @@ class Trainer:
             losses /= self.dist.world_size
         self.losses = [float(v) for v in losses]
         s = self.ckpt.stats
-        return {"losses": self.losses, "step_times": self.step_times, "ckpt_step_times": self.ckpt_step_times,
+        return {"saves": s.saves + 1, "losses": self.losses, "step_times": self.step_times, "ckpt_step_times": self.ckpt_step_times,
                 "save_s": s.save_s, "blocking_s": s.blocking_s, "restarts": self.restarts}
 
     def _timed_step(self, host_batches) -> tuple[float, torch.Tensor]:
@@ -296,7 +302,7 @@ class Trainer:
         s, cfg = self.ckpt.stats, self.cfg
         return CheckpointCost(
             every=cfg.checkpoint_every, keep=cfg.keep_checkpoints, async_save=cfg.async_checkpoint,
-            saves=len(s.save_s), save_s_mean=sum(s.save_s) / len(s.save_s) if s.save_s else None,
+            saves=s.saves, save_s_mean=sum(s.save_s) / len(s.save_s) if s.save_s else None,
             save_s_max=max(s.save_s, default=None),
             blocking_s_mean=sum(s.blocking_s) / len(s.blocking_s) if s.blocking_s else None,
             load_s=s.load_s, size_bytes_per_rank=list(s.sizes), size_bytes=sum(s.sizes) if s.sizes else None,

@@ -20,6 +20,7 @@ import yaml
 
 from trainer import contract
 from trainer.config import RunConfig, measured_fields, to_argv
+from tui.suite.faults import fault_errors
 
 DEFAULT_MATRIX = Path(__file__).resolve().parent / "matrices" / "default.yaml"
 """The one default matrix of every entry point: `make bench`, `shardbench run`, benchtui."""
@@ -30,7 +31,8 @@ LOCAL_OVERSUBSCRIBE = 4
 scheduler, not the strategy."""
 
 # Trainer fields the suite sets itself for every run, so a matrix may not.
-_SUITE_OWNED = {"strategy", "seq_len", "run_id", "output_dir", "launcher", "repeat", "argv"}
+_SUITE_OWNED = {"strategy", "seq_len", "run_id", "output_dir", "launcher", "repeat", "argv", "checkpoint_dir",
+                "resume"}
 
 
 def _default(name: str) -> Any:
@@ -82,6 +84,11 @@ class MatrixSpec:
     """Trainer --seed; the same for every run so every strategy sees the same tokens."""
     max_world_size: int | None = None
     """Devices the backend may use at most (cluster capacity); None: what the shape allows."""
+    faults: list[str] = field(default_factory=lambda: ["none"])
+    """Faults to inject, one axis: none, kill-rank:R@S, stop-rank:R@S, kill-launcher@S (rank R,
+    optimizer step S; tui/suite/faults.py). A faulty run checkpoints and is relaunched."""
+    max_restarts: int = 2
+    """Relaunches of a run that failed (with --resume auto from its checkpoints), for faulty runs."""
     results: str = "results/default"
     """Results directory: results/<run id>/ for every run (a suite locks it while it writes)."""
     options: dict[str, Any] = field(default_factory=dict)
@@ -144,6 +151,10 @@ class RunSpec:
     """Other trainer knobs, as (RunConfig field, value) pairs."""
     config_id: str = ""
     """Hash of everything that changes the measurement; repeats share it (trainer.contract)."""
+    fault: str = "none"
+    """The fault injected into this run (tui/suite/faults.py), or none."""
+    max_restarts: int = 0
+    """Relaunches allowed after a failure (faulty runs)."""
 
     @property
     def global_batch(self) -> int:
@@ -199,7 +210,7 @@ def matrix_from_dict(data: Any) -> MatrixSpec:
     if unknown:
         raise ValueError(f"unknown matrix key(s): {', '.join(unknown)} "
                          f"(known: {', '.join(sorted(_MATRIX_KEYS | _OPTION_KEYS))})")
-    for key in ("strategies", "world_sizes", "seq_lens"):
+    for key in ("strategies", "world_sizes", "seq_lens", "faults"):
         if key in data and not isinstance(data[key], list):
             data[key] = [data[key]]  # a scalar means a one-element axis
     return MatrixSpec(**data, options=options)
@@ -311,7 +322,11 @@ def _suite_errors(m: MatrixSpec) -> list[str]:
         errors.append(f"results must be a directory path, got {m.results!r}")
     if m.max_world_size is not None and not _is_int(m.max_world_size):
         errors.append(f"max_world_size must be a positive integer, got {m.max_world_size!r}")
-    for name, kind in (("strategies", str), ("world_sizes", int), ("seq_lens", int)):
+    if not _is_int(m.max_restarts, 0):
+        errors.append(f"max_restarts must be an integer >= 0, got {m.max_restarts!r}")
+    if m.faults != ["none"] and m.backend != "local":
+        errors.append("faults are injected by the local backend only: use backend local, or faults: [none]")
+    for name, kind in (("strategies", str), ("world_sizes", int), ("seq_lens", int), ("faults", str)):
         axis = getattr(m, name)
         if not isinstance(axis, list) or not axis:
             errors.append(f"{name} must be a non-empty list, got {axis!r}")
@@ -353,7 +368,7 @@ def _layout(m: MatrixSpec, shape: Shape | None, world: int) -> tuple[int, int] |
 
 def run_count(m: MatrixSpec) -> int:
     """Runs the matrix expands into, computed without expanding it."""
-    axes = [m.strategies, m.world_sizes, m.seq_lens] + [v for v in m.options.values() if isinstance(v, list)]
+    axes = [m.strategies, m.world_sizes, m.seq_lens, m.faults] + [v for v in m.options.values() if isinstance(v, list)]
     sizes = [len(a) if isinstance(a, list) else 1 for a in axes]
     return math.prod(sizes) * (m.repeats if _is_int(m.repeats) else 1)
 
@@ -396,9 +411,9 @@ def expand(matrix: MatrixSpec, limit: int | None = CONFIRM_ABOVE) -> tuple[list[
         return [], [f"the matrix expands into {count:,} runs (more than {limit:,}): confirm with --yes, "
                     "or sweep fewer values"]
     specs: list[RunSpec] = []
-    for strategy, world, seq, options in itertools.product(
-            matrix.strategies, matrix.world_sizes, matrix.seq_lens, _option_combinations(matrix)):
-        made = _configuration(matrix, shape, strategy, world, seq, options)
+    for strategy, world, seq, options, fault in itertools.product(
+            matrix.strategies, matrix.world_sizes, matrix.seq_lens, _option_combinations(matrix), matrix.faults):
+        made = _configuration(matrix, shape, strategy, world, seq, options, fault)
         if isinstance(made, list):
             errors += made
         else:
@@ -407,10 +422,12 @@ def expand(matrix: MatrixSpec, limit: int | None = CONFIRM_ABOVE) -> tuple[list[
 
 
 def _configuration(m: MatrixSpec, shape: Shape | None, strategy: str, world: int, seq: int,
-                   options) -> RunSpec | list[str]:
+                   options, fault: str = "none") -> RunSpec | list[str]:
     """Repeat 0 of one configuration, or its problems."""
     cfg = _trainer_config(m, strategy, seq, options)
-    errors = [_matrix_wording(e) for e in contract.validate(cfg, world)]
+    if cfg.checkpoint_every and not cfg.checkpoint_dir:
+        cfg = replace(cfg, checkpoint_dir="<run dir>/checkpoints")  # the suite gives every run its own
+    errors = [_matrix_wording(e) for e in contract.validate(cfg, world)] + fault_errors(fault, world, m.steps)
     if errors:
         return errors
     limit, why = _world_limit(m, shape, getattr(cfg, "threads_per_rank", 1))
@@ -423,7 +440,8 @@ def _configuration(m: MatrixSpec, shape: Shape | None, strategy: str, world: int
     launcher = contract.default_launcher(strategy) if m.launcher == "auto" else m.launcher
     peak = shape.peak_tflops if shape else None
     cfg = replace(cfg, shape=m.shape, peak_tflops=peak)
-    cid = contract.config_id(measured_fields(cfg, world, nodes, launcher))
+    measured = measured_fields(cfg, world, nodes, launcher)
+    cid = contract.config_id(measured if fault == "none" else {**measured, "fault": fault})
     ga = cfg.effective_grad_accum(world)
     return RunSpec(
         run_id=contract.run_id(strategy, world, seq, m.micro_batch, ga, cid, 0), strategy=strategy,
@@ -431,7 +449,8 @@ def _configuration(m: MatrixSpec, shape: Shape | None, strategy: str, world: int
         precision=m.precision, steps=m.steps, warmup_steps=m.warmup_steps, repeat=0, launcher=launcher,
         backend=m.backend, shape=m.shape, nodes=nodes, procs_per_node=ppn, device=m.device, seed=m.seed,
         peak_tflops=peak, usd_per_gpu_hour=_price(m, shape), timeout_s=m.timeout_s,
-        options=tuple(options), config_id=cid)
+        options=tuple(options), config_id=cid, fault=fault,
+        max_restarts=m.max_restarts if fault != "none" else 0)
 
 
 def _with_repeat(rid: str, repeat: int) -> str:

@@ -46,8 +46,9 @@ def get_backend(name: str, cluster: ClusterOptions | None = None):
     """The backend called `name`; imported lazily (the kubernetes client is slow to import)."""
     if name == "local":
         from tui.suite.backends.local import LocalBackend
+        from tui.suite.faults import Recovering
 
-        return LocalBackend()
+        return Recovering(LocalBackend())  # checkpoints, the fault axis, relaunches
     if name == "kubernetes":
         from tui.suite.backends.kube import KubeBackend
 
