@@ -1,0 +1,183 @@
+"""The fault axis through the suite, on real runs: for every strategy a rank is SIGKILLed mid-run,
+the local backend relaunches it with --resume auto, and the run's one record has the loss per
+step of the same configuration run without a fault; a SIGSTOPped rank (a hang) ends in the
+process-group timeout and is recovered the same way; so is a killed launcher. The fast tests
+check the axis itself (parsing, validation, ids)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tui.suite.backends import get_backend
+from tui.suite.faults import Fault, fault_errors, parse_fault
+from tui.suite.matrix import expand, matrix_from_dict
+from tui.suite.runner import Runner
+
+STRATEGIES = ["ddp", "fsdp", "zero1", "zero2", "zero3"]
+BASE = {"world_sizes": [2], "seq_lens": [32], "steps": 8, "warmup_steps": 1, "repeats": 1, "precision": "fp32",
+        "device": "cpu", "shape": "cpu", "checkpoint_every": 3, "pg_timeout_s": 10, "timeout_s": 240,
+        "max_restarts": 2}
+# Every strategy loses rank 1 at step 5 (checkpoint at 3: steps 4 and 5 are redone); one
+# DeepSpeed strategy also hangs instead, and fsdp also loses its launcher.
+FAULTS = {"ddp": ["none", "kill-rank:1@5"], "fsdp": ["none", "kill-rank:1@5", "kill-launcher@5"],
+          "zero1": ["none", "kill-rank:1@5"], "zero2": ["none", "kill-rank:1@5"],
+          "zero3": ["none", "kill-rank:1@5", "stop-rank:1@5"]}
+
+
+def specs_for(strategy: str, faults: list[str], **extra):
+    specs, errors = expand(matrix_from_dict({**BASE, "strategies": [strategy], "faults": faults, **extra}))
+    assert not errors, errors
+    return specs
+
+
+@pytest.fixture(scope="module")
+def records(tmp_path_factory):
+    """(strategy, fault) -> record, all from one matrix run through the runner."""
+    specs = [s for strategy, faults in FAULTS.items() for s in specs_for(strategy, faults)]
+    results = tmp_path_factory.mktemp("faults")
+    records = Runner(specs, get_backend("local"), results, order_seed=1).run()
+    by_id = {r["run_id"]: r for r in records}
+    return {(s.strategy, s.fault): by_id[s.run_id] for s in specs}, results
+
+
+def assert_same_losses(a: list[float], b: list[float]) -> None:
+    assert len(a) == len(b) == BASE["steps"]
+    for step, (x, y) in enumerate(zip(a, b)):
+        assert abs(x - y) <= 1e-6 * abs(y), f"step {step}: {x} vs {y}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_a_killed_rank_restarts_and_matches_the_uninterrupted_run(records, strategy):
+    recs, results = records
+    clean, faulty = recs[(strategy, "none")], recs[(strategy, "kill-rank:1@5")]
+    assert clean["status"] == "ok" and clean["fault"] is None, clean["error"]
+    assert faulty["status"] == "ok", faulty["error"]
+    assert_same_losses(faulty["loss_per_step"], clean["loss_per_step"])
+    fault = faulty["fault"]
+    assert fault["attempts"] == 2 and fault["injected_at_step"] >= 5
+    assert faulty["checkpoint"]["resumed_from_step"] == 3 and faulty["checkpoint"]["restarts"] == 1
+    assert fault["steps_redone"] == fault["injected_at_step"] - 3
+    assert fault["detection_s"] >= 0 and fault["restart_s"] > 0
+    assert fault["recovery_s"] == pytest.approx(fault["detection_s"] + fault["restart_s"])
+    assert 0 < fault["goodput_tokens_per_s"] < faulty["tokens_per_s"]
+    run_dir = results / faulty["run_id"]
+    log = (run_dir / "log.txt").read_text()
+    assert "===== attempt 1 =====" in log and "sent SIGKILL" in log
+    assert not (run_dir / "checkpoints").exists()  # an ok run's checkpoints are removed
+    assert json.loads((run_dir / "result.json").read_text())["fault"] == fault
+
+
+@pytest.mark.slow
+def test_a_stopped_rank_times_out_restarts_and_resumes(records):
+    recs, _ = records
+    clean, hung = recs[("zero3", "none")], recs[("zero3", "stop-rank:1@5")]
+    assert hung["status"] == "ok", hung["error"]
+    assert_same_losses(hung["loss_per_step"], clean["loss_per_step"])
+    # Detected by the process-group timeout (10 s), not the run's 240 s limit.
+    assert BASE["pg_timeout_s"] <= hung["fault"]["detection_s"] < 60
+    assert hung["fault"]["attempts"] == 2
+
+
+@pytest.mark.slow
+def test_a_killed_launcher_restarts_and_resumes(records):
+    recs, _ = records
+    clean, faulty = recs[("fsdp", "none")], recs[("fsdp", "kill-launcher@5")]
+    assert faulty["status"] == "ok", faulty["error"]
+    assert_same_losses(faulty["loss_per_step"], clean["loss_per_step"])
+    assert faulty["fault"]["attempts"] == 2
+
+
+def test_fault_specs_parse_and_print_back():
+    assert parse_fault("none") is None
+    assert parse_fault("kill-rank:1@12") == Fault("kill-rank", 12, 1)
+    assert parse_fault("stop-rank:0@3") == Fault("stop-rank", 3, 0)
+    assert parse_fault("kill-launcher@7") == Fault("kill-launcher", 7)
+    assert str(parse_fault("kill-rank:1@12")) == "kill-rank:1@12"
+    for bad in ("kill-rank@3", "kill:1@2", "stop-rank:1", "kill-launcher:0@3", 5):
+        with pytest.raises(ValueError, match="kill-rank:R@S"):
+            parse_fault(bad)
+
+
+def test_faults_that_cannot_fire_are_refused():
+    assert fault_errors("kill-rank:2@5", world_size=2, steps=10) == [
+        "fault kill-rank:2@5 names rank 2 but the run has 2 rank(s)"]
+    assert "use a step from 1 to 9" in fault_errors("kill-rank:0@10", 2, 10)[0]
+    _, errors = expand(matrix_from_dict({**BASE, "strategies": ["ddp"], "world_sizes": [1, 2],
+                                         "faults": ["kill-rank:1@5", "bogus"]}))
+    assert any("names rank 1 but the run has 1" in e for e in errors)
+    assert any("'bogus'" in e for e in errors)
+
+
+def test_the_fault_axis_multiplies_runs_and_changes_only_faulty_ids():
+    plain = specs_for("ddp", ["none"])
+    both = specs_for("ddp", ["none", "kill-rank:1@5", "stop-rank:0@4"])
+    assert len(both) == 3 and len({s.run_id for s in both}) == 3
+    assert both[0].run_id == plain[0].run_id and both[0].max_restarts == 0  # fault-free ids unchanged
+    assert both[1].fault == "kill-rank:1@5" and both[1].max_restarts == 2
+    _, errors = expand(matrix_from_dict({**BASE, "strategies": ["ddp"], "faults": ["kill-rank:1@5"],
+                                         "backend": "kubernetes", "shape": "cpu"}))
+    assert any("local backend only" in e for e in errors)
+
+
+def test_a_matrix_may_not_set_the_checkpoint_dir_or_resume():
+    for key in ("checkpoint_dir", "resume"):
+        with pytest.raises(ValueError, match="unknown matrix key"):
+            matrix_from_dict({key: "x"})
+
+
+def _ckpt_record(strategy, world, step_s, save_s, recovery_s=None, redone=2, every=10):
+    from dataclasses import asdict
+
+    from trainer.record import CheckpointCost, FaultRecovery
+    from tui.suite import synthetic
+
+    rec = synthetic.record(strategy=strategy, world_size=world)
+    rec["step_time_s"]["mean"] = step_s
+    rec["checkpoint"] = asdict(CheckpointCost(every=every, saves=3, save_s_mean=save_s, blocking_s_mean=save_s,
+                                              size_bytes=4_000_000, size_bytes_per_rank=[2_500_000, 1_500_000]))
+    if recovery_s is not None:
+        rec["fault"] = asdict(FaultRecovery(fault="kill-rank:1@5", attempts=2, recovery_s=recovery_s,
+                                            steps_redone=redone))
+    return rec
+
+
+def test_fault_table_uses_youngs_interval_and_states_the_failure_rate():
+    from tui.suite import faults_report as fr
+
+    records = [_ckpt_record("ddp", 2, step_s=0.5, save_s=2.0, recovery_s=30.0),
+               _ckpt_record("ddp", 2, step_s=0.5, save_s=2.0),
+               _ckpt_record("zero3", 2, step_s=1.0, save_s=8.0)]
+    rows = {(r.strategy, r.world_size): r for r in fr.rows(records, device_mtbf_hours=1.0)}
+    ddp = rows[("ddp", 2)]
+    mtbf = 3600.0 / 2  # one failure per device-hour, two devices
+    assert ddp.runs == 2 and ddp.fault_runs == 1 and ddp.mtbf_s == mtbf
+    assert ddp.save_pct == pytest.approx(100 * 2.0 / (10 * 0.5))
+    assert ddp.goodput_pct == pytest.approx(100 * (1 - 2.0 / 5.0 - (2.5 + 30.0) / mtbf))
+    young_s = (2 * 2.0 * mtbf) ** 0.5  # sqrt(2 C M) = 84.85 s = 170 steps of 0.5 s
+    assert ddp.young_every == round(young_s / 0.5) == 170
+    assert ddp.young_goodput_pct > ddp.goodput_pct
+    # Young's interval is the best one: a shorter or longer interval does worse.
+    best = fr.goodput_share(2.0, young_s, 30.0, mtbf)
+    assert best > fr.goodput_share(2.0, young_s / 2, 30.0, mtbf) and best > fr.goodput_share(2.0, young_s * 2, 30.0, mtbf)
+    # Without a fault run there is no measured recovery: no goodput, said so.
+    assert rows[("zero3", 2)].goodput_pct is None and rows[("zero3", 2)].save_pct == pytest.approx(80.0)
+    text = fr.markdown(records, device_mtbf_hours=1.0)
+    assert "## Fault tolerance" in text and "one failure per 1 device-hours" in text
+    assert "| ddp | 2 | 2 (1) | 4.0 | 2.5 |" in text
+    assert fr.markdown([synthetic_plain()]) == ""
+
+
+def synthetic_plain():
+    from tui.suite import synthetic
+
+    return synthetic.record()
+
+
+def test_the_report_has_the_fault_table(tmp_path):
+    from tui.suite.report import report_from_records
+
+    records = [_ckpt_record("ddp", 2, step_s=0.5, save_s=2.0, recovery_s=30.0)]
+    report = report_from_records(records, tmp_path / "out", tmp_path)
+    assert "## Fault tolerance" in report.markdown.read_text()
