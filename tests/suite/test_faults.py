@@ -64,7 +64,7 @@ def test_a_killed_rank_restarts_and_matches_the_uninterrupted_run(records, strat
     assert 0 < fault["goodput_tokens_per_s"] < faulty["tokens_per_s"]
     run_dir = results / faulty["run_id"]
     log = (run_dir / "log.txt").read_text()
-    assert "===== attempt 1 =====" in log and "sent SIGKILL" in log
+    assert "===== launch 1 =====" in log and "sent SIGKILL" in log
     assert not (run_dir / "checkpoints").exists()  # an ok run's checkpoints are removed
     assert json.loads((run_dir / "result.json").read_text())["fault"] == fault
 
@@ -181,3 +181,14 @@ def test_the_report_has_the_fault_table(tmp_path):
     records = [_ckpt_record("ddp", 2, step_s=0.5, save_s=2.0, recovery_s=30.0)]
     report = report_from_records(records, tmp_path / "out", tmp_path)
     assert "## Fault tolerance" in report.markdown.read_text()
+
+
+def test_benchtui_results_show_the_same_fault_table():
+    from tui.app.results_model import compute
+    from tui.suite import faults_report
+
+    records = [_ckpt_record("ddp", 2, step_s=0.5, save_s=2.0, recovery_s=30.0)]
+    lines = compute(records).fault_table
+    assert lines == faults_report.text_lines(records)
+    assert "Young's every (steps)" in lines[0] and lines[1].split()[:2] == ["ddp", "2"]
+    assert compute([synthetic_plain()]).fault_table == []

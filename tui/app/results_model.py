@@ -55,6 +55,8 @@ class ResultsView:
     """strategy -> [(devices, mean tokens/s, 95% half-width)]."""
     memory: dict[str, list[tuple[float, float, float]]] = field(default_factory=dict)
     """strategy -> [(devices, mean model-state GiB per rank, 95% half-width)]."""
+    fault_table: list[str] = field(default_factory=list)
+    """The report's fault-tolerance table as plain lines (tui/suite/faults_report.py)."""
 
 
 def fmt_cell(value: Any, spec: str) -> str:
@@ -97,6 +99,9 @@ def compute(records: list[dict]) -> ResultsView:
     view.verdicts = [_verdict_line(v) for v in sorted(an.verdicts, key=lambda v: order.get(v.kind, 3))]
     view.throughput = plots.series(an, "tokens_per_s")
     view.memory = plots.series(an, "model_state_gib_per_rank")
+    from tui.suite import faults_report
+
+    view.fault_table = faults_report.text_lines(records)
     return view
 
 

@@ -140,7 +140,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         save_matrix(matrix, args.save_matrix)
     if args.dry_run:
         for s in specs:
-            print(s.run_id, s.launcher, " ".join(s.trainer_args()))
+            fault = f" [fault {s.fault}, up to {s.max_restarts} restarts]" if s.fault != "none" else ""
+            print(s.run_id, s.launcher, " ".join(s.trainer_args()) + fault)
         return 0
     from tui.suite.backends import get_backend
     from tui.suite.runner import Runner

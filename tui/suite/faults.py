@@ -10,8 +10,8 @@ Faults (the matrix's `faults` axis; `none` is a fault-free run):
 
 `Recovering` wraps a backend (the local one). For a run with checkpointing or a fault it gives
 the trainer `--checkpoint-dir <run dir>/checkpoints` (the trainer resumes from it with its
-default `--resume auto`), runs every attempt in `<run dir>/attempt-<k>/`, injects the fault into
-the first attempt from the progress lines (the ranks are found by their command line and their
+default `--resume auto`), runs every attempt (launch) in `<run dir>/launch-<k>/`, injects the fault into
+the first one from the progress lines (the ranks are found by their command line and their
 launcher's rank variables), waits for the launcher to end, and relaunches up to `max_restarts`
 times. The record of the last attempt holds the whole run's losses and step times (they travel in
 the checkpoint); `fault` adds detection time (fault to launcher exit), restart time (exit to the
@@ -205,7 +205,7 @@ class Recovering:
         start, deadline = time.time(), None if timeout_s is None else time.monotonic() + timeout_s
         attempts: list[tuple[dict, _Attempt, float]] = []
         for k in range(spec.max_restarts + 1):
-            adir = run_dir / f"attempt-{k}"
+            adir = run_dir / f"launch-{k}"
             adir.mkdir(parents=True, exist_ok=True)
             watch = _Attempt(spec, fault if k == 0 else None, str(adir), emit)
             left = None if deadline is None else max(1.0, deadline - time.monotonic())
@@ -252,8 +252,8 @@ def _join_logs(run_dir: Path, n: int) -> None:
     try:
         with open(run_dir / "log.txt", "wb") as out:
             for k in range(n):
-                out.write(f"===== attempt {k} =====\n".encode())
-                path = run_dir / f"attempt-{k}" / "log.txt"
+                out.write(f"===== launch {k} =====\n".encode())
+                path = run_dir / f"launch-{k}" / "log.txt"
                 if path.is_file():
                     with open(path, "rb") as fh:
                         shutil.copyfileobj(fh, out)

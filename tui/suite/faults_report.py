@@ -123,6 +123,17 @@ HEADER = ["strategy", "devices", "runs (faulty)", "checkpoint MB", "MB/rank (max
           "goodput % at Young's"]
 
 
+def text_lines(records: list[dict[str, Any]], device_mtbf_hours: float = DEVICE_MTBF_HOURS) -> list[str]:
+    """The same table as aligned plain text (benchtui's Results screen); [] when no run checkpointed."""
+    cells = table_rows(rows(records, device_mtbf_hours))
+    if not cells:
+        return []
+    widths = [max(len(row[i]) for row in [HEADER, *cells]) for i in range(len(HEADER))]
+    line = lambda row: "  ".join(c.rjust(w) for c, w in zip(row, widths))  # noqa: E731
+    return [line(HEADER), *map(line, cells),
+            f"goodput: one failure per {device_mtbf_hours:,.0f} device-hours assumed; Young's interval sqrt(2 C MTBF)"]
+
+
 def markdown(records: list[dict[str, Any]], device_mtbf_hours: float = DEVICE_MTBF_HOURS) -> str:
     """The report's section ('' when no run checkpointed)."""
     found = rows(records, device_mtbf_hours)

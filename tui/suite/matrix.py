@@ -326,6 +326,9 @@ def _suite_errors(m: MatrixSpec) -> list[str]:
         errors.append(f"max_restarts must be an integer >= 0, got {m.max_restarts!r}")
     if m.faults != ["none"] and m.backend != "local":
         errors.append("faults are injected by the local backend only: use backend local, or faults: [none]")
+    if m.options.get("checkpoint_every") and m.backend != "local":
+        errors.append("checkpoint_every needs the local backend (it gives each run a checkpoint directory; "
+                      "the chart has no checkpoint volume yet)")
     for name, kind in (("strategies", str), ("world_sizes", int), ("seq_lens", int), ("faults", str)):
         axis = getattr(m, name)
         if not isinstance(axis, list) or not axis:
