@@ -38,9 +38,9 @@ class LogCursor:
 
     def __init__(self):
         self._second: int | None = None  # epoch second of the last line accepted
-        self._last: tuple[int, int] | None = None
         self._window: Counter = Counter()  # (stamp, text) accepted within that second
         self._overlap: Counter = Counter()  # what a resumed stream will send again
+        self.accepted = 0  # lines accepted so far
 
     def since_time(self) -> str | None:
         if self._second is None:
@@ -60,12 +60,12 @@ class LogCursor:
         if self._overlap[key] > 0:
             self._overlap[key] -= 1
             return None
-        if self._last is not None and stamp < (self._second, 0):
+        if self._second is not None and stamp[0] < self._second:
             return None  # a server that ignored sinceTime resent the whole log
         if stamp[0] != self._second:
             self._second, self._window = stamp[0], Counter()
         self._window[key] += 1
-        self._last = max(self._last or stamp, stamp)
+        self.accepted += 1
         return text
 
 
@@ -122,6 +122,7 @@ class LauncherLog(threading.Thread):
         self.retry_s, self.read_timeout_s = retry_s, read_timeout_s
         self.cursor = LogCursor()
         self.reconnects = 0
+        self._idle, self._seen = 0, 0  # reads in a row that brought no new line; lines at the last
         self._resp = None
         self._halt = threading.Event()
 
@@ -144,7 +145,13 @@ class LauncherLog(threading.Thread):
                 self.reconnects += 1
                 self.line(f"[shardbench] launcher log stream dropped ({why}); resuming from "
                           f"{self.cursor.since_time() or 'the start'}")
-                self._halt.wait(self.retry_s)
+                self._halt.wait(self._backoff())
+
+    def _backoff(self) -> float:
+        """Seconds before the next read: doubling while reads bring nothing new, up to 30 s."""
+        self._idle = 0 if self.cursor.accepted != self._seen else self._idle + 1
+        self._seen = self.cursor.accepted
+        return min(self.retry_s * 2 ** min(self._idle, 6), max(self.retry_s, 30.0))
 
     def _closed_early(self) -> str | None:
         """After a clean end: None when the launcher finished (the next read takes the tail)."""
