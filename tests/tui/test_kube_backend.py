@@ -19,7 +19,7 @@ import pytest
 
 from trainer.record import END_MARKER, PROGRESS_PREFIX, START_MARKER
 from tui.suite.backends.kube import KubeBackend
-from tui.suite.backends.kube.diagnosis import job_phase
+from tui.suite.backends.kube.diagnosis import job_phase, launcher_finished, pod_failure, pod_waiting
 from tui.suite.backends.kube.values import release_name, release_values
 from tui.suite.backends.kube.watch import LogCursor, split_stamp
 from tui.suite.events import RunLogLine, RunProgress, RunStateChanged
@@ -183,6 +183,26 @@ def test_log_cursor_resumes_from_the_last_second_and_drops_the_overlap():
     assert split_stamp("no stamp") == (None, "no stamp")
 
 
+def test_pod_states_split_into_fatal_now_and_waiting_within_the_start_timeout():
+    def pod(phase="Pending", state=None, conditions=()):
+        return {"status": {"phase": phase, "conditions": list(conditions),
+                           "containerStatuses": [{"name": "worker", "state": state}] if state else []}}
+
+    crash = pod(state={"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 20s"}})
+    assert pod_failure(crash) == "container worker CrashLoopBackOff: back-off 20s" and pod_waiting(crash) is None
+    pull = pod(state={"waiting": {"reason": "ImagePullBackOff", "message": "pulling"}})
+    assert pod_failure(pull) is None and pod_waiting(pull) == "ImagePullBackOff: pulling"
+    unschedulable = pod(conditions=[{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                                     "message": "0/4 nodes have nvidia.com/gpu"}])
+    assert pod_failure(unschedulable) is None and pod_waiting(unschedulable).startswith("Unschedulable: 0/4")
+    exited = pod("Running", {"terminated": {"exitCode": 0}})
+    assert pod_failure(exited) is None and launcher_finished(exited)
+    assert pod_failure(pod("Failed", {"terminated": {"exitCode": 137, "reason": "OOMKilled"}})) == \
+        "container worker exited with code 137 (OOMKilled)"
+    assert pod_failure({"status": {"phase": "Failed", "reason": "Evicted", "message": "low on memory"}}) == \
+        "pod Evicted: low on memory"
+
+
 async def test_worker_crash_before_the_launcher_is_explained_at_once(cluster, tmp_path):
     """A worker's sshd exits (restartPolicy Never: the pod fails, the launcher is never created):
     the run fails with the pod, exit code and the container's last words, not a start timeout."""
@@ -245,6 +265,7 @@ async def test_mpijob_without_status_names_the_missing_operator(cluster, tmp_pat
     assert len(requests(emu, "POST", "/mpijobs")) == 1
 
 
+@pytest.mark.slow  # waits out timeouts / two attempts by design
 async def test_start_timeout_is_separate_from_the_run_timeout(cluster, tmp_path):
     """A launcher that takes longer to start (image pull on a cold node) than the whole run
     timeout still runs: the run timeout counts from the launcher's start."""
@@ -269,6 +290,7 @@ async def test_start_timeout_is_separate_from_the_run_timeout(cluster, tmp_path)
     assert any("is waiting: ImagePullBackOff" in x for x in log_lines(tmp_path / "run"))
 
 
+@pytest.mark.slow  # waits out timeouts / two attempts by design
 async def test_launcher_that_never_starts_times_out_naming_both_timeouts(cluster, tmp_path):
     emu, kubeconfig, helm = cluster
     s = spec("zero2-w2-s64-mb4-ga1-r0")
@@ -312,6 +334,7 @@ async def test_run_timeout_counts_from_the_launcher_start_and_says_so(cluster, t
     assert mpijobs(emu) == {}
 
 
+@pytest.mark.slow  # waits out timeouts / two attempts by design
 async def test_rerun_of_a_kept_failed_run_never_reads_the_old_attempt(cluster, tmp_path):
     """keep_failed leaves attempt 1's MPIJob and launcher pod (same names as attempt 2's) in
     place; the rerun uninstalls them and waits until they are gone, then reads only its own log."""

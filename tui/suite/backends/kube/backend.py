@@ -278,7 +278,7 @@ class Attempt:
                 tail = kapi.log_tail(self.api, self.namespace, dx.pod_name(pod), 3)
                 said = f"; its log ends: {' | '.join(tail)}" if tail else ""
                 self._show_events(dx.pod_name(pod))
-                return f"{dx.role(pod) or 'pod'} pod {dx.pod_name(pod)} failed before the launcher ran: {failure}{said}"
+                return f"{dx.role(pod) or 'pod'} pod {dx.pod_name(pod)} failed before the run started: {failure}{said}"
         names = [self.job_name, f"{self.job_name}-launcher"]
         refused = dx.rejection(kapi.list_events(self.api, self.namespace, names), names)
         if refused:
