@@ -275,10 +275,11 @@ class Attempt:
         for pod in pods:
             failure = dx.pod_failure(pod)
             if failure:
-                tail = kapi.log_tail(self.api, self.namespace, dx.pod_name(pod), 3)
+                name = dx.pod_name(pod)
+                self._show_events(name)
+                tail = kapi.log_tail(self.api, self.namespace, name, 3)  # e.g. what sshd said
                 said = f"; its log ends: {' | '.join(tail)}" if tail else ""
-                self._show_events(dx.pod_name(pod))
-                return f"{dx.role(pod) or 'pod'} pod {dx.pod_name(pod)} failed before the run started: {failure}{said}"
+                return f"{dx.role(pod) or 'pod'} pod {name} failed before the run started: {failure}{said}"
         names = [self.job_name, f"{self.job_name}-launcher"]
         refused = dx.rejection(kapi.list_events(self.api, self.namespace, names), names)
         if refused:
