@@ -425,6 +425,15 @@ async def test_cluster_without_mpi_operator_is_unavailable(tmp_path, helm):
     assert not ok and "MPI Operator not installed" in why
 
 
+def test_start_timeout_is_a_cluster_option_of_both_clis():
+    from tui.app.main import parse_args
+    from tui.suite.backends import cluster_options, get_backend
+
+    b = get_backend("kubernetes", cluster_options(parse_args(["--start-timeout-s", "1800"])))
+    assert b.start_timeout_s == 1800.0
+    assert get_backend("kubernetes", cluster_options(parse_args([]))).start_timeout_s == 900.0
+
+
 def test_values_merge_shape_file_and_run_overrides(tmp_path):
     (tmp_path / "h100.yaml").write_text("shape: {name: h100, gpusPerNode: 8}\nrun: {extraArgs: [--compile], steps: 100}\n")
     s = RunSpec(run_id="zero3-w16-s2048-mb1-ga4-r0", strategy="zero3", world_size=16, seq_len=2048,
