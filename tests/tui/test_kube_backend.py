@@ -369,16 +369,19 @@ async def test_rerun_of_a_kept_failed_run_never_reads_the_old_attempt(cluster, t
     assert "attempt one" not in text and "an earlier attempt of" in text
 
 
-async def test_cancel_returns_a_cancelled_record_and_uninstalls(cluster, tmp_path):
+async def test_cancel_returns_a_cancelled_record_and_uninstalls_at_once(cluster, tmp_path):
+    """Cancelled while the launcher is silent (a long init): the backend closes the log stream it
+    is blocked on instead of waiting for the launcher's next line."""
     emu, kubeconfig, helm = cluster
     s = spec()
     cancel = threading.Event()
+    played: list[PodLog] = []
 
     async def operator():
         name = (await wait_for_mpijob(emu))["metadata"]["name"]
         pod = add_pod(emu, name, "launcher", "Running")
         await set_conditions(emu, name, "Created", "Running")
-        serve_log(emu, pod, launcher_log(s, 1.0), delay_s=2.0)  # a slow run
+        played.append(serve_log(emu, pod, launcher_log(s, 1.0), delay_s=30.0))  # silent after line 1
 
     def on_event(event):
         if isinstance(event, RunProgress):
@@ -388,9 +391,12 @@ async def test_cancel_returns_a_cancelled_record_and_uninstalls(cluster, tmp_pat
     b = backend(kubeconfig, helm, keep_failed=True)  # kept on failure, but a cancel always uninstalls
     events: list = []
     record = await asyncio.to_thread(b.run, s, tmp_path / "run", lambda e: (events.append(e), on_event(e)),
-                                     cancel, 60)
+                                     cancel, 600)
     await op
+    lines_written = len(played[0].lines)
+    played[0].task.cancel()
     assert record["status"] == "cancelled" and "cancelled" in record["error"]
+    assert lines_written == 1  # it returned before the launcher's next line, 30 s later
     assert mpijobs(emu) == {} and requests(emu, "DELETE", "/mpijobs/")
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from pathlib import Path
 
 import yaml
@@ -143,6 +144,20 @@ def open_log(api, namespace: str, name: str, since_time: str | None, read_timeou
         resp.release_conn()
         raise RuntimeError(f"HTTP {resp.status} reading the log of {name}: {text}")
     return resp
+
+
+def close_stream(resp) -> None:
+    """End a streaming response that another thread is reading. urllib3's close() waits for that
+    read (up to its timeout), so the socket is shut down first: the blocked read returns at once."""
+    if resp is None:
+        return
+    sock = getattr(getattr(resp, "connection", None), "sock", None)
+    try:
+        if sock is not None:
+            sock.shutdown(socket.SHUT_RDWR)
+        resp.close()
+    except OSError:
+        pass
 
 
 def _json(resp) -> dict:

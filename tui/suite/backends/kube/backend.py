@@ -254,14 +254,17 @@ class Attempt:
         while True:
             if self.cancel.is_set():
                 return None, self._cancelled()
-            pods = self._pods()
-            launcher = next((p for p in pods if dx.role(p) == "launcher"), None)
-            if dx.launcher_started(launcher):
-                return launcher, None
-            why = self._cannot_start(pods)
-            if why:
-                return None, failed_record(self.spec, why)
-            self._show_waiting(pods, shown)
+            try:
+                pods = self._pods()
+                launcher = next((p for p in pods if dx.role(p) == "launcher"), None)
+                if dx.launcher_started(launcher):
+                    return launcher, None
+                why = self._cannot_start(pods)
+                if why:
+                    return None, failed_record(self.spec, why)
+                self._show_waiting(pods, shown)
+            except Exception as exc:  # noqa: BLE001 - an API hiccup is no reason to end the run
+                self.log.line(f"[shardbench] reading the job's pods failed ({kapi.short(exc)}); retrying")
             if time.monotonic() > deadline:
                 waiting = "; ".join(f"{k}: {v}" for k, v in sorted(shown.items()))
                 return None, failed_record(self.spec, self._start_timeout_reason(waiting), status="timeout")

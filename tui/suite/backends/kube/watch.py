@@ -10,6 +10,7 @@ loop ends only after a read that began once the launcher had finished, so no tai
 """
 from __future__ import annotations
 
+import functools
 import re
 import threading
 from collections import Counter
@@ -76,6 +77,7 @@ class JobWatch(threading.Thread):
         super().__init__(daemon=True, name=f"watch-{name}")
         self.api, self.namespace, self.name, self.poll_s = api, namespace, name, poll_s
         self._job: dict | None = None
+        self._resp = None  # the open watch response (closed by stop)
         self._lock = threading.Lock()
         self._halt = threading.Event()
 
@@ -85,17 +87,25 @@ class JobWatch(threading.Thread):
             return self._job
 
     def stop(self) -> None:
+        """Stop now: close the open watch too, so no connection outlives the run."""
         self._halt.set()
+        kapi.close_stream(self._resp)
 
     def run(self) -> None:
         from kubernetes import client, watch
 
         custom = client.CustomObjectsApi(self.api)
         group, version, plural = kapi.MPIJOB
+
+        @functools.wraps(custom.list_namespaced_custom_object)  # Watch reads the return type from its doc
+        def listing(*args, **kwargs):
+            self._resp = custom.list_namespaced_custom_object(*args, **kwargs)
+            return self._resp
+
         while not self._halt.is_set():
             w = watch.Watch()
             try:
-                for event in w.stream(custom.list_namespaced_custom_object, group, version, self.namespace,
+                for event in w.stream(listing, group, version, self.namespace,
                                       plural, field_selector=f"metadata.name={self.name}",
                                       timeout_seconds=max(1, int(self.poll_s * 5)),
                                       _request_timeout=self.poll_s * 5 + 5):
@@ -188,8 +198,4 @@ class LauncherLog(threading.Thread):
     def abandon(self) -> None:
         """Stop reading (cancel, timeout): closes the open stream so the thread ends."""
         self._halt.set()
-        try:
-            if self._resp is not None:
-                self._resp.close()
-        except Exception:  # noqa: BLE001
-            pass
+        kapi.close_stream(self._resp)
