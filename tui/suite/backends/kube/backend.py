@@ -196,9 +196,9 @@ class Attempt:
 
     def execute(self) -> dict[str, Any]:
         self.emit(RunStateChanged(self.spec.run_id, "installing", f"helm release {self.release}"))
-        why = self._clear_previous_attempt()
-        if why:
-            return failed_record(self.spec, why)
+        ended = self._clear_previous_attempt()
+        if ended:
+            return ended
         self.log.line(f"[shardbench] helm upgrade --install {self.release} {self.b.chart} "
                       f"(namespace {self.namespace}, shape {self.spec.shape})")
         values = release_values(self.spec, self.b.values_directory)
@@ -220,9 +220,9 @@ class Attempt:
         selector = {dx.INSTANCE_LABEL: self.release}
         jobs = kapi.list_mpijobs(self.api, self.namespace, selector)
         pods = kapi.list_pods(self.api, self.namespace, selector)
-        return [f"mpijob/{dx.pod_name(j)}" for j in jobs] + [f"pod/{dx.pod_name(p)}" for p in pods]
+        return [f"mpijob/{dx.name_of(j)}" for j in jobs] + [f"pod/{dx.name_of(p)}" for p in pods]
 
-    def _clear_previous_attempt(self) -> str | None:
+    def _clear_previous_attempt(self) -> dict[str, Any] | None:
         """Uninstall a kept attempt of this run and wait until its MPIJob and pods are gone.
 
         Pod names are fixed by the job name (<job>-launcher-..., <job>-worker-i), so an old
@@ -238,9 +238,12 @@ class Attempt:
         until = time.monotonic() + self.b.cleanup_timeout_s
         while left and time.monotonic() < until and not self.cancel.wait(self.b.poll_s):
             left = self._leftovers()
+        if self.cancel.is_set():
+            return self._cancelled()
         if left:
-            return (f"the earlier attempt of release {self.release} was not deleted within "
-                    f"{self.b.cleanup_timeout_s:g} s ({', '.join(left)}); delete it and run again")
+            return failed_record(self.spec, f"the earlier attempt of release {self.release} was not deleted "
+                                            f"within {self.b.cleanup_timeout_s:g} s ({', '.join(left)}); "
+                                            "delete it and run again")
         return None
 
     # -- waiting for the launcher (start timeout) ---------------------------------------------
@@ -278,7 +281,7 @@ class Attempt:
         for pod in pods:
             failure = dx.pod_failure(pod)
             if failure:
-                name = dx.pod_name(pod)
+                name = dx.name_of(pod)
                 self._show_events(name)
                 tail = kapi.log_tail(self.api, self.namespace, name, 3)  # e.g. what sshd said
                 said = f"; its log ends: {' | '.join(tail)}" if tail else ""
@@ -296,7 +299,7 @@ class Attempt:
     def _show_waiting(self, pods: list[dict], shown: dict[str, str]) -> None:
         """Copy each newly seen reason a pod is waiting, and its events, into the log."""
         for pod in pods:
-            name, reason = dx.pod_name(pod), dx.pod_waiting(pod)
+            name, reason = dx.name_of(pod), dx.pod_waiting(pod)
             if reason and shown.get(name) != reason:
                 shown[name] = reason
                 self.log.line(f"[shardbench] pod {name} is waiting: {reason}")
@@ -321,7 +324,7 @@ class Attempt:
         if launcher is None:
             return ended
         self.start_s = time.monotonic() - self.installed_at
-        name = dx.pod_name(launcher)
+        name = dx.name_of(launcher)
         self.emit(RunStateChanged(self.spec.run_id, "running", f"launcher pod {name}"))
         self.log.line(f"[shardbench] launcher pod {name} started {self.start_s:.0f} s after install; "
                       "streaming its log")

@@ -55,8 +55,8 @@ def role(pod: dict) -> str:
     return str(((pod.get("metadata") or {}).get("labels") or {}).get(ROLE_LABEL) or "")
 
 
-def pod_name(pod: dict) -> str:
-    return str((pod.get("metadata") or {}).get("name") or "")
+def name_of(obj: dict) -> str:
+    return str((obj.get("metadata") or {}).get("name") or "")
 
 
 def _containers(pod: dict) -> list[dict]:
