@@ -18,7 +18,7 @@ What helm 3 needs that kmock 0.8 does not do by itself, added here as small, exp
   cannot parse; `_secret_from_protobuf` decodes just those fields into the JSON object kmock keeps.
 - server-side apply (helm 4 installs with it): an apply PATCH of an object that does not exist yet
   is served as a create (POST to its collection), of one that exists as a merge PATCH. There are
-  no field managers or conflicts here: each test applies every object once.
+  no field managers or conflicts here: each install applies every object once.
 Not supported by kmock and so avoided: `--create-namespace` (kmock cannot parse /namespaces
 paths).
 
