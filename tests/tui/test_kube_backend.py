@@ -265,6 +265,27 @@ async def test_mpijob_without_status_names_the_missing_operator(cluster, tmp_pat
     assert len(requests(emu, "POST", "/mpijobs")) == 1
 
 
+async def test_api_errors_while_waiting_for_the_launcher_are_retried(cluster, tmp_path):
+    """An API server that answers 500 for a moment (a control-plane upgrade) does not end a run."""
+    emu, kubeconfig, helm = cluster
+    s = spec()
+
+    async def operator():
+        name = (await wait_for_mpijob(emu))["metadata"]["name"]
+        (emu ** 1)["list v1/pods"][:2] << 500  # the next two pod listings fail
+        await asyncio.sleep(0.5)
+        pod = add_pod(emu, name, "launcher", "Running")
+        await set_conditions(emu, name, "Created", "Running")
+        await serve_log(emu, pod, launcher_log(s, 7.5), delay_s=0.01).task
+        await set_conditions(emu, name, "Created", "Running", "Succeeded")
+
+    op = asyncio.create_task(operator())
+    record, _ = await run_in_thread(backend(kubeconfig, helm), s, tmp_path / "run")
+    assert op.done() or not op.cancel(), record.get("error")
+    assert record["status"] == "ok" and record["tokens_per_s"] == 7.5, record.get("error")
+    assert any("reading the job's pods failed" in x for x in log_lines(tmp_path / "run"))
+
+
 @pytest.mark.slow  # waits out timeouts / two attempts by design
 async def test_start_timeout_is_separate_from_the_run_timeout(cluster, tmp_path):
     """A launcher that takes longer to start (image pull on a cold node) than the whole run
