@@ -26,7 +26,7 @@ SCHEMA = json.loads((REPO / "trainer/schema/result.schema.json").read_text())
 PRICE = 0.5
 MATRIX = ["--strategies", "ddp,zero2", "--world-sizes", "1,2", "--seq-lens", "64", "--steps", "6",
           "--warmup-steps", "2", "--micro-batch", "4", "--device", "cpu", "--precision", "fp32",
-          "--usd-per-gpu-hour", str(PRICE), "--timeout-s", "180", "--quiet", "--order-seed", "5"]
+          "--usd-per-gpu-hour", str(PRICE), "--timeout-s", "180", "--repeats", "1", "--quiet", "--order-seed", "5"]
 
 
 def _specs():
