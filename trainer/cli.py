@@ -109,6 +109,7 @@ def describe(exc: BaseException) -> str:
 def main(argv: list[str] | None = None) -> int:
     process_start = time.time()
     argv = sys.argv[1:] if argv is None else argv
+    tie_to_launcher()  # first: a rank must not outlive a launcher that dies while torch imports
     sys.stdout = _TolerantStream(sys.stdout)
     cfg = parse_args(argv)
     denv = detect()
@@ -124,7 +125,6 @@ def main(argv: list[str] | None = None) -> int:
     process_start = min(process_start, process_start_time())
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
-    tie_to_launcher()
     try:
         trainer.init_process_group()
         trainer.build()

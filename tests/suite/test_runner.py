@@ -234,3 +234,21 @@ def test_real_run_is_written_by_the_runner_and_cancel_marks_it_cancelled(tmp_pat
     assert cancelled["measured_steps"] >= 1  # what the trainer measured before SIGTERM is kept
     for rid, rec in records.items():
         assert json.loads((tmp_path / rid / "result.json").read_text()) == rec
+
+
+def test_cli_exit_1_when_some_run_failed_and_the_summary_lists_every_run(tmp_path):
+    """One run already finished ok (kept by resume), the other's directory is a file: exit 1,
+    and both are in the summary (kept runs used to be left out when the matrix died)."""
+    args = ["--strategies", "ddp", "--world-sizes", "1,2", "--repeats", "1", "--device", "cpu",
+            "--precision", "fp32", "--launcher", "mpirun"]
+    from tui.suite.cli import build_parser, effective_matrix
+
+    s, errors = expand(effective_matrix(build_parser().parse_args(["run", "--results", str(tmp_path), *args])))
+    assert not errors and len(s) == 2
+    finish(tmp_path, s[0])
+    (tmp_path / s[1].run_id).write_text("not a directory")
+    proc = subprocess.run([sys.executable, "-m", "tui.suite.cli", "run", "--results", str(tmp_path), *args,
+                           "--quiet"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "2 run(s): 1 ok, 1 failed" in proc.stdout
+    assert s[0].run_id in proc.stdout and s[1].run_id in proc.stdout
