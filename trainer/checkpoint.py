@@ -336,6 +336,8 @@ class Checkpointer:
                 chosen = (str(path) if path else None, warnings, None)
             except RuntimeError as exc:
                 chosen = (None, [], str(exc))
+            for partial in self.root.glob(TMP_PREFIX + "*") if self.root.is_dir() else []:
+                shutil.rmtree(partial, ignore_errors=True)  # never committed: debris of a crash
         path, warnings, error = self._broadcast(chosen)
         if error:
             raise RuntimeError(error)

@@ -78,6 +78,9 @@ here (JSON Schema cannot compare two values).
 {{- if and (not .Values.gpuResource) (eq .Values.run.device "cuda") }}
 {{- fail "run.device cuda needs GPUs: set gpuResource (e.g. nvidia.com/gpu)" }}
 {{- end }}
+{{- if and .Values.checkpoint.enabled (not .Values.persistence.enabled) }}
+{{- fail "checkpoint.enabled needs persistence.enabled: checkpoints live on the results volume" }}
+{{- end }}
 {{- $_ := include "shardbench.gradAccum" . }}
 {{- end }}
 
@@ -93,6 +96,10 @@ writes them (tests/chart/test_launch_command.py checks they agree). One JSON lis
 {{- with .Values.shape.usdPerGpuHour }}{{ $a = concat $a (list "--usd-per-gpu-hour" (toString .)) }}{{ end }}
 {{- if .Values.persistence.enabled }}
 {{- $a = concat $a (list "--output-dir" (printf "%s/%s" .Values.persistence.mountPath (include "shardbench.runId" .))) }}
+{{- end }}
+{{- if .Values.checkpoint.enabled }}
+{{- /* --resume auto is the trainer's default: a retried launcher continues from here. */}}
+{{- $a = concat $a (list "--checkpoint-dir" (printf "%s/%s/checkpoints" .Values.persistence.mountPath (include "shardbench.runId" .)) "--checkpoint-every" (toString (int .Values.checkpoint.every)) "--keep-checkpoints" (toString (int .Values.checkpoint.keep))) }}
 {{- end }}
 {{- $a = concat $a $r.extraArgs }}
 {{- if and .Values.deepspeed.config (hasPrefix "zero" $r.strategy) }}

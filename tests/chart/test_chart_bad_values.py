@@ -29,6 +29,7 @@ CASES = {
     "more GPUs than the node has": (("a10.yaml",), ("gpusPerWorker=4",),
                                     "gpusPerWorker 4 is more than shape a10 has per node (2)"),
     "cuda without GPUs": (("cpu.yaml",), ("run.device=cuda",), "run.device cuda needs GPUs"),
+    "checkpoints without a volume": ((), ("checkpoint.enabled=true",), "checkpoint.enabled needs persistence.enabled"),
 }
 
 
