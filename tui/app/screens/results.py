@@ -102,12 +102,10 @@ class ResultsScreen(Screen):
             style = row_style(row)
             table.add_row(*[Cell(v, spec, style) for v, (_, _, spec) in zip(row.cells, COLUMNS)], key=row.key)
         self._sort()
-        text = Text.from_markup(
-            "[b]Verdicts[/b] (a winner only when 95% intervals separate)\n" + "\n".join(view.verdicts)
-            if view.verdicts else "[b]Verdicts[/b]: need at least two strategies with ok runs at the same size.")
-        if view.fault_table:  # runs that checkpointed: the report's fault-tolerance table
-            text.append("\n\nFault tolerance\n", style="bold")
-            text.append("\n".join(view.fault_table))
+        text = ("[b]Verdicts[/b] (a winner only when 95% intervals separate)\n" + "\n".join(view.verdicts)
+                if view.verdicts else "[b]Verdicts[/b]: need at least two strategies with ok runs at the same size.")
+        if view.fault_table:  # runs that checkpointed: the report's fault-tolerance table (no markup in it)
+            text += "\n\n[b]Fault tolerance[/b]\n" + "\n".join(view.fault_table)
         self.query_one("#winners", Static).update(text)
         self._plot("#plot-throughput", view.throughput, "tokens/s vs devices (95% bars)", "tokens/s")
         self._plot("#plot-memory", view.memory, "model state per rank vs devices", "GiB")
