@@ -207,7 +207,8 @@ class Recovering:
         for k in range(spec.max_restarts + 1):
             adir = run_dir / f"launch-{k}"
             adir.mkdir(parents=True, exist_ok=True)
-            watch = _Attempt(spec, fault if k == 0 else None, str(adir), emit)
+            # The launch's own directory, as its ranks' --output-dir holds it, names its processes.
+            watch = _Attempt(spec, fault if k == 0 else None, f"{adir}{os.sep}", emit)
             left = None if deadline is None else max(1.0, deadline - time.monotonic())
             if k:
                 emit(RunLogLine(spec.run_id, f"[shardbench] relaunch {k} of {spec.max_restarts} with --resume auto"))
