@@ -35,10 +35,11 @@ def specs_for(strategy: str, faults: list[str], **extra):
 def records(tmp_path_factory):
     """(strategy, fault) -> record, all from one matrix run through the runner."""
     specs = [s for strategy, faults in FAULTS.items() for s in specs_for(strategy, faults)]
+    specs += specs_for("ddp", ["kill-rank:1@5"], max_restarts=0)  # no relaunch allowed: a failed row
     results = tmp_path_factory.mktemp("faults")
     records = Runner(specs, get_backend("local"), results, order_seed=1).run()
     by_id = {r["run_id"]: r for r in records}
-    return {(s.strategy, s.fault): by_id[s.run_id] for s in specs}, results
+    return {(s.strategy, s.fault, s.max_restarts): by_id[s.run_id] for s in specs}, results
 
 
 def assert_same_losses(a: list[float], b: list[float]) -> None:
@@ -51,7 +52,7 @@ def assert_same_losses(a: list[float], b: list[float]) -> None:
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_a_killed_rank_restarts_and_matches_the_uninterrupted_run(records, strategy):
     recs, results = records
-    clean, faulty = recs[(strategy, "none")], recs[(strategy, "kill-rank:1@5")]
+    clean, faulty = recs[(strategy, "none", 0)], recs[(strategy, "kill-rank:1@5", 2)]
     assert clean["status"] == "ok" and clean["fault"] is None, clean["error"]
     assert faulty["status"] == "ok", faulty["error"]
     assert_same_losses(faulty["loss_per_step"], clean["loss_per_step"])
@@ -72,7 +73,7 @@ def test_a_killed_rank_restarts_and_matches_the_uninterrupted_run(records, strat
 @pytest.mark.slow
 def test_a_stopped_rank_times_out_restarts_and_resumes(records):
     recs, _ = records
-    clean, hung = recs[("zero3", "none")], recs[("zero3", "stop-rank:1@5")]
+    clean, hung = recs[("zero3", "none", 0)], recs[("zero3", "stop-rank:1@5", 2)]
     assert hung["status"] == "ok", hung["error"]
     assert_same_losses(hung["loss_per_step"], clean["loss_per_step"])
     # Detected by the process-group timeout (10 s), not the run's 240 s limit.
@@ -83,10 +84,20 @@ def test_a_stopped_rank_times_out_restarts_and_resumes(records):
 @pytest.mark.slow
 def test_a_killed_launcher_restarts_and_resumes(records):
     recs, _ = records
-    clean, faulty = recs[("fsdp", "none")], recs[("fsdp", "kill-launcher@5")]
+    clean, faulty = recs[("fsdp", "none", 0)], recs[("fsdp", "kill-launcher@5", 2)]
     assert faulty["status"] == "ok", faulty["error"]
     assert_same_losses(faulty["loss_per_step"], clean["loss_per_step"])
     assert faulty["fault"]["attempts"] == 2
+
+
+@pytest.mark.slow
+def test_a_fault_without_restarts_left_is_a_failed_row_with_the_reason(records):
+    recs, _ = records
+    failed = recs[("ddp", "kill-rank:1@5", 0)]
+    assert failed["status"] == "failed" and failed["fault"]["attempts"] == 1
+    assert failed["error"].startswith("1 attempts, none finished (max_restarts 0)")
+    assert failed["fault"]["detection_s"] is not None and failed["fault"]["restart_s"] is None
+    assert failed["loss_per_step"]  # what was measured before the fault is kept
 
 
 def test_fault_specs_parse_and_print_back():
@@ -115,6 +126,8 @@ def test_the_fault_axis_multiplies_runs_and_changes_only_faulty_ids():
     both = specs_for("ddp", ["none", "kill-rank:1@5", "stop-rank:0@4"])
     assert len(both) == 3 and len({s.run_id for s in both}) == 3
     assert both[0].run_id == plain[0].run_id and both[0].max_restarts == 0  # fault-free ids unchanged
+    fewer = specs_for("ddp", ["kill-rank:1@5"], max_restarts=0)
+    assert fewer[0].run_id != both[1].run_id  # the restarts allowed change the outcome
     assert both[1].fault == "kill-rank:1@5" and both[1].max_restarts == 2
     _, errors = expand(matrix_from_dict({**BASE, "strategies": ["ddp"], "faults": ["kill-rank:1@5"],
                                          "backend": "kubernetes", "shape": "cpu"}))

@@ -166,6 +166,8 @@ class _Attempt:
         self.injected_step: int | None = None
         self.last_step = 0
         self.first_step_at: float | None = None
+        self.notes: list[str] = []
+        """What the suite did to this launch (the fault), for the joined log."""
 
     def __call__(self, event) -> None:
         if isinstance(event, RunProgress):
@@ -174,8 +176,8 @@ class _Attempt:
                 self.first_step_at = time.time()
             if self.fault and self.injected_at is None and event.step >= self.fault.step:
                 self.injected_at, self.injected_step = time.time(), event.step
-                what = inject(self.fault, self.marker)
-                self.emit(RunLogLine(self.spec.run_id, f"[shardbench] {what}"))
+                self.notes.append(f"[shardbench] {inject(self.fault, self.marker)}")
+                self.emit(RunLogLine(self.spec.run_id, self.notes[-1]))
         self.emit(event)
 
 
@@ -217,7 +219,7 @@ class Recovering:
             attempts.append((record, watch, time.time()))
             if record.get("status") == "ok" or cancel.is_set() or (deadline and time.monotonic() >= deadline):
                 break
-        _join_logs(run_dir, len(attempts))
+        _join_logs(run_dir, [watch.notes for _, watch, _ in attempts])
         record = merge(spec, attempts, start)
         if record.get("status") == "ok":
             shutil.rmtree(ckpt, ignore_errors=True)  # measured; the checkpoints were the means
@@ -248,15 +250,17 @@ def merge(spec, attempts: list[tuple[dict, "_Attempt", float]], start: float) ->
     return record
 
 
-def _join_logs(run_dir: Path, n: int) -> None:
-    """run_dir/log.txt: every attempt's log, one after another, each under a header line."""
+def _join_logs(run_dir: Path, notes: list[list[str]]) -> None:
+    """run_dir/log.txt: every launch's log, one after another, each under a header line and
+    followed by what the suite did to it."""
     try:
         with open(run_dir / "log.txt", "wb") as out:
-            for k in range(n):
+            for k, said in enumerate(notes):
                 out.write(f"===== launch {k} =====\n".encode())
                 path = run_dir / f"launch-{k}" / "log.txt"
                 if path.is_file():
                     with open(path, "rb") as fh:
                         shutil.copyfileobj(fh, out)
+                out.write("".join(f"{line}\n" for line in said).encode())
     except OSError:
         pass  # the attempts' own logs are still there

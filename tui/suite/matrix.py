@@ -444,7 +444,9 @@ def _configuration(m: MatrixSpec, shape: Shape | None, strategy: str, world: int
     peak = shape.peak_tflops if shape else None
     cfg = replace(cfg, shape=m.shape, peak_tflops=peak)
     measured = measured_fields(cfg, world, nodes, launcher)
-    cid = contract.config_id(measured if fault == "none" else {**measured, "fault": fault})
+    # A fault and the restarts allowed change the outcome; fault-free ids stay as they were.
+    cid = contract.config_id(measured if fault == "none" else {**measured, "fault": fault,
+                                                                "max_restarts": m.max_restarts})
     ga = cfg.effective_grad_accum(world)
     return RunSpec(
         run_id=contract.run_id(strategy, world, seq, m.micro_batch, ga, cid, 0), strategy=strategy,
