@@ -211,7 +211,8 @@ class Checkpointer:
 
     def __init__(self, cfg, strategy, rank: int, world_size: int):
         self.cfg, self.strategy, self.rank, self.world = cfg, strategy, rank, world_size
-        self.root = Path(cfg.checkpoint_dir)
+        # Without --checkpoint-dir (--resume PATH alone) nothing is saved; PATH's parent is the root.
+        self.root = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else Path(cfg.resume).parent
         self.deepspeed = contract.is_deepspeed(cfg.strategy)
         self.stats = Stats()
         self._pending = None  # (future, tmp, final, started) of an async save in flight
