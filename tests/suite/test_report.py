@@ -279,3 +279,17 @@ def test_plot_error_bars_are_the_95_intervals(tmp_path):
     assert eff[1] == pytest.approx(1.0) and eff[2] > 0  # both spreads propagated
     written, skipped = plots.write_plots(an, tmp_path)
     assert tmp_path / "tokens_per_s.png" in written and any("model_state.png" in s for s in skipped)
+
+
+def test_results_screen_rows_have_unique_keys_when_names_repeat(tmp_path):
+    from tui.app.results_model import compute
+    from tui.suite.metrics import load_records
+
+    same = record("ddp", 1, 1000.0, run_id="my-run")  # hand-named runs, no repeat suffix
+    write(tmp_path, [same])
+    (tmp_path / "copy").mkdir()
+    (tmp_path / "copy" / "result.json").write_text(json.dumps({**same, "status": "failed", "error": "boom"}))
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "result.json").write_text(json.dumps({**same, "seq_len": 128, "config_id": "other"}))
+    keys = [row.key for row in compute(load_records(tmp_path)).rows]
+    assert len(keys) == len(set(keys)) == 3
