@@ -104,7 +104,10 @@ def test_cost_per_million_tokens_from_record_or_values_file(tmp_path, monkeypatc
 def test_schema_2_fields_are_read_and_missing_ones_are_unknown():
     v2 = record("zero3", 2, 1000.0, schema_version=2, repeat=1, config_id="zero3-w2-abc123",
                 run_id="zero3-w2-s64-r1-abc123",
-                memory={"setup_peak_bytes": 1, "train_peak_bytes": 3 * 2 ** 30, "rss_peak_bytes": 5 * 2 ** 30},
+                memory=[{"rank": 0, "setup_peak_bytes": 1, "train_peak_bytes": 3 * 2 ** 30, "rss_peak_bytes": 5 * 2 ** 30,
+                         "num_alloc_retries": 0},
+                        {"rank": 1, "setup_peak_bytes": 1, "train_peak_bytes": 2 ** 30, "rss_peak_bytes": 2 ** 30,
+                         "num_alloc_retries": 2}],
                 model_state=[{"rank": 0, "params_bytes": 2 ** 20, "grads_bytes": 2 ** 20, "optimizer_bytes": 2 ** 21,
                               "master_bytes": 2 ** 20, "comm_buffer_bytes": 0, "total_bytes": 5 * 2 ** 20},
                              {"rank": 1, "params_bytes": 1, "grads_bytes": 1, "optimizer_bytes": 1,
@@ -114,7 +117,7 @@ def test_schema_2_fields_are_read_and_missing_ones_are_unknown():
                 load_avg_1m_start=0.5, load_avg_1m_end=1.5, grad_reduce_dtype="fp32")
     r = metrics.flatten(v2)
     assert (r["repeat"], r["config_id"]) == (1, "zero3-w2-abc123")
-    assert r["train_peak_gib"] == 3.0 and r["rss_footprint_gib"] == 5.0
+    assert r["train_peak_gib"] == 3.0 and r["rss_footprint_gib"] == 5.0 and r["gpu_alloc_retries"] == 2
     assert r["model_state_optimizer_gib"] == pytest.approx(2 / 1024) and r["model_state_master_gib"] == pytest.approx(1 / 1024)
     assert r["comm_bytes_per_step"] == 6e6 and r["comm_calls_per_step"] == 6.0
     assert r["comm_per_step"].startswith("all_gather 4 x 977 KiB")
