@@ -479,13 +479,13 @@ def _recommendations(an: Analysis) -> list[str]:
             recs.append(f"Measured communication per step at {top} devices: {v.best.strategy} {v.best.comm}; "
                         f"{v.second.strategy} {v.second.comm}.")
     elif v is not None:
-        recs.append(f"Throughput at {top} devices names no winner: {v.text}.")
+        recs.append(f"Throughput at {top} devices: {v.text}.")
     v = at_top.get("memory: model state per rank")
     if v is not None and v.kind == "winner":
         recs.append(f"When memory is the limit at {top} devices: {v.text}. Held per rank: "
                     f"{v.best.strategy} {_parts(v.best)}; {v.second.strategy} {_parts(v.second)}.")
     elif v is not None:
-        recs.append(f"Model state per rank at {top} devices names no winner: {v.text}.")
+        recs.append(f"Model state per rank at {top} devices: {v.text}.")
     flagged = [c for c in an.configs if c.flags]
     if flagged:
         recs.append(f"{len(flagged)} configuration(s) are flagged and are never named winners: "
