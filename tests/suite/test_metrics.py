@@ -134,14 +134,15 @@ def test_schema_2_fields_are_read_and_missing_ones_are_unknown():
 def test_load_records_turns_every_bad_file_into_a_row(tmp_path):
     good = record("ddp", 1, 100.0)
     files = {"good": json.dumps(good), "half": "{half", "deep": "[" * 100000 + "]" * 100000, "num": "3",
-             "v3": json.dumps({**good, "schema_version": 3}), "nan": json.dumps({**good, "tokens_per_s": float("nan")})}
+             "v3": json.dumps({**good, "schema_version": 3}), "nan": json.dumps({**good, "tokens_per_s": float("nan")}),
+             "status": json.dumps({**good, "status": "great"})}
     for name, text in files.items():
         (tmp_path / name).mkdir()
         (tmp_path / name / "result.json").write_text(text)
     rows = {r["_source"].split("/")[-2]: r for r in metrics.load_records(tmp_path)}
     assert set(rows) == set(files)  # the old loader kept only "good" (and "v3", shown as ok)
     assert rows["good"]["status"] == "ok"
-    for name in ("half", "deep", "num", "v3", "nan"):
+    for name in ("half", "deep", "num", "v3", "nan", "status"):
         assert rows[name]["status"] == metrics.UNREADABLE and rows[name]["error"], name
 
 

@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterable
 
 import pandas as pd
 
+from trainer.contract import STATUSES
 from tui.suite.matrix import load_shape
 from tui.suite.stats import finite
 
@@ -271,6 +272,9 @@ def problem(record: dict[str, Any]) -> str | None:
     if version not in KNOWN_SCHEMA_VERSIONS or isinstance(version, bool):
         return (f"schema_version {version!r} is not one this report reads "
                 f"({', '.join(map(str, KNOWN_SCHEMA_VERSIONS))}): update shardbench or rerun")
+    status = record.get("status")
+    if status not in STATUSES:
+        return f"status {status!r} is not one of {', '.join(STATUSES)}"
     world = record.get("world_size")
     if not isinstance(world, int) or isinstance(world, bool) or world < 1:
         return f"world_size {world!r} is not a positive integer"
