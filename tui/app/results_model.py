@@ -89,7 +89,7 @@ def compute(records: list[dict]) -> ResultsView:
     for _, r in an.not_ok.iterrows():
         values = {"name": r["run_id"], "status": r["status"], "strategy": _plain(r["strategy"]),
                   "world_size": _plain(r["world_size"]), "seq_len": _plain(r["seq_len"]),
-                  "detail": str(r["error"] or "")}
+                  "detail": " ".join(str(r["error"] or "").split())[:300]}  # one table line
         key = r["source"].removesuffix("/result.json").rsplit("/", 1)[-1] if isinstance(r["source"], str) \
             else str(r["run_id"])
         view.rows.append(Row(key, str(r["status"]), [values.get(k) for k, _, _ in COLUMNS], values["detail"]))
