@@ -13,8 +13,8 @@ The rules (README "How the report decides" states them for users):
   spread (max - min) / mean above 20% across repeats; a host overloaded during a run (1-minute
   load average at start plus the run's own threads, or at end, above the host's CPUs + 1); a
   loss curve off its group's reference.
-- Loss check: runs that must follow one trajectory (same model, seq len, precision, global
-  batch, steps, lr, seed) are compared step by step with the per-step median of the group; a run
+- Loss check: runs that must follow one trajectory (same model, seq len, precision, gradient
+  reduction dtype, global batch, steps, lr, seed) are compared step by step with the per-step median of the group; a run
   further than 1e-4 relative (fp32; 1e-2 in bf16/fp16) at any step is broken.
 - Winner: per comparison group (model, seq len, precision, shape, device, world size) and
   category, the best strategy's interval must not overlap the runner-up's; otherwise "no
@@ -37,7 +37,8 @@ CONFIG_KEYS = ["config_id", "strategy", "world_size", "model", "seq_len", "micro
 GROUP = ["model", "seq_len", "precision", "gpu_shape", "device", "world_size"]
 SCALING_GROUP = ["strategy", "model", "seq_len", "micro_batch", "precision", "gpu_shape", "launcher"]
 SPEEDUP_GROUP = ["model", "seq_len", "precision", "gpu_shape", "device"]
-LOSS_GROUP = ["model_key", "seq_len", "precision", "global_batch", "steps", "lr", "seed"]
+# grad_reduce_dtype too: a bf16 reduction in an fp32 run is a different trajectory, not a broken one.
+LOSS_GROUP = ["model_key", "seq_len", "precision", "grad_reduce_dtype", "global_batch", "steps", "lr", "seed"]
 
 EFFICIENCY_LIMIT = 1.05
 SPREAD_LIMIT = 0.20

@@ -47,7 +47,8 @@ RULES = f"""\
   (1-minute load average at start plus the run's own threads, or at end, above the host's CPUs
   + {an_mod.OVERLOAD_SLACK:g});
   a broken loss curve.
-- Loss check: runs with the same model, seq len, precision, global batch, steps, lr and seed must
+- Loss check: runs with the same model, seq len, precision, gradient-reduction dtype, global batch, steps, lr and
+  seed must
   follow one trajectory. Each run's loss at every step is compared with the group's per-step
   median; more than {an_mod.LOSS_TOLERANCE['fp32']:g} relative (fp32; {an_mod.OTHER_LOSS_TOLERANCE:g} in bf16/fp16)
   at any step marks the run broken.
