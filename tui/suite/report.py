@@ -45,13 +45,11 @@ RULES = f"""\
 - Flagged, never crowned: efficiency above {an_mod.EFFICIENCY_LIMIT}; throughput spread
   (max - min) / mean above {an_mod.SPREAD_LIMIT:.0%} across repeats; a host overloaded during a run
   (1-minute load average at start plus the run's own threads, or at end, above the host's CPUs
-  + {an_mod.OVERLOAD_SLACK:g});
-  a broken loss curve.
-- Loss check: runs with the same model, seq len, precision, gradient-reduction dtype, global batch, steps, lr and
-  seed must
-  follow one trajectory. Each run's loss at every step is compared with the group's per-step
-  median; more than {an_mod.LOSS_TOLERANCE['fp32']:g} relative (fp32; {an_mod.OTHER_LOSS_TOLERANCE:g} in bf16/fp16)
-  at any step marks the run broken.
+  + {an_mod.OVERLOAD_SLACK:g}); a broken loss curve.
+- Loss check: runs with the same model, seq len, precision, gradient-reduction dtype, global
+  batch, steps, lr and seed must follow one trajectory. Each run's loss at every step is compared
+  with the group's per-step median; more than {an_mod.LOSS_TOLERANCE['fp32']:g} relative (fp32;
+  {an_mod.OTHER_LOSS_TOLERANCE:g} in bf16/fp16) at any step marks the run broken.
 - Memory compares model state (tensors each rank holds) and, on GPU, the training peak; process
   RSS is only a footprint column."""
 
