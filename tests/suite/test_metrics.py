@@ -167,3 +167,13 @@ def test_csv_has_one_row_per_record_and_every_documented_column(tmp_path):
     summary = pd.read_csv(tmp_path / "summary.csv")
     assert {"tokens_per_s_n", "tokens_per_s_mean", "tokens_per_s_sd", "tokens_per_s_ci_low",
             "tokens_per_s_ci_high", "scaling_efficiency_ci_high", "speedup_mean"} <= set(summary.columns)
+
+
+def test_loss_tolerance_follows_precision_and_gradient_reduction():
+    assert analysis.loss_tolerance("fp32") == 1e-4 and analysis.loss_tolerance("fp32", "fp32") == 1e-4
+    assert analysis.loss_tolerance("bf16", "fp32") == 1e-2 and analysis.loss_tolerance("fp32", "bf16") == 1e-2
+    # a bf16-reduced fp32 run is its own trajectory group, not a broken member of the fp32 one
+    fp32 = [record("ddp", 2, 1000.0, repeat=i, loss_per_step=[9.0, 8.5], grad_reduce_dtype="fp32") for i in range(2)]
+    bf16 = [record("zero2", 2, 1000.0, loss_per_step=[9.0, 8.51], grad_reduce_dtype="bf16")]
+    an = analysis.analyze(fp32 + bf16)
+    assert not an.runs["loss_check"].eq("broken").any() and len(an.loss_groups) == 1

@@ -14,8 +14,9 @@ The rules (README "How the report decides" states them for users):
   load average at start plus the run's own threads, or at end, above the host's CPUs + 1); a
   loss curve off its group's reference.
 - Loss check: runs that must follow one trajectory (same model, seq len, precision, gradient
-  reduction dtype, global batch, steps, lr, seed) are compared step by step with the per-step median of the group; a run
-  further than 1e-4 relative (fp32; 1e-2 in bf16/fp16) at any step is broken.
+  reduction dtype, global batch, steps, lr, seed) are compared step by step with the per-step
+  median of the group; a run further than 1e-4 relative (fp32; 1e-2 when compute or gradient
+  reduction is bf16/fp16) at any step is broken.
 - Winner: per comparison group (model, seq len, precision, shape, device, world size) and
   category, the best strategy's interval must not overlap the runner-up's; otherwise "no
   significant difference". With one repeat no winner is named.
@@ -344,7 +345,10 @@ def _flag(c: Config, runs: list[dict[str, Any]]) -> None:
 
 # --- loss check ----------------------------------------------------------------------------
 
-def loss_tolerance(precision: Any) -> float:
+def loss_tolerance(precision: Any, grad_reduce_dtype: Any = None) -> float:
+    """1e-4 for fp32 compute with fp32 (or unrecorded) gradient reduction; 1e-2 with any 16-bit part."""
+    if isinstance(grad_reduce_dtype, str) and grad_reduce_dtype in ("bf16", "fp16"):
+        return OTHER_LOSS_TOLERANCE
     return LOSS_TOLERANCE.get(str(precision), OTHER_LOSS_TOLERANCE)
 
 
@@ -357,7 +361,7 @@ def _loss_check(df: pd.DataFrame) -> list[LossGroup]:
         if len(group) < 2:
             continue
         first = group.iloc[0]
-        tol = loss_tolerance(first["precision"])
+        tol = loss_tolerance(first["precision"], first["grad_reduce_dtype"])
         length = min(len(c) for c in group["loss_curve"])
         ref = [_median([c[k] for c in group["loss_curve"]]) for k in range(length)]
         broken, worst = [], 0.0

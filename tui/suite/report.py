@@ -49,7 +49,8 @@ RULES = f"""\
 - Loss check: runs with the same model, seq len, precision, gradient-reduction dtype, global
   batch, steps, lr and seed must follow one trajectory. Each run's loss at every step is compared
   with the group's per-step median; more than {an_mod.LOSS_TOLERANCE['fp32']:g} relative (fp32;
-  {an_mod.OTHER_LOSS_TOLERANCE:g} in bf16/fp16) at any step marks the run broken.
+  {an_mod.OTHER_LOSS_TOLERANCE:g} when compute or gradient reduction is bf16/fp16) at any step marks
+  the run broken.
 - Memory compares model state (tensors each rank holds) and, on GPU, the training peak; process
   RSS is only a footprint column."""
 
