@@ -15,6 +15,7 @@ from tui.app.screens.dialogs import Confirm
 from tui.app.messages import SuiteEvent
 from tui.suite import events as ev
 from tui.suite.matrix import MatrixSpec, default_matrix, load_matrix
+from tui.suite.metrics import without_repeat
 
 from .conftest import FIXED_AVAILABILITY, rank_processes, settle, synthetic_record, write_results
 
@@ -76,9 +77,9 @@ async def test_tiny_matrix_runs_for_real_and_results_hold_measured_tokens_per_s(
         for run_id in ids:
             record = json.loads((tmp_path / "results" / run_id / "result.json").read_text())
             assert record["status"] == "ok" and record["tokens_per_s"] > 0
-            cell = table_cell(app, run_id, "tokens_per_s")
-            assert cell.raw == pytest.approx(record["tokens_per_s"])
-            assert cell.text == f"{record['tokens_per_s']:,.1f}"
+            cell = table_cell(app, without_repeat(run_id), "tokens_per_s")
+            assert cell.value == pytest.approx(record["tokens_per_s"])  # one repeat: no interval
+            assert cell.text == f"{record['tokens_per_s']:,.0f}"
             # The live log reached the board line by line, progress lines included.
             assert any("SHARDBENCH_PROGRESS" in line for line in app.board.rows[run_id].log)
         await pilot.press("f4")
@@ -86,16 +87,25 @@ async def test_tiny_matrix_runs_for_real_and_results_hold_measured_tokens_per_s(
         assert app.logs_screen.query_one("#log").line_count > 0
 
 
+def endless_run_app(results) -> BenchApp:
+    """An app whose matrix is one ddp run at world size 2 that would run for hours."""
+    matrix = MatrixSpec(strategies=["ddp"], world_sizes=[2], seq_lens=[64], steps=100000, warmup_steps=2,
+                        timeout_s=300, results=str(results))
+    return BenchApp(matrix=matrix, availability=FIXED_AVAILABILITY)
+
+
+async def start_and_wait_for_progress(pilot, app: BenchApp) -> None:
+    await pilot.press("ctrl+r")
+    await wait_until(pilot, lambda: any(r.tokens_per_s for r in app.board.rows.values()), 120,
+                     "the first progress line")
+
+
 @pytest.mark.slow
 async def test_cancel_stops_the_run_and_leaves_no_rank_processes(tmp_path):
     results = tmp_path / "cancel-results"
-    matrix = MatrixSpec(strategies=["ddp"], world_sizes=[2], seq_lens=[64], steps=100000, warmup_steps=2,
-                        timeout_s=300, results=str(results))
-    app = BenchApp(matrix=matrix, availability=FIXED_AVAILABILITY)
+    app = endless_run_app(results)
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.press("ctrl+r")
-        await wait_until(pilot, lambda: any(r.tokens_per_s for r in app.board.rows.values()), 120,
-                         "the first progress line")
+        await start_and_wait_for_progress(pilot, app)
         assert rank_processes(str(results)), "the run's ranks should be running"
         await pilot.press("c")  # cancel the selected (first) run on the Runs screen
         await wait_until(pilot, lambda: not app.matrix_worker.is_running, 60, "the cancelled matrix to end")
@@ -110,13 +120,9 @@ async def test_cancel_stops_the_run_and_leaves_no_rank_processes(tmp_path):
 @pytest.mark.slow
 async def test_quit_with_runs_asks_and_enter_stops_every_rank(tmp_path):
     results = tmp_path / "quit-results"
-    matrix = MatrixSpec(strategies=["ddp"], world_sizes=[2], seq_lens=[64], steps=100000, warmup_steps=2,
-                        timeout_s=300, results=str(results))
-    app = BenchApp(matrix=matrix, availability=FIXED_AVAILABILITY)
+    app = endless_run_app(results)
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.press("ctrl+r")
-        await wait_until(pilot, lambda: any(r.tokens_per_s for r in app.board.rows.values()), 120,
-                         "the first progress line")
+        await start_and_wait_for_progress(pilot, app)
         await pilot.press("q")
         await pilot.pause()
         assert isinstance(app.screen, Confirm) and "1 run(s) not finished" in str(
@@ -269,7 +275,6 @@ async def test_logs_show_the_command_first_progress_compact_and_search_every_lin
 
 
 async def test_results_table_sorts_and_shows_the_reports_verdicts(tmp_path):
-    from tui.suite.metrics import without_repeat
     from tui.suite.synthetic import record
 
     loss = [9.0, 8.5, 8.2, 8.1]

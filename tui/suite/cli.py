@@ -21,7 +21,12 @@ import yaml
 from trainer.fielddocs import field_docs
 
 from tui.suite.backends import add_cluster_flags, cluster_options
-from tui.suite.matrix import DEFAULT_MATRIX, MatrixSpec, CONFIRM_ABOVE, expand, load_matrix, matrix_from_dict, save_matrix
+from tui.suite.matrix import (CONFIRM_ABOVE, DEFAULT_MATRIX, MatrixSpec, expand, load_matrix, matrix_from_dict,
+                               save_matrix, with_shape_defaults)
+
+
+DESCRIPTION = ("The headless suite: run a matrix of benchmark runs, report on a results directory, "
+               "or collect a record from a saved log.")
 
 
 def _ints(text: str) -> list[int]:
@@ -65,7 +70,7 @@ def _add_matrix_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="shardbench", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="shardbench", description=DESCRIPTION)
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run a matrix of benchmark runs")
     run.add_argument("--matrix", type=Path, help=f"matrix YAML (default: {DEFAULT_MATRIX.name}); flags override it")
@@ -99,7 +104,15 @@ def effective_matrix(args: argparse.Namespace) -> MatrixSpec:
         overrides["shape"] = None  # --shape none: hardware unknown (no peak, no price)
     data = {**asdict(spec), **overrides}
     options = data.pop("options")
-    return matrix_from_dict({**data, **options, **dict(args.knobs)})
+    matrix = matrix_from_dict({**data, **options, **dict(args.knobs)})
+    explicit = set(overrides) | set(dict(args.knobs)) | (set(_keys_of(args.matrix)) if args.matrix else set())
+    return with_shape_defaults(matrix, explicit)
+
+
+def _keys_of(path: Path) -> list[str]:
+    """The keys a matrix file sets itself (load_matrix has already checked it reads)."""
+    data = yaml.safe_load(path.read_text()) or {}
+    return list(data) + list(data.get("options") or {})
 
 
 def fail(message: str) -> int:
@@ -327,6 +340,7 @@ def cmd_collect(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `shardbench run --dry-run | head` ends quietly
     args = build_parser().parse_args(argv)
     started = time.monotonic()
     handler = {"run": cmd_run, "report": cmd_report, "collect": cmd_collect}[args.command]
