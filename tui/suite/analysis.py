@@ -191,6 +191,8 @@ class Analysis:
 # --- entry point ---------------------------------------------------------------------------
 
 def analyze(records: list[dict[str, Any]]) -> Analysis:
+    """Everything the report and the Results screen say about these records (any status, and
+    metrics.load_records' unreadable stand-ins)."""
     df = metrics.to_frame(records)
     for col, _ in RUN_COLUMNS:
         df[col] = None
@@ -202,6 +204,8 @@ def analyze(records: list[dict[str, Any]]) -> Analysis:
     per_run = df[FLAG_INPUTS].to_dict("index")
     for c in configs:
         _flag(c, [per_run[i] for i in c.index])
+    for col in ("scaling_base_world_size", "scaling_efficiency", "speedup_vs_best_1dev", "loss_max_rel_diff"):
+        df[col] = pd.to_numeric(df[col], errors="coerce")
     verdicts = _verdicts(configs)
     an = Analysis(df, configs, verdicts, loss_groups, [])
     an.recommendations = _recommendations(an)
