@@ -209,8 +209,11 @@ def host_section(df: pd.DataFrame) -> str:
     rows = [[r["run_id"], fmt(r["load_avg_1m_start"], "{:.2f}"), fmt(r["load_avg_1m_end"], "{:.2f}"),
              fmt(r["host_cpus"], "{:.0f}"), fmt(r["threads_per_rank"], "{:.0f}"), r["cpu_affinity"] or "-",
              r["host_overloaded"] or "unknown"] for _, r in runs.iterrows()]
-    return "## Host load\n\n" + md_table(["run", "load 1m start", "load 1m end", "CPUs", "threads/rank",
-                                          "cores per rank", "overloaded"], rows)
+    note = ("" if runs["host_cpus"].notna().any() else
+            "The records carry no host CPU count (`cpu_count`), so whether the host was overloaded is "
+            "unknown: no run is flagged for it.\n\n")
+    return "## Host load\n\n" + note + md_table(["run", "load 1m start", "load 1m end", "CPUs", "threads/rank",
+                                                 "cores per rank", "overloaded"], rows)
 
 
 def failed_section(an: Analysis) -> str:
