@@ -20,11 +20,11 @@ import torch.distributed as dist
 
 from trainer import env_info
 from trainer import contract
+from trainer.comm import COUNTER as COMM
 from trainer.config import RunConfig, measured_fields
 from trainer.data import SyntheticBatches
 from trainer.devices import check_memory, device_name, resolve_device, resolve_precision
 from trainer.dist_env import DistEnv, resolve_rendezvous
-from trainer.comm import COUNTER as COMM
 from trainer.metrics import (end_setup_memory, load_avg_1m, peak_flops_for, peak_model_state, rank_memory,
                              step_time_stats)
 from trainer.model import TinyGPT, count_params, flops_params, flops_per_token
