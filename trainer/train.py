@@ -162,7 +162,7 @@ class Trainer:
         cfg = self.cfg
         next_batches = self.data.step_batches(0)
         loop_start = time.perf_counter()
-        self.record.load_avg_1m_start = load_avg_1m()
+        self.record.load_avg_1m_start, self.record.cpu_count = load_avg_1m(), os.cpu_count()
         self._sync()
         for step in range(cfg.steps):
             measured = step >= cfg.warmup_steps

@@ -26,7 +26,7 @@ def shapes(tmp_path, monkeypatch):
 
 def test_expand_ids_order_and_trainer_args(tmp_path):
     m = MatrixSpec(strategies=["zero3", "ddp"], world_sizes=[1, 4], seq_lens=[128], micro_batch=1,
-                   global_batch=8, repeats=2, shape="gpu8", model="gpt2-124m", device="cuda")
+                   global_batch=8, repeats=2, shape="gpu8", model="gpt2-124m", device="cuda", backend="kubernetes")
     specs, errors = expand(m)
     assert errors == []
     assert [contract.parse_run_id(s.run_id)["repeat"] for s in specs[:4]] == [0, 1, 0, 1]
@@ -61,7 +61,7 @@ def test_trainer_args_parse_back_into_the_config_the_id_was_made_from(tmp_path):
     {"device": "cuda"}, {"shape": "gpu8"},
 ])
 def test_runs_that_measure_different_things_never_share_an_id(change):
-    base = dict(strategies=["ddp"], world_sizes=[1], seq_lens=[64])
+    base = dict(strategies=["ddp"], world_sizes=[1], seq_lens=[64], backend="kubernetes")
     (one,), _ = expand(MatrixSpec(**base))
     (two,), errors = expand(MatrixSpec(**base, **change))
     assert errors == [] and one.run_id != two.run_id
@@ -93,7 +93,6 @@ def test_any_trainer_knob_sweeps_as_an_axis():
     ({"global_batch": 6, "world_sizes": [1, 4]}, "global_batch 6 is not a multiple of micro_batch 4 x world size 4 = 16"),
     ({"world_sizes": [2, 100000]}, "world size 100000 is larger than allowed"),
     ({"world_sizes": ["2"]}, "world_sizes must hold integers"),
-    ({"shape": "gpu2", "world_sizes": [4], "device": "cuda"}, "world size 4 is larger than allowed (2: shape gpu2 has 2 GPUs per node)"),
     ({"shape": "tpu9"}, "unknown shape 'tpu9'"),
     ({"warmup_steps": 10, "steps": 10}, "warmup_steps 10 leaves no measured step out of steps 10"),
     ({"backend": "slurm"}, "backend got 'slurm'"),
@@ -183,3 +182,40 @@ def test_every_values_file_reads_as_a_shape():
         shape = load_shape(path.stem, directory)
         assert shape.name == path.stem and isinstance(shape.gpus_per_node, int)
         assert shape.usd_per_gpu_hour is None or shape.usd_per_gpu_hour > 0
+
+
+def test_a_gpu_shape_on_this_machine_without_a_gpu_is_refused(monkeypatch):
+    import tui.suite.matrix as matrix
+
+    monkeypatch.setattr(matrix, "local_gpu_count", lambda: 0)  # what /proc/driver/nvidia says here
+    specs, errors = expand(MatrixSpec(shape="gpu2", strategies=["ddp"], world_sizes=[1]))
+    assert specs == [] and errors == ["shape gpu2 describes GPU nodes but this machine has no NVIDIA GPU: run it "
+                                      "with --backend kubernetes, or locally with --shape cpu (or --shape none)"]
+    monkeypatch.setattr(matrix, "local_gpu_count", lambda: 2)
+    assert expand(MatrixSpec(shape="gpu2", strategies=["ddp"], world_sizes=[1]))[1] == []
+    assert expand(MatrixSpec(shape="gpu2", strategies=["ddp"], world_sizes=[4], device="cuda"))[1] == [
+        "world size 4 is larger than allowed (2: shape gpu2 has 2 GPUs per node)"]
+    monkeypatch.setattr(matrix, "local_gpu_count", lambda: 0)
+    assert expand(MatrixSpec(shape="cpu", strategies=["ddp"], world_sizes=[1]))[1] == []
+
+
+def test_cluster_matrix_takes_model_precision_and_device_from_the_shape(tmp_path, monkeypatch):
+    """`shardbench run --backend kubernetes --shape h100` used to inherit the CPU matrix (device
+    cpu, fp32, tiny, seq 64), which the chart refuses."""
+    (tmp_path / "h100.yaml").write_text(
+        "shape:\n  name: h100\n  gpusPerNode: 8\n  peakTflopsBf16: 989\n  usdPerGpuHour: 2.98\n"
+        "run:\n  model: gpt2-124m\n  seqLen: 1024\n  precision: bf16\n  device: cuda\n  steps: 40\n")
+    monkeypatch.setenv("SHARDBENCH_VALUES_DIR", str(tmp_path))
+
+    def dry_run(*flags):
+        proc = subprocess.run([sys.executable, "-m", "tui.suite.cli", "run", "--backend", "kubernetes",
+                               "--shape", "h100", "--strategies", "ddp", "--world-sizes", "8", "--repeats", "1",
+                               "--dry-run", *flags], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        args = proc.stdout.split()
+        return dict(zip(args[2::2], args[3::2]))
+
+    got = dry_run()
+    assert (got["--model"], got["--seq-len"], got["--precision"], got["--device"], got["--steps"]) == (
+        "gpt2-124m", "1024", "bf16", "cuda", "40")
+    assert dry_run("--precision", "fp32")["--precision"] == "fp32"  # a flag still wins

@@ -10,6 +10,7 @@ from textual.widgets import DataTable
 from tui.app.app import BenchApp
 from tui.suite.backends import ClusterOptions
 from tui.suite.matrix import MatrixSpec, expand
+from tui.suite.metrics import without_repeat
 
 from .conftest import settle
 from .kube_emulator import Emulator, add_pod, install_shims, serve_log, set_conditions, wait_for_mpijob, write_kubeconfig
@@ -53,5 +54,6 @@ async def test_matrix_runs_on_the_emulated_cluster(tmp_path, monkeypatch, fixtur
             await settle(pilot)
             await pilot.press("f5")
             await pilot.pause()
-            cell = app.results_screen.query_one("#results-table", DataTable).get_cell(s.run_id, "tokens_per_s")
-            assert cell.raw == 777.5
+            cell = app.results_screen.query_one("#results-table", DataTable).get_cell(
+                without_repeat(s.run_id), "tokens_per_s")
+            assert cell.value == 777.5

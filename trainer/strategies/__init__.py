@@ -1,4 +1,5 @@
-"""Strategy registry: name -> class. DeepSpeed is imported only by the zero strategies."""
+"""Strategy registry: the contract's engine -> its class. DeepSpeed is imported only by the
+zero strategies."""
 from __future__ import annotations
 
 from trainer.contract import STRATEGIES

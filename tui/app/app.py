@@ -21,7 +21,7 @@ from tui.suite import events as ev
 from trainer.contract import BACKENDS
 from tui.app.cancel import PerRunCancel
 from tui.app.board import RunBoard
-from tui.app.screens.dialogs import HelpScreen
+from tui.app.screens.dialogs import Confirm, HelpScreen
 from tui.app.screens.logs import LogsScreen
 from tui.app.screens.matrix import MatrixScreen
 from tui.app.screens.results import ResultsScreen
@@ -182,12 +182,21 @@ class BenchApp(App):
             self.runner.cancel_all()
             self.notify("cancelling all runs")
 
-    async def action_quit(self) -> None:
-        if self.matrix_worker is not None and self.matrix_worker.is_running and self.runner is not None:
-            # Stop the ranks (or releases) before leaving: no orphan processes behind the app.
-            self.runner.cancel_all()
-            self.notify("stopping runs before quitting…")
-            await self.matrix_worker.wait()
+    def action_quit(self) -> None:
+        running = self.matrix_worker is not None and self.matrix_worker.is_running
+        if not running:
+            self.exit()
+            return
+        left = sum(1 for r in self.board.rows.values() if not r.final)
+        self.push_screen(Confirm(f"{left} run(s) not finished: quit and stop them?"),
+                         callback=lambda yes: yes and self.stop_and_exit())
+
+    @work(group="quit")
+    async def stop_and_exit(self) -> None:
+        # Stop the ranks (or releases) before leaving: no orphan processes behind the app.
+        self.runner.cancel_all()
+        self.notify("stopping runs before quitting…")
+        await self.matrix_worker.wait()
         self.exit()
 
     # -- suite events -------------------------------------------------------------------------
@@ -238,14 +247,16 @@ class BenchApp(App):
     # -- results ------------------------------------------------------------------------------
     @work(thread=True, exclusive=True, group="results", exit_on_error=False)
     def refresh_results(self) -> None:
-        from tui.app.results import ResultsView, compute
+        from tui.app.results_model import ResultsView, compute
         from tui.suite.metrics import load_records
 
-        records = load_records(self.results_dir) if self.results_dir.is_dir() else []
-        source = f"{len(records)} result(s) in {self.results_dir}"
-        try:
+        source = f"0 result(s) in {self.results_dir}"
+        try:  # a bad record or directory must not take the app down nor leave the screen empty
+            records = load_records(self.results_dir) if self.results_dir.is_dir() else []
+            unreadable = sum(r.get("status") == "unreadable" for r in records)
+            source = f"{len(records)} result(s) in {self.results_dir}" + (f" ({unreadable} unreadable)" if unreadable else "")
             view = compute(records)
-        except Exception as exc:  # noqa: BLE001 - a bad record must not take the app down
+        except Exception as exc:  # noqa: BLE001
             view, source = ResultsView(), f"{source}: could not tabulate them ({type(exc).__name__}: {exc})"
         self.post_message(msg.ResultsReady(view, source))
 

@@ -21,7 +21,12 @@ import yaml
 from trainer.fielddocs import field_docs
 
 from tui.suite.backends import add_cluster_flags, cluster_options
-from tui.suite.matrix import DEFAULT_MATRIX, MatrixSpec, CONFIRM_ABOVE, expand, load_matrix, matrix_from_dict, save_matrix
+from tui.suite.matrix import (CONFIRM_ABOVE, DEFAULT_MATRIX, MatrixSpec, expand, load_matrix, matrix_from_dict,
+                               save_matrix, with_shape_defaults)
+
+
+DESCRIPTION = ("The headless suite: run a matrix of benchmark runs, report on a results directory, "
+               "or collect a record from a saved log.")
 
 
 def _ints(text: str) -> list[int]:
@@ -65,7 +70,7 @@ def _add_matrix_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="shardbench", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="shardbench", description=DESCRIPTION)
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run a matrix of benchmark runs")
     run.add_argument("--matrix", type=Path, help=f"matrix YAML (default: {DEFAULT_MATRIX.name}); flags override it")
@@ -78,8 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--report", type=Path, help="also write the report into this directory")
     run.add_argument("--quiet", action="store_true", help="no live progress, one line per run")
     rep = sub.add_parser("report", help="results dir -> metrics.csv, plots/, BENCHMARK_REPORT.md")
-    rep.add_argument("results", type=Path)
-    rep.add_argument("--out", type=Path, default=None, help="output directory (default: RESULTS/report)")
+    rep.add_argument("results", type=Path, help="a results dir, or a dir holding several (each gets a report)")
+    rep.add_argument("--out", type=Path, default=None,
+                     help="output directory (default: <result set>/report; with several sets, one subdir each)")
     col = sub.add_parser("collect", help="read the result record from a saved log")
     col.add_argument("log", type=Path)
     col.add_argument("-o", "--output", type=Path, default=None, help="write the record here (default: stdout)")
@@ -98,7 +104,15 @@ def effective_matrix(args: argparse.Namespace) -> MatrixSpec:
         overrides["shape"] = None  # --shape none: hardware unknown (no peak, no price)
     data = {**asdict(spec), **overrides}
     options = data.pop("options")
-    return matrix_from_dict({**data, **options, **dict(args.knobs)})
+    matrix = matrix_from_dict({**data, **options, **dict(args.knobs)})
+    explicit = set(overrides) | set(dict(args.knobs)) | (set(_keys_of(args.matrix)) if args.matrix else set())
+    return with_shape_defaults(matrix, explicit)
+
+
+def _keys_of(path: Path) -> list[str]:
+    """The keys a matrix file sets itself (load_matrix has already checked it reads)."""
+    data = yaml.safe_load(path.read_text()) or {}
+    return list(data) + list(data.get("options") or {})
 
 
 def fail(message: str) -> int:
@@ -278,17 +292,27 @@ def _print_summary(records: list[dict]) -> None:
 # --- report / collect ----------------------------------------------------------------------
 
 def cmd_report(args: argparse.Namespace) -> int:
+    """A report per result set at or below RESULTS (e.g. `report results` finds results/default)."""
+    from tui.suite.metrics import find_result_sets
     from tui.suite.report import build_report
 
     if not args.results.is_dir():
         return fail(f"{args.results}: no such results directory")
-    out = args.out or args.results / "report"
-    try:
-        rep = build_report(args.results, out)
-    except ValueError as exc:
-        return fail(str(exc))
-    print(f"{rep.runs} runs ({rep.failed} not ok) -> {rep.csv}, {len(rep.plots)} plots, {rep.markdown}")
-    return 0
+    sets = find_result_sets(args.results)
+    if not sets:
+        return fail(f"no <run-id>/result.json under {args.results} (nor in its subdirectories)")
+    code = 0
+    for results in sets:
+        rel = results.relative_to(args.results)
+        out = (args.out / rel) if args.out else results / "report"
+        try:
+            rep = build_report(results, out)
+        except (OSError, ValueError) as exc:
+            print(f"shardbench: {results}: report not written: {exc}", file=sys.stderr)
+            code = 1
+            continue
+        print(f"{results}: {rep.runs} runs ({rep.failed} not ok) -> {rep.csv}, {len(rep.plots)} plots, {rep.markdown}")
+    return code
 
 
 def cmd_collect(args: argparse.Namespace) -> int:
@@ -316,6 +340,7 @@ def cmd_collect(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `shardbench run --dry-run | head` ends quietly
     args = build_parser().parse_args(argv)
     started = time.monotonic()
     handler = {"run": cmd_run, "report": cmd_report, "collect": cmd_collect}[args.command]

@@ -100,6 +100,14 @@ class Shape:
     """Dense bf16 peak of one device, TFLOP/s (MFU)."""
     usd_per_gpu_hour: float | None = None
     """Price of one device-hour (cost per million tokens)."""
+    run: dict[str, Any] = field(default_factory=dict, compare=False)
+    """The values file's `run:` defaults, as matrix keys (model, seq_lens, precision, device...)."""
+
+
+# values/<shape>.yaml `run:` keys -> the matrix keys they give defaults for.
+SHAPE_RUN_KEYS = {"model": "model", "seqLen": "seq_lens", "microBatch": "micro_batch",
+                  "precision": "precision", "device": "device", "steps": "steps",
+                  "warmupSteps": "warmup_steps"}
 
 
 @dataclass(frozen=True)
@@ -237,16 +245,39 @@ def load_shape(name: str, directory: Path | None = None) -> Shape:
         have = sorted(p.stem for p in directory.glob("*.yaml")) if directory.is_dir() else []
         raise ValueError(f"unknown shape {name!r}: no {path} (have: {', '.join(have) or 'none'})")
     try:
-        data = (yaml.safe_load(path.read_text()) or {}).get("shape") or {}
+        values = yaml.safe_load(path.read_text()) or {}
+        data, run = values.get("shape") or {}, values.get("run") or {}
+        defaults = {SHAPE_RUN_KEYS[k]: ([v] if k == "seqLen" else v) for k, v in run.items() if k in SHAPE_RUN_KEYS}
         return Shape(name=name, gpus_per_node=_opt(data.get("gpusPerNode"), int),
                      peak_tflops=_opt(data.get("peakTflopsBf16"), float),
-                     usd_per_gpu_hour=_opt(data.get("usdPerGpuHour"), float))
+                     usd_per_gpu_hour=_opt(data.get("usdPerGpuHour"), float), run=defaults)
     except (yaml.YAMLError, AttributeError, TypeError, ValueError):
         raise ValueError(f"{path}: not a values file with a `shape:` mapping of numbers") from None
 
 
 def _opt(value, kind):
     return None if value is None else kind(value)
+
+
+def with_shape_defaults(matrix: MatrixSpec, explicit: set[str]) -> MatrixSpec:
+    """A cluster matrix takes model, seq len, batch, precision, device and steps from its shape's
+    values file, except the keys the user set (`explicit`): `--backend kubernetes --shape h100`
+    must not inherit the CPU defaults (device cpu, fp32, tiny) that the chart would refuse."""
+    if matrix.backend != "kubernetes" or not matrix.shape:
+        return matrix
+    try:
+        shape = load_shape(matrix.shape)
+    except ValueError:
+        return matrix  # expand() reports the missing shape
+    return replace(matrix, **{k: v for k, v in shape.run.items() if k not in explicit})
+
+
+def local_gpu_count() -> int:
+    """NVIDIA GPUs the driver shows on this machine, read without torch (0 without a driver)."""
+    try:
+        return len(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        return 0
 
 
 # --- checks of the suite's own settings ------------------------------------------------------
@@ -355,6 +386,9 @@ def expand(matrix: MatrixSpec, limit: int | None = CONFIRM_ABOVE) -> tuple[list[
             shape = load_shape(matrix.shape)
         except ValueError as exc:
             errors.append(str(exc))
+    if shape is not None and matrix.backend == "local" and shape.gpus_per_node and not local_gpu_count():
+        errors.append(f"shape {shape.name} describes GPU nodes but this machine has no NVIDIA GPU: run it "
+                      "with --backend kubernetes, or locally with --shape cpu (or --shape none)")
     if errors:
         return [], _dedupe(errors)
     count = run_count(matrix)
@@ -425,4 +459,5 @@ def _dedupe(lines: list[str]) -> list[str]:
 
 
 __all__ = ["CONFIRM_ABOVE", "DEFAULT_MATRIX", "MatrixSpec", "RunSpec", "Shape", "default_matrix", "expand",
-           "load_matrix", "load_shape", "matrix_from_dict", "run_count", "save_matrix", "values_dir"]
+           "load_matrix", "load_shape", "local_gpu_count", "matrix_from_dict", "run_count", "save_matrix",
+           "values_dir", "with_shape_defaults"]

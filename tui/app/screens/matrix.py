@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -27,6 +28,21 @@ INPUTS = (
     ("warmup_steps", "Warm-up steps"),
     ("repeats", "Repeats"),
 )
+
+
+class CheckList(SelectionList[str]):
+    """A SelectionList whose rows also say [x] / [ ] in text, so the selection is visible
+    without colour (a monochrome terminal, a screen reader, a screenshot in a bug report)."""
+
+    def on_mount(self) -> None:
+        self.mark()
+
+    @on(SelectionList.SelectedChanged)
+    def mark(self) -> None:
+        chosen = set(self.selected)
+        for i in range(self.option_count):
+            value = self.get_option_at_index(i).value
+            self.replace_option_prompt_at_index(i, Text(f"[{'x' if value in chosen else ' '}] {value}"))
 
 
 def placeholders() -> dict[str, str]:
@@ -60,7 +76,7 @@ class MatrixScreen(Screen):
         with Horizontal():
             with VerticalScroll(id="matrix-form"):
                 yield Label("Strategies")
-                yield SelectionList[str](*[(s, s) for s in STRATEGIES], id="strategies")
+                yield CheckList(*[(s, s) for s in STRATEGIES], id="strategies")
                 hints = placeholders()
                 for key, title in INPUTS:
                     with Horizontal(classes="field"):
