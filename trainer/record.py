@@ -215,6 +215,8 @@ class ResultRecord:
     """torch CPU threads of every rank."""
     cpu_affinity: list[list[int]] = field(default_factory=list)
     """Per rank, the CPU cores it may run on (pinned to its own when there are enough)."""
+    cpu_count: int | None = None
+    """Logical CPUs of rank 0's host (os.cpu_count), to judge load averages against."""
     load_avg_1m_start: float | None = None
     """The host's 1-minute load average when training started (os.getloadavg, rank 0)."""
     load_avg_1m_end: float | None = None

@@ -20,11 +20,11 @@ import torch.distributed as dist
 
 from trainer import env_info
 from trainer import contract
+from trainer.comm import COUNTER as COMM
 from trainer.config import RunConfig, measured_fields
 from trainer.data import SyntheticBatches
 from trainer.devices import check_memory, device_name, resolve_device, resolve_precision
 from trainer.dist_env import DistEnv, resolve_rendezvous
-from trainer.comm import COUNTER as COMM
 from trainer.metrics import (end_setup_memory, load_avg_1m, peak_flops_for, peak_model_state, rank_memory,
                              step_time_stats)
 from trainer.checkpoint import Checkpointer
@@ -175,7 +175,7 @@ class Trainer:
         first = self._resume()
         next_batches = self.data.step_batches(first)
         loop_start = time.perf_counter()
-        self.record.load_avg_1m_start = load_avg_1m()
+        self.record.load_avg_1m_start, self.record.cpu_count = load_avg_1m(), os.cpu_count()
         self._sync()
         for step in range(first, cfg.steps):
             measured = step >= cfg.warmup_steps

@@ -195,3 +195,17 @@ def test_each_rank_pinned_to_its_own_core(records):
     for strategy in STRATEGIES:
         affinity = records[(strategy, 2)]["cpu_affinity"]
         assert all(len(cores) == 1 for cores in affinity) and len({c[0] for c in affinity}) == 2, strategy
+
+
+def test_zero3_all_gathers_every_non_persistent_parameter_once_per_micro_step(records):
+    """Parameters below stage3_param_persistence_threshold stay whole on every rank and are never
+    gathered; the others are gathered once per micro-step (the config's max live parameters and
+    reuse distance keep them until backward has used them; the tied embedding counts once)."""
+    zero = json.loads((CONFIG_DIR / "zero3.json").read_text())["zero_optimization"]
+    threshold = zero["stage3_param_persistence_threshold"]
+    sizes = {id(p): p.numel() for p in TinyGPT(PRESETS["tiny"]).parameters()}
+    gathered = [n for n in sizes.values() if n >= threshold]
+    r = records[("zero3", 2)]
+    comm, accum = r["comm_per_step"], r["grad_accum"]
+    assert comm["all_gather"]["calls"] / accum == len(gathered)
+    assert comm["all_gather"]["bytes"] / accum == pytest.approx(4 * sum(gathered), rel=0.01)
