@@ -77,26 +77,44 @@ def test_cancel_mid_run_kills_every_rank(tmp_path):
     assert any(isinstance(e, ev.RunLogLine) for e in seen)
 
 
-@pytest.mark.parametrize("strategy,launcher", [("fsdp", "torchrun"), ("zero2", "deepspeed")])
-def test_timeout_with_a_hung_rank_leaves_no_rank_alive(tmp_path, strategy, launcher):
-    """One rank is SIGSTOPped at step 2 (a hung rank); the per-run timeout must still end every
-    process of the run. torchrun starts each rank in a session of its own and waits 30 s before
-    killing them; a stopped process ignores SIGTERM until continued."""
-    spec = one_spec(strategy, 2, launcher)
-    run_dir = run_dir_for(tmp_path, spec)
+def stop_a_rank_at_step_2(run_dir: Path, then=None):
+    """An emit that SIGSTOPs one rank (a hung rank) at step 2, then calls `then`."""
     stopped = []
 
     def emit(event):
         if isinstance(event, ev.RunProgress) and event.step >= 2 and not stopped:
-            pids = rank_pids(run_dir)
-            os.kill(max(pids), signal.SIGSTOP)
-            stopped.append(max(pids))
+            pid = max(rank_pids(run_dir))
+            os.kill(pid, signal.SIGSTOP)
+            stopped.append(pid)
+            if then is not None:
+                then()
+    return emit, stopped
 
-    # The timeout counts from the launch: long enough for a slow start on a loaded machine.
-    record = LocalBackend(kill_grace_s=3).run(spec, run_dir, emit, threading.Event(), timeout_s=60)
+
+@pytest.mark.parametrize("strategy,launcher", [("fsdp", "torchrun"), ("zero2", "deepspeed"), ("ddp", "mpirun")])
+def test_cancel_with_a_hung_rank_leaves_no_rank_alive(tmp_path, strategy, launcher):
+    """One rank is SIGSTOPped, then the run is cancelled: every process of the run must end.
+    torchrun starts each rank in a session of its own and waits 30 s before killing them; a
+    stopped process acts on SIGTERM only once continued."""
+    spec = one_spec(strategy, 2, launcher)
+    run_dir = run_dir_for(tmp_path, spec)
+    cancel = threading.Event()
+    emit, stopped = stop_a_rank_at_step_2(run_dir, cancel.set)
+    record = LocalBackend(kill_grace_s=3).run(spec, run_dir, emit, cancel, timeout_s=240)
     assert stopped, f"never saw step 2: {(run_dir / 'log.txt').read_text()[-2000:]}"
-    assert record["status"] == "timeout" and "60 s" in record["error"]
-    assert " at step " in record["error"]
+    assert record["error"].startswith("cancelled by the user at step")
+    assert processes_mentioning(str(run_dir)) == []
+
+
+def test_timeout_with_a_hung_rank_under_torchrun(tmp_path):
+    """The reported case: `--launcher torchrun`, one rank stopped, the per-run timeout fires."""
+    spec = one_spec("fsdp", 2, "torchrun")
+    run_dir = run_dir_for(tmp_path, spec)
+    emit, stopped = stop_a_rank_at_step_2(run_dir)
+    # The timeout counts from the launch: long enough for a slow start on a loaded machine.
+    record = LocalBackend(kill_grace_s=3).run(spec, run_dir, emit, threading.Event(), timeout_s=45)
+    assert stopped, f"never saw step 2: {(run_dir / 'log.txt').read_text()[-2000:]}"
+    assert record["status"] == "timeout" and "45 s" in record["error"] and " at step " in record["error"]
     assert processes_mentioning(str(run_dir)) == []
 
 
