@@ -47,8 +47,10 @@ _CUT_TRIES = 64
 """How far back from a parse error to look for where another rank's text was glued in."""
 _MAX_PIECES = 200
 """Lines of one block considered for a split record."""
-_SEARCH_STEPS = 2000
-"""Parse attempts at most when rejoining one split record."""
+_SEARCH_STEPS = 1000
+"""Parse attempts at most when rejoining the record of one block."""
+_SEARCH_BYTES = 256 << 20
+"""Bytes parsed at most when rejoining the record of one block (about a second at worst)."""
 
 # Launcher line prefixes: OpenMPI --tag-output / --output-tag, pdsh ("host: "), torchrun
 # --tee/--role prefixes ("[default0]:").
@@ -109,17 +111,20 @@ def _valid_prefix(text: str) -> bool:
     return pos is None or pos >= len(text) - 1
 
 
-def _rejoin(pieces: list[str]) -> Any:
+def _rejoin(pieces: list[str], budget: list[int]) -> Any:
     """The record split over `pieces` by other ranks' output, or None. A depth-first search over
     three moves per piece: append it, skip it (a foreign line), or, when the text so far ends in
     foreign text glued to a piece, cut that text off (tried back from where the parser failed).
-    The first complete parse that is a valid record wins; the search is bounded (_SEARCH_STEPS).
+    The first complete parse that is a valid record wins; the search is bounded (_SEARCH_STEPS,
+    _SEARCH_BYTES).
     Foreign text that landed inside a JSON string cannot be told from the string: it stays in."""
-    budget = [_SEARCH_STEPS]
+    def spend(text: str) -> bool:
+        budget[0] -= 1
+        budget[1] -= len(text)
+        return budget[0] >= 0 and budget[1] >= 0
 
     def search(text: str, i: int) -> Any:
-        budget[0] -= 1
-        if budget[0] < 0:
+        if not spend(text):
             return None
         pos = _error_pos(text)
         if pos is None:
@@ -131,6 +136,8 @@ def _rejoin(pieces: list[str]) -> Any:
             return search(text + pieces[i], i + 1) or search(text, i + 1)
         for k in range(pos, max(text.find("{"), pos - _CUT_TRIES), -1):
             head = text[:k]
+            if not spend(head):
+                return None
             if _valid_prefix(head):
                 found = search(head, i)
                 if found is not None:
@@ -246,6 +253,7 @@ def _candidates(block: list[str]) -> tuple[list[Any], str | None]:
     if found:
         return found, None
     starts = [i for i, line in enumerate(block) if line.startswith("{")][:5]
+    budget = [_SEARCH_STEPS, _SEARCH_BYTES]  # shared by every start: one block, one bounded search
     for start in starts:  # a foreign JSON line may come first: each `{` line may open the record
         pieces = block[start:][:_MAX_PIECES]
         try:
@@ -254,7 +262,7 @@ def _candidates(block: list[str]) -> tuple[list[Any], str | None]:
             joined, first_error = None, first_error or f"invalid JSON: {exc}"
         if joined is not None and validate(joined) is None:
             return [joined], None
-        rejoined = _rejoin(pieces)
+        rejoined = _rejoin(pieces, budget)
         if rejoined is not None:
             return [rejoined], None
         if joined is not None and start == starts[-1]:
