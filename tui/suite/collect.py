@@ -55,6 +55,9 @@ _SEARCH_BYTES = 256 << 20
 # Launcher line prefixes: OpenMPI --tag-output / --output-tag, pdsh ("host: "), torchrun
 # --tee/--role prefixes ("[default0]:").
 _PREFIX = re.compile(r"^(\[\d+,\d+\]<std(?:out|err)>:\s?|\[[\w.-]*\d+\]:\s?|[\w.-]+: (?=\{|BENCHMARK_|SHARDBENCH_))")
+_MARKER_STEM = "BENCHMARK_RESULT_JSON_"
+_ERROR_WORDS = ("rror", "xception", "Interrupt", "ERROR", "Killed")
+"""Cheap test before the error-line pattern (every word _ERROR_LINE can match contains one)."""
 _ERROR_LINE = re.compile(r"^\s*(\w+(\.\w+)*(Error|Exception|Interrupt)|error|ERROR|Killed|Traceback)\b")
 
 
@@ -186,9 +189,12 @@ class Collector:
 
     def feed(self, raw: bytes | str) -> None:
         line = decode(raw).rstrip("\r\n")
+        if self._block is None and _MARKER_STEM not in line:  # the common case: a plain log line
+            if any(word in line for word in _ERROR_WORDS):
+                self._note_error(strip_prefix(line).strip())
+            return
         bare = strip_prefix(line).strip()
-        if _ERROR_LINE.match(bare) and not bare.startswith("Traceback"):
-            self._last_error = bare[:300]
+        self._note_error(bare)
         if _is_marker(bare, START_MARKER):
             self._close(closed=False)
             self._block, self._block_bytes = [], 0
@@ -204,6 +210,10 @@ class Collector:
                 self._block = None
             else:
                 self._block.append(bare)
+
+    def _note_error(self, bare: str) -> None:
+        if _ERROR_LINE.match(bare) and not bare.startswith("Traceback"):
+            self._last_error = bare[:300]
 
     def _close(self, closed: bool) -> None:
         block, self._block = self._block, None
@@ -281,8 +291,12 @@ def iter_lines(stream: BinaryIO):
 
 def extract(data: bytes | str, run_id: str | None = None) -> Extracted:
     """Find the record in a log held in memory (rules in the module docstring)."""
-    raw = data.encode("utf-8", errors="replace") if isinstance(data, str) else data
-    return extract_stream(io.BytesIO(raw), run_id)
+    if isinstance(data, str):
+        collector = Collector(run_id)
+        for line in data.splitlines():
+            collector.feed(line)
+        return collector.result()
+    return extract_stream(io.BytesIO(data), run_id)
 
 
 def extract_stream(stream: BinaryIO, run_id: str | None = None) -> Extracted:
