@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import io
 import json
+from collections import deque
 import os
 import re
 from dataclasses import dataclass, field
@@ -41,8 +42,8 @@ READABLE_SCHEMA_VERSIONS = tuple(range(1, SCHEMA_VERSION + 1))
 """Record versions this reader understands (every version up to the trainer's)."""
 MAX_RECORD_BYTES = 32 << 20
 """A block between markers larger than this is not a record (a START followed by endless noise)."""
-MAX_LINE_BYTES = 1 << 20
-"""Lines are read in pieces of at most this size; a longer line is a record only inside a block."""
+MAX_LINE_BYTES = MAX_RECORD_BYTES
+"""Lines are read in pieces of at most this size (a record's line is never cut; longer noise is)."""
 _CUT_TRIES = 64
 """How far back from a parse error to look for where another rank's text was glued in."""
 _MAX_PIECES = 200
@@ -184,7 +185,8 @@ class Collector:
         self._last: dict | None = None
         self._last_matching: dict | None = None
         self._valid = 0
-        self._problems: list[str] = []
+        self._problems: deque[str] = deque(maxlen=20)
+        """Why blocks were not records (the latest few: a log of junk must not grow this)."""
         self._last_error: str | None = None
 
     def feed(self, raw: bytes | str) -> None:
@@ -240,7 +242,7 @@ class Collector:
             if self._valid > 1:
                 out.notes.append(f"{self._valid} records in the log; took the last"
                                  + (" matching run id" if self._last_matching is not None else ""))
-            out.notes += [f"ignored: {p}" for p in self._problems[-20:]]
+            out.notes += [f"ignored: {p}" for p in self._problems]
             return out
         out.error = self._problems[-1] if self._problems else "no result record in the log"
         if self._last_error:
