@@ -148,7 +148,8 @@ def test_csv_rows_match_the_records(report, records):
         assert row["status"] == "ok" and row["world_size"] == rec["world_size"]
         assert row["tokens_per_s"] == pytest.approx(rec["tokens_per_s"])
         assert row["step_time_mean_s"] == pytest.approx(rec["step_time_s"]["mean"])
-        rss = (rec.get("memory") or {}).get("rss_peak_bytes") or max(m["rss_bytes"] for m in rec["peak_memory"])
+        rss = (max(m["rss_peak_bytes"] for m in rec["memory"]) if rec.get("memory")  # schema 2
+               else max(m["rss_bytes"] for m in rec["peak_memory"]))
         assert row["rss_footprint_gib"] == pytest.approx(rss / 2 ** 30)
         assert row["model_state_gib_per_rank"] == pytest.approx(rec["model_state_bytes_per_rank"] / 2 ** 30)
         assert row["cost_usd_per_mtok"] == pytest.approx(PRICE * rec["world_size"] / 3600 / rec["tokens_per_s"] * 1e6)
