@@ -3,8 +3,10 @@ hung (SIGSTOP) or not, under every launcher; a full disk loses no record."""
 from __future__ import annotations
 
 import os
+import pickle
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -43,6 +45,11 @@ def rank_pids(run_dir: Path) -> list[int]:
         if "-m trainer" in args and not launcher:
             pids.append(int(pid))
     return pids
+
+
+def has_progress(run_dir: Path) -> bool:
+    log = run_dir / "log.txt"
+    return log.exists() and "SHARDBENCH_PROGRESS" in log.read_text()
 
 
 def run_dir_for(tmp_path, spec) -> Path:
@@ -155,3 +162,32 @@ def test_disk_full_mid_run_keeps_draining_and_keeps_the_record(tmp_path):
         assert filled
         assert record["status"] == "ok" and record["measured_steps"] == 6, record.get("error")
         assert "BENCHMARK_RESULT_JSON_END" not in (run_dir / "log.txt").read_text()
+
+
+@pytest.mark.parametrize("strategy,launcher", [("zero2", "deepspeed"), ("fsdp", "torchrun")])
+def test_a_suite_killed_outright_takes_its_ranks_with_it(tmp_path, strategy, launcher):
+    """SIGKILL to the process running the backend (no handler can run): the launcher gets SIGTERM
+    from the kernel (it was started through trainer.lifeline), and the ranks follow it."""
+    spec = one_spec(strategy, 2, launcher)
+    run_dir = run_dir_for(tmp_path, spec)
+    code = ("import pickle, sys, threading; from tui.suite.backends.local import LocalBackend; "
+            "from tui.suite import events; spec = pickle.loads(bytes.fromhex(sys.argv[1])); "
+            "LocalBackend().run(spec, sys.argv[2], events.ignore, threading.Event(), 600)")
+    suite = subprocess.Popen([sys.executable, "-c", code, pickle.dumps(spec).hex(), str(run_dir)],
+                             cwd=Path(__file__).resolve().parents[2])
+    try:
+        deadline = time.monotonic() + 180
+        while not has_progress(run_dir):
+            assert time.monotonic() < deadline and suite.poll() is None, "the run never started"
+            time.sleep(0.5)
+        assert rank_pids(run_dir)
+        suite.kill()
+        suite.wait()
+        deadline = time.monotonic() + 60
+        while processes_mentioning(str(run_dir)) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        left = processes_mentioning(str(run_dir))
+    finally:
+        for line in processes_mentioning(str(run_dir)):  # clean up what this test started
+            os.kill(int(line.split()[0]), signal.SIGKILL)
+    assert left == []
