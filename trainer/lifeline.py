@@ -8,7 +8,8 @@ torchrun -> rank):
   once a second it checks that each launcher ancestor still lives and sends this process SIGTERM
   when one is gone. SIGTERM is what the trainer turns into a failed record (trainer/cli.py); if
   the rank is stuck in a collective and cannot act on it, the watchdog exits it after a grace.
-Linux only; elsewhere both are skipped.
+Linux only; elsewhere both are skipped. `python -m trainer.lifeline CMD...` runs CMD tied the
+same way to the process that started it (the local backend starts launchers so).
 """
 from __future__ import annotations
 
@@ -91,3 +92,20 @@ def tie_to_launcher(interval_s: float = 1.0) -> list[tuple[int, str]]:
     if chain:
         threading.Thread(target=_watch, args=(chain, interval_s), name="lifeline", daemon=True).start()
     return chain
+
+
+def exec_tied(argv: list[str]) -> None:
+    """Become `argv` (execvp) with SIGTERM set to arrive when this process's parent dies: the
+    suite starts each launcher through this, so a suite that is killed outright (SIGKILL, OOM)
+    takes its launcher with it, and the launcher takes its ranks (PDEATHSIG survives exec)."""
+    parent = os.getppid()
+    _set_pdeathsig(signal.SIGTERM)
+    if os.getppid() != parent:  # the suite died before prctl took effect
+        os._exit(143)
+    os.execvp(argv[0], argv)
+
+
+if __name__ == "__main__":
+    import sys
+
+    exec_tied(sys.argv[1:])

@@ -217,3 +217,12 @@ def test_cli_collect_on_a_file_without_record_prints_one_line():
     proc = run_cli("collect", "/etc/hostname")
     assert proc.returncode == 1 and proc.stdout == ""
     assert proc.stderr.count("\n") == 1 and "no valid record in /etc/hostname" in proc.stderr
+
+
+def test_a_record_of_several_megabytes_is_read_whole_from_a_file(tmp_path):
+    """100,000 steps make a record line of megabytes: streaming must not cut it (a cut at a space
+    inside a string would change the string)."""
+    r = rec(loss_per_step=[9.123456] * 300_000, device_name="Test CPU " * 1000)
+    log = tmp_path / "big.log"
+    log.write_text(synthetic.log_with(r))
+    assert extract_file(log).record == r

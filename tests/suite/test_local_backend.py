@@ -3,8 +3,10 @@ hung (SIGSTOP) or not, under every launcher; a full disk loses no record."""
 from __future__ import annotations
 
 import os
+import pickle
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -45,6 +47,11 @@ def rank_pids(run_dir: Path) -> list[int]:
     return pids
 
 
+def has_progress(run_dir: Path) -> bool:
+    log = run_dir / "log.txt"
+    return log.exists() and "SHARDBENCH_PROGRESS" in log.read_text()
+
+
 def run_dir_for(tmp_path, spec) -> Path:
     run_dir = tmp_path / spec.run_id
     run_dir.mkdir(parents=True)  # the runner makes it (tui.suite.store.ResultsDir.begin)
@@ -77,26 +84,44 @@ def test_cancel_mid_run_kills_every_rank(tmp_path):
     assert any(isinstance(e, ev.RunLogLine) for e in seen)
 
 
-@pytest.mark.parametrize("strategy,launcher", [("fsdp", "torchrun"), ("zero2", "deepspeed")])
-def test_timeout_with_a_hung_rank_leaves_no_rank_alive(tmp_path, strategy, launcher):
-    """One rank is SIGSTOPped at step 2 (a hung rank); the per-run timeout must still end every
-    process of the run. torchrun starts each rank in a session of its own and waits 30 s before
-    killing them; a stopped process ignores SIGTERM until continued."""
-    spec = one_spec(strategy, 2, launcher)
-    run_dir = run_dir_for(tmp_path, spec)
+def stop_a_rank_at_step_2(run_dir: Path, then=None):
+    """An emit that SIGSTOPs one rank (a hung rank) at step 2, then calls `then`."""
     stopped = []
 
     def emit(event):
         if isinstance(event, ev.RunProgress) and event.step >= 2 and not stopped:
-            pids = rank_pids(run_dir)
-            os.kill(max(pids), signal.SIGSTOP)
-            stopped.append(max(pids))
+            pid = max(rank_pids(run_dir))
+            os.kill(pid, signal.SIGSTOP)
+            stopped.append(pid)
+            if then is not None:
+                then()
+    return emit, stopped
 
-    # The timeout counts from the launch: long enough for a slow start on a loaded machine.
-    record = LocalBackend(kill_grace_s=3).run(spec, run_dir, emit, threading.Event(), timeout_s=60)
+
+@pytest.mark.parametrize("strategy,launcher", [("fsdp", "torchrun"), ("zero2", "deepspeed"), ("ddp", "mpirun")])
+def test_cancel_with_a_hung_rank_leaves_no_rank_alive(tmp_path, strategy, launcher):
+    """One rank is SIGSTOPped, then the run is cancelled: every process of the run must end.
+    torchrun starts each rank in a session of its own and waits 30 s before killing them; a
+    stopped process acts on SIGTERM only once continued."""
+    spec = one_spec(strategy, 2, launcher)
+    run_dir = run_dir_for(tmp_path, spec)
+    cancel = threading.Event()
+    emit, stopped = stop_a_rank_at_step_2(run_dir, cancel.set)
+    record = LocalBackend(kill_grace_s=3).run(spec, run_dir, emit, cancel, timeout_s=240)
     assert stopped, f"never saw step 2: {(run_dir / 'log.txt').read_text()[-2000:]}"
-    assert record["status"] == "timeout" and "60 s" in record["error"]
-    assert " at step " in record["error"]
+    assert record["error"].startswith("cancelled by the user at step")
+    assert processes_mentioning(str(run_dir)) == []
+
+
+def test_timeout_with_a_hung_rank_under_torchrun(tmp_path):
+    """The reported case: `--launcher torchrun`, one rank stopped, the per-run timeout fires."""
+    spec = one_spec("fsdp", 2, "torchrun")
+    run_dir = run_dir_for(tmp_path, spec)
+    emit, stopped = stop_a_rank_at_step_2(run_dir)
+    # The timeout counts from the launch: long enough for a slow start on a loaded machine.
+    record = LocalBackend(kill_grace_s=3).run(spec, run_dir, emit, threading.Event(), timeout_s=45)
+    assert stopped, f"never saw step 2: {(run_dir / 'log.txt').read_text()[-2000:]}"
+    assert record["status"] == "timeout" and "45 s" in record["error"] and " at step " in record["error"]
     assert processes_mentioning(str(run_dir)) == []
 
 
@@ -137,3 +162,32 @@ def test_disk_full_mid_run_keeps_draining_and_keeps_the_record(tmp_path):
         assert filled
         assert record["status"] == "ok" and record["measured_steps"] == 6, record.get("error")
         assert "BENCHMARK_RESULT_JSON_END" not in (run_dir / "log.txt").read_text()
+
+
+@pytest.mark.parametrize("strategy,launcher", [("zero2", "deepspeed"), ("fsdp", "torchrun")])
+def test_a_suite_killed_outright_takes_its_ranks_with_it(tmp_path, strategy, launcher):
+    """SIGKILL to the process running the backend (no handler can run): the launcher gets SIGTERM
+    from the kernel (it was started through trainer.lifeline), and the ranks follow it."""
+    spec = one_spec(strategy, 2, launcher)
+    run_dir = run_dir_for(tmp_path, spec)
+    code = ("import pickle, sys, threading; from tui.suite.backends.local import LocalBackend; "
+            "from tui.suite import events; spec = pickle.loads(bytes.fromhex(sys.argv[1])); "
+            "LocalBackend().run(spec, sys.argv[2], events.ignore, threading.Event(), 600)")
+    suite = subprocess.Popen([sys.executable, "-c", code, pickle.dumps(spec).hex(), str(run_dir)],
+                             cwd=Path(__file__).resolve().parents[2])
+    try:
+        deadline = time.monotonic() + 180
+        while not has_progress(run_dir):
+            assert time.monotonic() < deadline and suite.poll() is None, "the run never started"
+            time.sleep(0.5)
+        assert rank_pids(run_dir)
+        suite.kill()
+        suite.wait()
+        deadline = time.monotonic() + 60
+        while processes_mentioning(str(run_dir)) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        left = processes_mentioning(str(run_dir))
+    finally:
+        for line in processes_mentioning(str(run_dir)):  # clean up what this test started
+            os.kill(int(line.split()[0]), signal.SIGKILL)
+    assert left == []

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import io
 import json
+from collections import deque
 import os
 import re
 from dataclasses import dataclass, field
@@ -41,18 +42,23 @@ READABLE_SCHEMA_VERSIONS = tuple(range(1, SCHEMA_VERSION + 1))
 """Record versions this reader understands (every version up to the trainer's)."""
 MAX_RECORD_BYTES = 32 << 20
 """A block between markers larger than this is not a record (a START followed by endless noise)."""
-MAX_LINE_BYTES = 1 << 20
-"""Lines are read in pieces of at most this size; a longer line is a record only inside a block."""
+MAX_LINE_BYTES = MAX_RECORD_BYTES
+"""Lines are read in pieces of at most this size (a record's line is never cut; longer noise is)."""
 _CUT_TRIES = 64
 """How far back from a parse error to look for where another rank's text was glued in."""
 _MAX_PIECES = 200
 """Lines of one block considered for a split record."""
-_SEARCH_STEPS = 2000
-"""Parse attempts at most when rejoining one split record."""
+_SEARCH_STEPS = 1000
+"""Parse attempts at most when rejoining the record of one block."""
+_SEARCH_BYTES = 256 << 20
+"""Bytes parsed at most when rejoining the record of one block (about a second at worst)."""
 
 # Launcher line prefixes: OpenMPI --tag-output / --output-tag, pdsh ("host: "), torchrun
 # --tee/--role prefixes ("[default0]:").
 _PREFIX = re.compile(r"^(\[\d+,\d+\]<std(?:out|err)>:\s?|\[[\w.-]*\d+\]:\s?|[\w.-]+: (?=\{|BENCHMARK_|SHARDBENCH_))")
+_MARKER_STEM = "BENCHMARK_RESULT_JSON_"
+_ERROR_WORDS = ("rror", "xception", "Interrupt", "ERROR", "Killed")
+"""Cheap test before the error-line pattern (every word _ERROR_LINE can match contains one)."""
 _ERROR_LINE = re.compile(r"^\s*(\w+(\.\w+)*(Error|Exception|Interrupt)|error|ERROR|Killed|Traceback)\b")
 
 
@@ -109,17 +115,20 @@ def _valid_prefix(text: str) -> bool:
     return pos is None or pos >= len(text) - 1
 
 
-def _rejoin(pieces: list[str]) -> Any:
+def _rejoin(pieces: list[str], budget: list[int]) -> Any:
     """The record split over `pieces` by other ranks' output, or None. A depth-first search over
     three moves per piece: append it, skip it (a foreign line), or, when the text so far ends in
     foreign text glued to a piece, cut that text off (tried back from where the parser failed).
-    The first complete parse that is a valid record wins; the search is bounded (_SEARCH_STEPS).
+    The first complete parse that is a valid record wins; the search is bounded (_SEARCH_STEPS,
+    _SEARCH_BYTES).
     Foreign text that landed inside a JSON string cannot be told from the string: it stays in."""
-    budget = [_SEARCH_STEPS]
+    def spend(text: str) -> bool:
+        budget[0] -= 1
+        budget[1] -= len(text)
+        return budget[0] >= 0 and budget[1] >= 0
 
     def search(text: str, i: int) -> Any:
-        budget[0] -= 1
-        if budget[0] < 0:
+        if not spend(text):
             return None
         pos = _error_pos(text)
         if pos is None:
@@ -131,6 +140,8 @@ def _rejoin(pieces: list[str]) -> Any:
             return search(text + pieces[i], i + 1) or search(text, i + 1)
         for k in range(pos, max(text.find("{"), pos - _CUT_TRIES), -1):
             head = text[:k]
+            if not spend(head):
+                return None
             if _valid_prefix(head):
                 found = search(head, i)
                 if found is not None:
@@ -174,14 +185,18 @@ class Collector:
         self._last: dict | None = None
         self._last_matching: dict | None = None
         self._valid = 0
-        self._problems: list[str] = []
+        self._problems: deque[str] = deque(maxlen=20)
+        """Why blocks were not records (the latest few: a log of junk must not grow this)."""
         self._last_error: str | None = None
 
     def feed(self, raw: bytes | str) -> None:
         line = decode(raw).rstrip("\r\n")
+        if self._block is None and _MARKER_STEM not in line:  # the common case: a plain log line
+            if any(word in line for word in _ERROR_WORDS):
+                self._note_error(strip_prefix(line).strip())
+            return
         bare = strip_prefix(line).strip()
-        if _ERROR_LINE.match(bare) and not bare.startswith("Traceback"):
-            self._last_error = bare[:300]
+        self._note_error(bare)
         if _is_marker(bare, START_MARKER):
             self._close(closed=False)
             self._block, self._block_bytes = [], 0
@@ -197,6 +212,10 @@ class Collector:
                 self._block = None
             else:
                 self._block.append(bare)
+
+    def _note_error(self, bare: str) -> None:
+        if _ERROR_LINE.match(bare) and not bare.startswith("Traceback"):
+            self._last_error = bare[:300]
 
     def _close(self, closed: bool) -> None:
         block, self._block = self._block, None
@@ -223,7 +242,7 @@ class Collector:
             if self._valid > 1:
                 out.notes.append(f"{self._valid} records in the log; took the last"
                                  + (" matching run id" if self._last_matching is not None else ""))
-            out.notes += [f"ignored: {p}" for p in self._problems[-20:]]
+            out.notes += [f"ignored: {p}" for p in self._problems]
             return out
         out.error = self._problems[-1] if self._problems else "no result record in the log"
         if self._last_error:
@@ -246,6 +265,7 @@ def _candidates(block: list[str]) -> tuple[list[Any], str | None]:
     if found:
         return found, None
     starts = [i for i, line in enumerate(block) if line.startswith("{")][:5]
+    budget = [_SEARCH_STEPS, _SEARCH_BYTES]  # shared by every start: one block, one bounded search
     for start in starts:  # a foreign JSON line may come first: each `{` line may open the record
         pieces = block[start:][:_MAX_PIECES]
         try:
@@ -254,7 +274,7 @@ def _candidates(block: list[str]) -> tuple[list[Any], str | None]:
             joined, first_error = None, first_error or f"invalid JSON: {exc}"
         if joined is not None and validate(joined) is None:
             return [joined], None
-        rejoined = _rejoin(pieces)
+        rejoined = _rejoin(pieces, budget)
         if rejoined is not None:
             return [rejoined], None
         if joined is not None and start == starts[-1]:
@@ -273,8 +293,12 @@ def iter_lines(stream: BinaryIO):
 
 def extract(data: bytes | str, run_id: str | None = None) -> Extracted:
     """Find the record in a log held in memory (rules in the module docstring)."""
-    raw = data.encode("utf-8", errors="replace") if isinstance(data, str) else data
-    return extract_stream(io.BytesIO(raw), run_id)
+    if isinstance(data, str):
+        collector = Collector(run_id)
+        for line in data.splitlines():
+            collector.feed(line)
+        return collector.result()
+    return extract_stream(io.BytesIO(data), run_id)
 
 
 def extract_stream(stream: BinaryIO, run_id: str | None = None) -> Extracted:

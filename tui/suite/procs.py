@@ -7,8 +7,9 @@ launcher (its session, and the descendants of every process it knows, by parent 
 its start time so a recycled pid is never signalled. `refresh()` is called while the run is
 watched, and again before every signal, so a rank that was orphaned is still known.
 
-`kill()` ends them all: SIGTERM plus SIGCONT (a SIGSTOPped rank acts on nothing until continued),
-then SIGKILL to whatever is left after the grace period. SIGKILL also ends stopped processes.
+`kill()` ends them all, ranks first: SIGTERM plus SIGCONT (a SIGSTOPped rank acts on nothing until
+continued) to the ranks so they can report, then to the launchers, then SIGKILL to whatever is left
+after the grace periods. SIGKILL also ends stopped processes.
 Linux /proc only (the local backend's platform).
 """
 from __future__ import annotations
@@ -70,25 +71,43 @@ class ProcessTree:
         return [pid for pid, start in self.known.items()
                 if pid in procs and procs[pid][3] == start and procs[pid][2] != "Z"]
 
-    def signal(self, sig: int) -> None:
+    def leaves(self) -> list[int]:
+        """Known live processes with no live known child: the ranks (launchers have children)."""
+        procs = _snapshot()
+        alive = set(self.alive())
+        parents = {procs[pid][0] for pid in alive if pid in procs}
+        return [pid for pid in alive if pid not in parents]
+
+    def signal(self, sig: int, pids: list[int] | None = None) -> None:
         self.refresh()
-        for pid in self.alive():
+        for pid in self.alive() if pids is None else pids:
             try:
                 os.kill(pid, sig)
             except (ProcessLookupError, PermissionError):
                 pass
 
-    def kill(self, grace_s: float = 5.0) -> list[int]:
-        """SIGTERM (+SIGCONT) everything, SIGKILL what is left after `grace_s`; returns the pids
-        still alive at the end (empty unless a process is unkillable)."""
+    def kill(self, grace_s: float = 5.0, launcher_grace_s: float = 2.0) -> list[int]:
+        """End the tree; returns the pids still alive at the end (empty unless unkillable).
+
+        The ranks first: SIGTERM + SIGCONT to the leaves, so each rank writes its failed record
+        before a launcher that is signalled too can SIGKILL it (mpirun does, quickly); up to
+        `grace_s` for them. Then SIGTERM to everything left, `launcher_grace_s`, then SIGKILL."""
+        self.refresh()
+        ranks = self.leaves()
+        self.signal(signal.SIGTERM, ranks)
+        self.signal(signal.SIGCONT, ranks)
+        self._wait_for(lambda: set(ranks) & set(self.alive()), grace_s)
         self.signal(signal.SIGTERM)
         self.signal(signal.SIGCONT)
-        deadline = time.monotonic() + grace_s
-        while self.alive() and time.monotonic() < deadline:
-            time.sleep(0.1)
-            self.refresh()
+        self._wait_for(self.alive, launcher_grace_s)
         deadline = time.monotonic() + 10.0
         while self.alive() and time.monotonic() < deadline:
             self.signal(signal.SIGKILL)
             time.sleep(0.05)
         return self.alive()
+
+    def _wait_for(self, pending, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while pending() and time.monotonic() < deadline:
+            time.sleep(0.1)
+            self.refresh()

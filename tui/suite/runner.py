@@ -6,8 +6,8 @@ decides to skip (resume) or run, moves an earlier attempt aside, hands the run t
 result.json. Backends never write result.json.
 
 Order: repeat 0 of every configuration, then repeat 1 of every configuration, and so on; inside
-each repeat the configurations are shuffled with a seeded RNG (the seed is logged in the results
-dir's order.jsonl and given to RunQueued), so drift on the machine (load, heat) spreads over all
+each repeat the configurations are shuffled with a seeded RNG (the seed and the order are logged
+in the results dir's order.jsonl; RunQueued.index is the position in it), so drift on the machine (load, heat) spreads over all
 strategies instead of landing on the ones that happen to run last.
 
 Nothing measured is lost: any error in a run's files (mkdir, write, read, parse) or in the backend
@@ -92,7 +92,7 @@ class Runner:
         try:
             self.store.log_order(self.order_seed, [s.run_id for s in self.order])
         except OSError:
-            pass  # the seed is also in every RunQueued; a full disk shows up in the runs themselves
+            pass  # a full disk shows up in the runs themselves, as their failed rows
         for i, spec in enumerate(self.order):
             t0 = time.monotonic()
             record, ran = self._one(spec)

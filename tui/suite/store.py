@@ -76,11 +76,15 @@ class ResultsDir:
                                   "give a writable directory with --results") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
+        except BlockingIOError:
             owner = _read_owner(fd)
             os.close(fd)
             raise ResultsDirError(f"results directory {self.path} is in use by {owner}: wait for it to "
                                   "finish or give another --results directory") from None
+        except OSError as exc:  # e.g. ENOLCK: a filesystem without locks cannot be shared safely
+            os.close(fd)
+            raise ResultsDirError(f"results directory {self.path} cannot be locked ({exc.strerror or exc}): "
+                                  "give a directory on a local filesystem with --results") from None
         try:
             os.ftruncate(fd, 0)
             os.write(fd, f"pid {os.getpid()} on {socket.gethostname()} since "

@@ -203,8 +203,10 @@ class LocalBackend:
         log_path = run_dir / "log.txt"
         log_path.write_bytes(("$ " + " ".join(cmd) + "\n").encode())
         emit(RunLogLine(spec.run_id, "$ " + " ".join(cmd)))  # the log's first line, shown first too
+        # Through trainer.lifeline: the launcher gets SIGTERM if this process dies outright.
+        tied = [sys.executable, "-m", "trainer.lifeline", *cmd]
         try:
-            proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=run_env(spec, port, self.search_path), stdin=subprocess.DEVNULL,
+            proc = subprocess.Popen(tied, cwd=REPO_ROOT, env=run_env(spec, port, self.search_path), stdin=subprocess.DEVNULL,
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
         except OSError as exc:
             return failed_record(spec, f"could not start {spec.launcher}: {exc}")
