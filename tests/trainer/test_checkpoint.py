@@ -6,7 +6,6 @@ One uninterrupted run per (strategy, world size) saves checkpoints at steps 3 an
 resumed run starts a new set of processes from the step-3 checkpoint, as a restarted job does."""
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
