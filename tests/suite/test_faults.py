@@ -205,3 +205,23 @@ def test_benchtui_results_show_the_same_fault_table():
     assert lines == faults_report.text_lines(records)
     assert "Young's every (steps)" in lines[0] and lines[1].split()[:2] == ["ddp", "2"]
     assert compute([synthetic_plain()]).fault_table == []
+
+
+async def test_the_results_screen_shows_the_fault_table():
+    from textual.app import App
+    from textual.widgets import Static
+
+    from tui.app.results_model import compute
+    from tui.app.screens.results import ResultsScreen
+
+    class Host(App):
+        def on_mount(self) -> None:
+            self.push_screen(ResultsScreen())
+
+    app = Host()
+    async with app.run_test(size=(220, 60)) as pilot:
+        await pilot.pause()
+        app.screen.show(compute([_ckpt_record("ddp", 2, step_s=0.5, save_s=2.0, recovery_s=30.0)]))
+        await pilot.pause()
+        shown = str(app.screen.query_one("#winners", Static).render())
+        assert "Fault tolerance" in shown and "Young's every (steps)" in shown
