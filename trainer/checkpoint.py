@@ -159,6 +159,23 @@ def choose(root: Path, resume: str) -> tuple[Path | None, list[str]]:
     return None, warnings
 
 
+def tied_aliases(model_sd: dict[str, Any]) -> dict[str, str]:
+    """{key: the earlier key whose tensor it shares}: a tied weight (TinyGPT's lm_head is its
+    token embedding) appears under both names in a state dict, and DCP would store it twice."""
+    first: dict[tuple, str] = {}
+    aliases = {}
+    for key, value in model_sd.items():
+        local = value.to_local() if hasattr(value, "to_local") else value
+        if not isinstance(local, torch.Tensor) or local.numel() == 0:
+            continue
+        where = (local.untyped_storage().data_ptr(), local.storage_offset(), tuple(local.shape), local.dtype)
+        if where in first:
+            aliases[key] = first[where]
+        else:
+            first[where] = key
+    return aliases
+
+
 # --- what the loop hands over ---------------------------------------------------------------
 
 def rng_state() -> dict[str, Any]:
@@ -243,11 +260,15 @@ class Checkpointer:
     def in_flight(self) -> bool:
         return self._pending is not None
 
-    def _model_optim(self):
+    def _model_optim(self) -> tuple[dict[str, Any], dict[str, str]]:
+        """The DCP state (model and optimizer) with tied parameters once, and {alias: key}."""
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
         model_sd, optim_sd = get_state_dict(self.strategy.model, self.strategy.optimizer)
-        return {"model": model_sd, "optim": optim_sd}
+        aliases = tied_aliases(model_sd)
+        for alias in aliases:
+            del model_sd[alias]
+        return {"model": model_sd, "optim": optim_sd}, aliases
 
     # -- save ---------------------------------------------------------------------------------
     def save(self, step: int, history: dict[str, Any]) -> float:
@@ -274,7 +295,7 @@ class Checkpointer:
         elif self.cfg.async_checkpoint:
             import torch.distributed.checkpoint as dcp
 
-            future = dcp.async_save(self._model_optim(), checkpoint_id=str(tmp / "dcp"),
+            future = dcp.async_save(self._model_optim()[0], checkpoint_id=str(tmp / "dcp"),
                                     process_group=self._async_group, no_dist=not self._group())
             self._pending = (future, tmp, final, t0)
             blocked = time.perf_counter() - t0
@@ -283,7 +304,7 @@ class Checkpointer:
         else:
             import torch.distributed.checkpoint as dcp
 
-            dcp.save(self._model_optim(), checkpoint_id=str(tmp / "dcp"), no_dist=not self._group())
+            dcp.save(self._model_optim()[0], checkpoint_id=str(tmp / "dcp"), no_dist=not self._group())
         self._finish(tmp, final, t0)
         blocked = time.perf_counter() - t0
         self.stats.blocking_s.append(blocked)
@@ -370,7 +391,9 @@ class Checkpointer:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import set_state_dict
 
-        state = self._model_optim()
+        state, aliases = self._model_optim()
         dcp.load(state, checkpoint_id=str(path), no_dist=not self._group())
+        for alias, key in aliases.items():
+            state["model"][alias] = state["model"][key]
         set_state_dict(self.strategy.model, self.strategy.optimizer,
                        model_state_dict=state["model"], optim_state_dict=state["optim"])

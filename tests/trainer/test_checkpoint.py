@@ -77,6 +77,10 @@ def test_checkpoints_are_committed_with_a_manifest_and_rotated(runs, strategy, w
     assert cost["saves"] == 2 and cost["every"] == EVERY and cost["save_s_max"] >= cost["save_s_mean"] > 0
     assert len(cost["size_bytes_per_rank"]) == world and all(b > 0 for b in cost["size_bytes_per_rank"])
     assert cost["size_bytes"] == sum(cost["size_bytes_per_rank"])
+    # What each engine keeps, per parameter: fp32 weights once (the tied embedding too) and two
+    # Adam moments; ZeRO-1/2 add DeepSpeed's fp32 master partitions beside the whole module.
+    per_param = {"ddp": 12, "fsdp": 12, "zero1": 16, "zero2": 16, "zero3": 12}[strategy]
+    assert cost["size_bytes"] == pytest.approx(per_param * full["n_params"], rel=0.1)
     # Steps 3 and 6 ended in a save: reported on their own, not in the step-time statistics.
     assert len(cost["step_time_s"]) == 2 and len(full["step_time_s"]["all"]) == STEPS - 1 - 2
 
