@@ -203,5 +203,49 @@ def _in_range(version: str, spec: str) -> bool:
     return True
 
 
+# --- the Dockerfile, read without Docker ---------------------------------------------------------
+
+def dockerfile_instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) of the Dockerfile, continuation lines joined, comments dropped."""
+    out, buf = [], ""
+    for line in (REPO / "Dockerfile").read_text().splitlines():
+        if not buf and (not line.strip() or line.lstrip().startswith("#")):
+            continue
+        if line.lstrip().startswith("#"):  # a comment inside a continued instruction
+            continue
+        if line.rstrip().endswith("\\"):
+            buf += line.rstrip()[:-1] + " "
+            continue
+        buf += line
+        word, _, rest = buf.strip().partition(" ")
+        out.append((word.upper(), rest.strip()))
+        buf = ""
+    return out
+
+
+def dockerfile_stages() -> list[list[tuple[str, str]]]:
+    """The instructions of each build stage (what follows each FROM), in order."""
+    stages: list[list[tuple[str, str]]] = []
+    for word, rest in dockerfile_instructions():
+        if word == "FROM":
+            stages.append([])
+        if stages:
+            stages[-1].append((word, rest))
+    return stages
+
+
+def dockerfile_env() -> dict[str, str]:
+    """The ENV the runtime (last) stage sets: what every container of the image starts with."""
+    import shlex
+
+    env: dict[str, str] = {}
+    for word, rest in dockerfile_stages()[-1]:
+        if word == "ENV":
+            for item in shlex.split(rest):
+                name, _, value = item.partition("=")
+                env[name] = value
+    return env
+
+
 def to_json(obj) -> str:
     return json.dumps(obj, indent=1, sort_keys=True)
