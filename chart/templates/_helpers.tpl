@@ -65,6 +65,10 @@ here (JSON Schema cannot compare two values).
 
 {{/* Cross-field checks the JSON schema cannot express; each fails with one line. */}}
 {{- define "shardbench.validate" -}}
+{{- $preset := get (include "shardbench.contract" . | fromJson).presets .Values.run.model }}
+{{- if and $preset (gt (int .Values.run.seqLen) (int $preset.blockSize)) }}
+{{- fail (printf "run.seqLen %d is above model %s's block size %d: lower run.seqLen (the trainer would exit 2)" (int .Values.run.seqLen) .Values.run.model (int $preset.blockSize)) }}
+{{- end }}
 {{- if ge (int .Values.run.warmupSteps) (int .Values.run.steps) }}
 {{- fail (printf "run.warmupSteps %d must be below run.steps %d: nothing would be measured" (int .Values.run.warmupSteps) (int .Values.run.steps)) }}
 {{- end }}
@@ -95,7 +99,7 @@ writes them (tests/chart/test_launch_command.py checks they agree). One JSON lis
 {{- $a = concat $a (list "--output-dir" (printf "%s/%s" .Values.persistence.mountPath (include "shardbench.runId" .))) }}
 {{- end }}
 {{- $a = concat $a $r.extraArgs }}
-{{- if and .Values.deepspeed.config (hasPrefix "zero" $r.strategy) }}
+{{- if and .Values.deepspeed.config (include "shardbench.isDeepSpeed" .) }}
 {{- $a = concat $a (list "--deepspeed-config" "/etc/shardbench/deepspeed.json") }}
 {{- end }}
 {{- /* build_command tells the trainer which launcher started it, unless the args already do. */}}
@@ -105,36 +109,61 @@ writes them (tests/chart/test_launch_command.py checks they agree). One JSON lis
 {{- toJson $a }}
 {{- end }}
 
-{{/* Names mpirun forwards with -x besides MASTER_ADDR, MASTER_PORT, PYTHONWARNINGS (trainer/launchers.py RUN_ENV_VARS). */}}
+{{/*
+The trainer's facts (files/contract.json, written by scripts/gen_chart_contract.py from the
+trainer's tables): which strategies run on DeepSpeed, preset block sizes, forwarded variables.
+*/}}
+{{- define "shardbench.contract" -}}
+{{- .Files.Get "files/contract.json" }}
+{{- end }}
+
+{{/* "true" when run.strategy runs on DeepSpeed (zero1/2/3), else "". */}}
+{{- define "shardbench.isDeepSpeed" -}}
+{{- $c := include "shardbench.contract" . | fromJson }}
+{{- if (get (get $c.strategies .Values.run.strategy | default dict) "deepspeed") }}true{{ end }}
+{{- end }}
+
+{{/*
+Names every rank gets from the launcher's environment (mpirun -x NAME), after runEnvVars: the
+container's (PATH, LD_LIBRARY_PATH, caches, image) and every nccl:/env: key, sorted
+(trainer/launchers.py forwarded_env).
+*/}}
 {{- define "shardbench.forwardEnv" -}}
-{{- $names := concat (keys .Values.nccl) (keys .Values.env) | uniq | sortAlpha }}
+{{- $c := include "shardbench.contract" . | fromJson }}
+{{- $names := concat $c.containerEnvVars (keys .Values.nccl) (keys .Values.env) | uniq | sortAlpha }}
 {{- $out := list }}
-{{- range $names }}{{ if not (has . (list "MASTER_ADDR" "MASTER_PORT" "PYTHONWARNINGS")) }}{{ $out = append $out . }}{{ end }}{{ end }}
+{{- range $names }}{{ if not (has . $c.runEnvVars) }}{{ $out = append $out . }}{{ end }}{{ end }}
 {{- toJson $out }}
 {{- end }}
 
 {{/*
 The launcher's argv: trainer/launchers.py build_command() for this run, flag for flag
-(MPIRUN_BASE_FLAGS, the DeepSpeed runner's flags and the trailing --launcher are mirrored from
-there; tests/chart/test_launch_command.py fails when the two drift apart).
+(the mpirun flags and forwarded names come from contract.json; the DeepSpeed runner's flags and
+the trailing --launcher are mirrored from there; tests/chart/test_launch_command.py fails when
+the two drift apart). Both launchers pass every forwarded name as mpirun -x NAME.
 */}}
 {{- define "shardbench.launchCommand" -}}
-{{- $base := list "--allow-run-as-root" "--oversubscribe" "--bind-to" "none" }}
+{{- $c := include "shardbench.contract" . | fromJson }}
+{{- $base := $c.mpirunBaseFlags }}
 {{- if .Values.tcpIfInclude }}
 {{- $base = concat $base (list "--mca" "btl_tcp_if_include" .Values.tcpIfInclude) }}
 {{- end }}
 {{- $targs := include "shardbench.trainerArgs" . | fromJsonArray }}
+{{- $forward := concat $c.runEnvVars (include "shardbench.forwardEnv" . | fromJsonArray) }}
 {{- $cmd := list }}
 {{- if eq .Values.launcher "mpirun" }}
 {{- $cmd = concat (list "mpirun") $base (list "-np" (include "shardbench.worldSize" .) "--hostfile" "/etc/mpi/hostfile") }}
-{{- range concat (list "MASTER_ADDR" "MASTER_PORT" "PYTHONWARNINGS") (include "shardbench.forwardEnv" . | fromJsonArray) }}
+{{- range $forward }}
 {{- $cmd = concat $cmd (list "-x" .) }}
 {{- end }}
 {{- $cmd = concat $cmd (list "python" "-u" "-m" "trainer") $targs }}
 {{- else }}
 {{- /* The DeepSpeed runner starts one rank per hostfile slot: the operator's hostfile has
-workers x slotsPerWorker of them, the world size. It forwards NCCL_* and PYTHON* itself. */}}
+workers x slotsPerWorker of them, the world size. */}}
 {{- $largs := concat $base (list "-x" (printf "MASTER_ADDR=%s" (include "shardbench.masterAddr" .)) "-x" (printf "MASTER_PORT=%d" (int .Values.masterPort))) }}
+{{- range $forward }}
+{{- if not (has . (list "MASTER_ADDR" "MASTER_PORT")) }}{{ $largs = concat $largs (list "-x" .) }}{{ end }}
+{{- end }}
 {{- $cmd = list "deepspeed" "--hostfile" "/etc/mpi/hostfile" "--launcher" "openmpi" "--force_multi" "--no_ssh_check" "--master_addr" (include "shardbench.masterAddr" .) "--master_port" (toString (int .Values.masterPort)) "--launcher_args" (join " " $largs) "--module" "trainer" }}
 {{- $cmd = concat $cmd $targs }}
 {{- end }}
@@ -182,6 +211,8 @@ MASTER_* is the torch.distributed rendezvous on worker 0.
   value: /home/{{ .Values.ssh.user }}/.cache
 - name: TRITON_CACHE_DIR
   value: /home/{{ .Values.ssh.user }}/.cache/triton
+- name: SHARDBENCH_IMAGE
+  value: {{ include "shardbench.image" . | quote }}
 {{- range $k := keys .Values.nccl | sortAlpha }}
 - name: {{ $k }}
   value: {{ get $.Values.nccl $k | toString | quote }}

@@ -23,6 +23,7 @@ pytestmark = pytest.mark.slow
 
 EMULATOR = Path(__file__).with_name("mpijob_emulator.py")
 SSHD = "/usr/sbin/sshd"
+UNSHARE = ("unshare", "--mount", "--net", "--uts", "--pid", "--fork", "--kill-child", "--mount-proc")
 WORKERS = 2
 # Probe values: they must reach every rank whatever the launcher. "^docker,lo" is NCCL's own
 # exclusion syntax, which DeepSpeed's runner would mangle if it forwarded it (it quotes it).
@@ -33,7 +34,7 @@ PROBE_ENV = {"SHARDBENCH_PROBE": "from-values", "OMP_NUM_THREADS": "1"}
 def _namespaces_allowed() -> str | None:
     if os.geteuid() != 0:
         return "needs root (mount namespaces, sshd as another user)"
-    proc = subprocess.run(["unshare", "-m", "-n", "-u", "true"], capture_output=True, text=True)
+    proc = subprocess.run([*UNSHARE, "true"], capture_output=True, text=True)
     if proc.returncode != 0:
         return f"the kernel forbids mount/network/UTS namespaces here: {proc.stderr.strip()}"
     return None
@@ -107,7 +108,7 @@ def emulation_spec(job: dict, scratch: Path, launcher_args: list[str]) -> dict:
         "launcher_hostname": f"{name}-launcher", "pod_cidr_addr": "10.244.0.10/24",
         "launcher_env": launcher_env,
         "launcher_argv": [str(REPO / "docker" / "entrypoint.sh"), *launcher_args],
-        "timeout_s": 240,
+        "timeout_s": 150,
     }
 
 
@@ -121,7 +122,8 @@ def run_emulated(tmp_path: Path, launcher: str, probe: bool = False) -> tuple[su
     spec = emulation_spec(job, scratch, args)
     spec_path = tmp_path / "spec.json"
     spec_path.write_text(json.dumps(spec))
-    proc = subprocess.run(["unshare", "-m", "-n", "-u", sys.executable, str(EMULATOR), str(spec_path)],
+    # A PID namespace too: whatever the run leaves behind dies with the emulator.
+    proc = subprocess.run([*UNSHARE, sys.executable, str(EMULATOR), str(spec_path)],
                           capture_output=True, text=True, timeout=spec["timeout_s"] + 60)
     return proc, spec
 
@@ -146,6 +148,7 @@ def test_emulated_mpijob_runs_across_two_workers(emulation_ready, tmp_path, laun
     rec = record(proc.stdout)
     assert rec["status"] == "ok", rec.get("error")
     assert (rec["world_size"], rec["nodes"], rec["launcher"]) == (WORKERS, WORKERS, launcher)
+    assert rec["nccl_env"] == PROBE_NCCL  # the shape's NCCL settings reached the ranks
 
 
 @pytest.mark.parametrize("launcher", ["mpirun", "deepspeed"])

@@ -11,10 +11,14 @@ import yaml
 
 from chart_helpers import (CHART, CHART_LAUNCHERS, NAMESPACE, RELEASE, STRATEGIES, VALUES_DIR,
                            VALUES_FILES, launcher_argv, one, render)
-from trainer.launchers import LaunchPlan, build_command
+from trainer.launchers import CONTAINER_ENV_VARS, LaunchPlan, build_command
 from tui.suite.matrix import RunSpec, load_shape, run_id
 
 JOB = f"{RELEASE}-shardbench"
+
+
+def is_deepspeed(strategy: str) -> bool:
+    return strategy.startswith("zero")
 
 
 def _merge(base: dict, extra: dict) -> dict:
@@ -53,7 +57,7 @@ def expected_command(values_file: str | None, overrides: dict) -> list[str]:
     shape = load_shape(values_file[:-5]) if values_file else None  # the suite's reading of values/
     rid = r["id"] or run_id(r["strategy"], world, r["seqLen"], r["microBatch"], ga, 0)
     extra = list(r["extraArgs"])
-    if v["deepspeed"]["config"] and r["strategy"].startswith("zero"):
+    if v["deepspeed"]["config"] and is_deepspeed(r["strategy"]):
         extra += ["--deepspeed-config", "/etc/shardbench/deepspeed.json"]
     spec = RunSpec(
         run_id=rid, strategy=r["strategy"], world_size=world, seq_len=r["seqLen"],
@@ -70,7 +74,8 @@ def expected_command(values_file: str | None, overrides: dict) -> list[str]:
         launcher=v["launcher"], nodes=workers, procs_per_node=gpw,
         trainer_args=spec.trainer_args(out_dir), hostfile="/etc/mpi/hostfile",
         master_addr=f"{JOB}-worker-0.{JOB}.{NAMESPACE}.svc", master_port=v["masterPort"],
-        forward_env=sorted(set(v["nccl"]) | set(v["env"])), tcp_if_include=v["tcpIfInclude"] or None,
+        # The chart forwards the container's variables and every nccl:/env: key to every rank.
+        forward_env=[*CONTAINER_ENV_VARS, *v["nccl"], *v["env"]], tcp_if_include=v["tcpIfInclude"] or None,
     )
     return build_command(plan)
 
