@@ -172,20 +172,20 @@ workers x slotsPerWorker of them, the world size. */}}
 
 {{/* Labels. The shardbench.io/* ones carry the run's coordinates so runs can be selected by them. */}}
 {{- define "shardbench.selectorLabels" -}}
-app.kubernetes.io/name: {{ include "shardbench.name" . }}
-app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/name: {{ include "shardbench.name" . | quote }}
+app.kubernetes.io/instance: {{ .Release.Name | quote }}
 {{- end }}
 
 {{- define "shardbench.labels" -}}
-helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" | quote }}
 {{ include "shardbench.selectorLabels" . }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
-app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/managed-by: {{ .Release.Service | quote }}
 app.kubernetes.io/part-of: shardbench
-shardbench.io/strategy: {{ .Values.run.strategy }}
-shardbench.io/launcher: {{ .Values.launcher }}
+shardbench.io/strategy: {{ .Values.run.strategy | quote }}
+shardbench.io/launcher: {{ .Values.launcher | quote }}
 shardbench.io/world-size: {{ include "shardbench.worldSize" . | quote }}
-shardbench.io/shape: {{ .Values.shape.name }}
+shardbench.io/shape: {{ .Values.shape.name | quote }}
 shardbench.io/seq-len: {{ int .Values.run.seqLen | quote }}
 shardbench.io/run-id: {{ include "shardbench.runId" . | trunc 63 | trimSuffix "-" | quote }}
 {{- end }}
@@ -208,17 +208,17 @@ MASTER_* is the torch.distributed rendezvous on worker 0.
 - name: MASTER_PORT
   value: {{ int .Values.masterPort | quote }}
 - name: XDG_CACHE_HOME
-  value: /home/{{ .Values.ssh.user }}/.cache
+  value: {{ printf "/home/%s/.cache" .Values.ssh.user | quote }}
 - name: TRITON_CACHE_DIR
-  value: /home/{{ .Values.ssh.user }}/.cache/triton
+  value: {{ printf "/home/%s/.cache/triton" .Values.ssh.user | quote }}
 - name: SHARDBENCH_IMAGE
   value: {{ include "shardbench.image" . | quote }}
 {{- range $k := keys .Values.nccl | sortAlpha }}
-- name: {{ $k }}
+- name: {{ $k | quote }}
   value: {{ get $.Values.nccl $k | toString | quote }}
 {{- end }}
 {{- range $k := keys .Values.env | sortAlpha }}
-- name: {{ $k }}
+- name: {{ $k | quote }}
   value: {{ get $.Values.env $k | toString | quote }}
 {{- end }}
 {{- end }}
@@ -232,7 +232,7 @@ needs to pin (mlock) the buffers it registers with the NIC.
 {{- $v := .root.Values -}}
 allowPrivilegeEscalation: false
 privileged: false
-readOnlyRootFilesystem: {{ $v.readOnlyRootFilesystem }}
+readOnlyRootFilesystem: {{ $v.readOnlyRootFilesystem | toJson }}
 runAsNonRoot: true
 runAsUser: {{ int $v.ssh.uid }}
 runAsGroup: {{ int $v.ssh.uid }}
@@ -275,6 +275,6 @@ One per line, quoted; callers pipe it through trim | nindent.
 {{- $_ := set $m (printf "checkov.io/skip%d" (add1 $i)) $s }}
 {{- end }}
 {{- range $k := keys $m | sortAlpha }}
-{{ $k }}: {{ get $m $k | toString | quote }}
+{{ $k | quote }}: {{ get $m $k | toString | quote }}
 {{- end }}
 {{- end }}

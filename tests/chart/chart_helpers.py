@@ -21,8 +21,11 @@ VALUES_DIR = REPO / "values"
 TOOLS = REPO / ".tools"
 HELMS = {"helm3": TOOLS / "helm3" / "helm", "helm4": TOOLS / "helm4" / "helm"}
 CHECKOV = TOOLS / "checkov-venv" / "bin" / "checkov"
-# CI clones the repo with shared/ beside it: ../shared/schemas from the repo root.
-MPIJOB_CRD = REPO.parent / "shared" / "schemas" / "kubeflow.org_mpijobs.v2beta1.yaml"
+# CI clones the repo with shared/ beside it: ../shared/schemas from the repo root (a git worktree
+# one level deeper, e.g. wt/<name>, finds it one level further up).
+_CRD = Path("shared") / "schemas" / "kubeflow.org_mpijobs.v2beta1.yaml"
+MPIJOB_CRD = next((p / _CRD for p in (REPO.parent, REPO.parent.parent) if (p / _CRD).is_file()),
+                  REPO.parent / _CRD)
 
 RELEASE = "sb"
 NAMESPACE = "bench"
