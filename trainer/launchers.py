@@ -19,7 +19,8 @@ RUN_ENV_VARS = ("MASTER_ADDR", "MASTER_PORT", "PYTHONWARNINGS")
 # caches are, and the image the record names, must travel from the launcher. The chart forwards
 # these besides its nccl:/env: values (the image's ENV or the chart sets every one of them); a
 # local run's ranks inherit them anyway.
-CONTAINER_ENV_VARS = ("PATH", "LD_LIBRARY_PATH", "XDG_CACHE_HOME", "TRITON_CACHE_DIR", "SHARDBENCH_IMAGE")
+CONTAINER_ENV_VARS = ("PATH", "LD_LIBRARY_PATH", "XDG_CACHE_HOME", "TRITON_CACHE_DIR", "SHARDBENCH_IMAGE",
+                      "SHARDBENCH_NUMA_BIND")
 
 # Running MPI as root (containers, CI) needs --allow-run-as-root; --oversubscribe lets a CPU run
 # place more ranks than cores; --bind-to none keeps OpenMPI from pinning every rank to one core.

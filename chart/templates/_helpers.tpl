@@ -82,6 +82,9 @@ here (JSON Schema cannot compare two values).
 {{- if and (not .Values.gpuResource) (eq .Values.run.device "cuda") }}
 {{- fail "run.device cuda needs GPUs: set gpuResource (e.g. nvidia.com/gpu)" }}
 {{- end }}
+{{- if and (eq .Values.rdma.mode "sriov") (not .Values.rdma.networks) }}
+{{- fail "rdma.mode sriov needs rdma.networks: the Multus network(s) of the VFs, e.g. rdma-vf,rdma-vf (k8s.v1.cni.cncf.io/networks)" }}
+{{- end }}
 {{- $_ := include "shardbench.gradAccum" . }}
 {{- end }}
 
@@ -213,6 +216,8 @@ MASTER_* is the torch.distributed rendezvous on worker 0.
   value: {{ printf "/home/%s/.cache/triton" .Values.ssh.user | quote }}
 - name: SHARDBENCH_IMAGE
   value: {{ include "shardbench.image" . | quote }}
+- name: SHARDBENCH_NUMA_BIND
+  value: {{ ternary "1" "0" .Values.numaBind | quote }}
 {{- range $k := keys .Values.nccl | sortAlpha }}
 - name: {{ $k | quote }}
   value: {{ get $.Values.nccl $k | toString | quote }}
@@ -225,22 +230,22 @@ MASTER_* is the torch.distributed rendezvous on worker 0.
 
 {{/*
 Container securityContext: non-root, no privilege escalation, every capability dropped. Called
-with (dict "root" $ "ipcLock" bool): RDMA workers add back IPC_LOCK, which the verbs library
-needs to pin (mlock) the buffers it registers with the NIC.
+with (dict "root" $ "privileged" bool): rdma.mode host-network workers are privileged (the only
+way a container may open the host's /dev/infiniband devices) but still run as the non-root user.
+No IPC_LOCK: a non-root process gets no added capability (Kubernetes has no ambient
+capabilities), so RDMA memory registration relies on the runtime's RLIMIT_MEMLOCK (unlimited
+under containerd's default unit; check `ulimit -l` in a worker).
 */}}
 {{- define "shardbench.containerSecurityContext" -}}
 {{- $v := .root.Values -}}
-allowPrivilegeEscalation: false
-privileged: false
+allowPrivilegeEscalation: {{ .privileged | toJson }}
+privileged: {{ .privileged | toJson }}
 readOnlyRootFilesystem: {{ $v.readOnlyRootFilesystem | toJson }}
 runAsNonRoot: true
 runAsUser: {{ int $v.ssh.uid }}
 runAsGroup: {{ int $v.ssh.uid }}
 capabilities:
   drop: [ALL]
-  {{- if .ipcLock }}
-  add: [IPC_LOCK]
-  {{- end }}
 {{- end }}
 
 {{/* Pod securityContext. fsGroup makes the operator's SSH key Secret readable by the non-root user. */}}

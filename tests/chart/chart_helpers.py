@@ -32,9 +32,16 @@ NAMESPACE = "bench"
 VALUES_FILES = sorted(p.name for p in VALUES_DIR.glob("*.yaml"))
 STRATEGIES = ("ddp", "fsdp", "zero1", "zero2", "zero3")
 CHART_LAUNCHERS = ("deepspeed", "mpirun")
+RDMA_MODES = ("none", "shared-device", "host-network", "sriov")
+# What every rdma mode needs besides its name (sriov: the VFs' Multus network).
+SRIOV_SETS = ("rdma.networks=rdma-vf\\,rdma-vf", "rdma.resourceName=nvidia.com/rdma-vf", "rdma.count=2")
+RDMA_SETS = {m: (f"rdma.mode={m}",) + (SRIOV_SETS if m == "sriov" else ()) for m in RDMA_MODES}
 # Every optional feature switched on at once, so their objects and fields get validated too.
 ALL_FEATURES = (
-    "persistence.enabled=true", "hostNetwork=true", "rdma.enabled=true", "oneWorkerPerNode=true",
+    "persistence.enabled=true", "rdma.mode=host-network", "oneWorkerPerNode=true", "numaBind=true",
+    "gang.scheduler=volcano", "gang.queue=gpu", "gang.scheduleTimeoutSeconds=600", "gang.kueueQueue=bench",
+    "launcherPlacement.nodeSelector.pool=cpu", "launcherPlacement.tolerations[0].key=spot",
+    "launcherPlacement.tolerations[0].operator=Exists",
     "image.digest=sha256:" + "a" * 64, "run.strategy=zero3", "launcher=deepspeed",
     "deepspeed.config.zero_optimization.stage=3", "priorityClassName=bench",
     "podAnnotations.team=ml", "image.pullSecrets[0]=regcred", "run.globalBatch=64",

@@ -21,6 +21,7 @@ TAIL = "\n          hostPID: true"
 FEATURES = {"persistence": {"enabled": True}, "image": {"pullSecrets": ["regcred"]},
             "priorityClassName": "bench", "podAnnotations": {"team": "ml"},
             "nodeSelector": {"pool": "gpu"}, "nccl": {"NCCL_DEBUG": "INFO"},
+            "launcherPlacement": {"nodeSelector": {"pool": "cpu"}},
             "run": {"extraArgs": ["--compile"], "id": "my-run"}}
 # Valid values for strings that are empty by default, with what they need to render.
 SAMPLES = {
@@ -28,7 +29,9 @@ SAMPLES = {
     ("image", "digest"): ("sha256:" + "a" * 64, {}), ("gpuResource",): ("nvidia.com/gpu", {"run": {"device": "cuda"}}),
     ("tcpIfInclude",): ("eth0", {}), ("persistence", "existingClaim"): ("claim", {}),
     ("persistence", "storageClass"): ("fast", {}), ("serviceAccount", "name"): ("bench-sa", {}),
-    ("shape", "gpuModel"): ("NVIDIA H100", {}),
+    ("shape", "gpuModel"): ("NVIDIA H100", {}), ("rdma", "networks"): ("rdma-vf,rdma-vf", {"rdma": {"mode": "sriov"}}),
+    ("gang", "queue"): ("gpu", {"gang": {"scheduler": "volcano"}}),
+    ("gang", "priorityClass"): ("high", {"gang": {"scheduler": "volcano"}}), ("gang", "kueueQueue"): ("team-a", {}),
 }
 
 
@@ -62,7 +65,7 @@ def string_paths(node, path=()):
 
 BASE = _merge(DEFAULTS, FEATURES)
 CASES = sorted(set(string_paths(BASE)) | set(SAMPLES))
-MAPS = [("env",), ("nccl",), ("podAnnotations",), ("nodeSelector",)]
+MAPS = [("env",), ("nccl",), ("podAnnotations",), ("nodeSelector",), ("launcherPlacement", "nodeSelector")]
 
 
 def render_with(tmp_path, values: dict) -> tuple[list[dict] | None, str]:
@@ -111,12 +114,12 @@ def test_hostile_string_value(tmp_path, path):
                         ".".join(map(str, path)))
 
 
-@pytest.mark.parametrize("path", MAPS, ids=[p[0] for p in MAPS])
+@pytest.mark.parametrize("path", MAPS, ids=[".".join(p) for p in MAPS])
 def test_hostile_map_key(tmp_path, path):
     prefix = "NCCL_" if path == ("nccl",) else ""
     benign = _set(BASE, path, {f"{prefix}PROBE": "1"})
     hostile = _set(BASE, path, {f"{prefix}PROBE{TAIL}": "1"})
-    assert_no_injection(tmp_path, benign, hostile, f"a key of {path[0]}", renamed=(f"PROBE{TAIL}", "PROBE"))
+    assert_no_injection(tmp_path, benign, hostile, f"a key of {'.'.join(path)}", renamed=(f"PROBE{TAIL}", "PROBE"))
 
 
 def test_an_unquoted_placement_is_caught(tmp_path):
