@@ -14,7 +14,7 @@ tools: setup
 # The main job: the default CPU matrix (every strategy at world sizes 1 and 2, tiny preset) on
 # this machine, then metrics.csv, plots and BENCHMARK_REPORT.md under reports/default.
 bench: setup
-	PYTHONWARNINGS=ignore::FutureWarning $(VENV)/bin/shardbench run --results results/default
+	PYTHONWARNINGS=ignore::FutureWarning $(VENV)/bin/shardbench run
 	$(VENV)/bin/shardbench report results/default --out reports/default
 
 test: tools

@@ -2,7 +2,7 @@
 report's time on 1,000 synthetic result records.
 
 Usage: python benchmarks/bench_suite.py [--skip-matrix] [--records 1000]
-The matrix runs `shardbench run` on tui/suite/matrices/cpu-default.yaml into a temp directory
+The matrix runs `shardbench run` on tui/suite/matrices/default.yaml into a temp directory
 (--force, so nothing is resumed); the synthetic part is in-process.
 """
 from __future__ import annotations

@@ -14,7 +14,8 @@ import time
 import traceback
 from typing import NoReturn
 
-from trainer.config import ConfigError, RunConfig, parse_args, validate
+from trainer import contract
+from trainer.config import ConfigError, RunConfig, parse_args
 from trainer.dist_env import detect
 from trainer.record import emit, write_atomic
 
@@ -28,8 +29,12 @@ def _on_signal(signum, _frame):
 
 
 def check(cfg: RunConfig, world_size: int) -> None:
-    validate(cfg, world_size)
-    if cfg.strategy.startswith("zero") and importlib.util.find_spec("deepspeed") is None:
+    """The contract's rules, then DeepSpeed installed where needed (memory that must fit is
+    checked by trainer.devices once the device is known)."""
+    errors = contract.validate(cfg, world_size)
+    if errors:
+        raise ConfigError(errors[0])
+    if contract.is_deepspeed(cfg.strategy) and importlib.util.find_spec("deepspeed") is None:
         raise ConfigError(f"--strategy {cfg.strategy} needs DeepSpeed, which is not installed: "
                           "run scripts/bootstrap.sh (or pip install deepspeed after torch)")
 

@@ -1,86 +1,107 @@
-"""The trainer's run configuration: one dataclass, its command line, and the checks that must
-pass before any process group starts (a bad argument exits 2 with one line saying what to fix)."""
+"""The trainer's run configuration: one dataclass whose fields are the knobs, their defaults and
+their documentation, and the command line generated from it (as torchtitan's job config does):
+each field is a `--flag`, its docstring the help text, a `Literal[...]` type the choices, a bool
+an on/off switch. The rules every run must pass are trainer.contract.validate().
+
+A new knob is a new field here (type, default, docstring) plus the code that uses it: the CLI,
+the matrix's per-run validation, the config id of the run and the suite's trainer arguments
+follow from the field.
+"""
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, field
+import sys
+import typing
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any, Literal
 
+from trainer.contract import DEVICES, PRECISIONS, STRATEGIES, ConfigError, flag
+from trainer.fielddocs import field_docs
 from trainer.presets import PRESETS, ModelConfig
 
-STRATEGIES = ("ddp", "fsdp", "zero1", "zero2", "zero3")
-PRECISIONS = ("auto", "fp32", "bf16", "fp16")
-DEVICES = ("auto", "cpu", "cuda")
+__all__ = ["ConfigError", "RunConfig", "build_parser", "parse_args", "to_argv", "measured_fields"]
+
+StrategyName = Literal[tuple(STRATEGIES)]  # type: ignore[valid-type]
+PresetName = Literal[tuple(PRESETS)]  # type: ignore[valid-type]
+Precision = Literal[PRECISIONS]  # type: ignore[valid-type]
+Device = Literal[DEVICES]  # type: ignore[valid-type]
 
 
-class ConfigError(ValueError):
-    """A bad argument: the message is one line that says what is wrong and how to fix it."""
+def knob(default: Any, *, min: float | None = None, above: float | None = None,
+         recorded_only: bool = False) -> Any:
+    """A field with bounds that validate() checks. recorded_only: the field is written into the
+    record but does not change what is measured (left out of the config id)."""
+    meta = {"min": min, "above": above, "recorded_only": recorded_only}
+    return field(default=default, metadata=meta)
 
 
 @dataclass
 class RunConfig:
-    strategy: str
-    """ddp, fsdp, zero1, zero2 or zero3."""
-    model: str = "tiny"
-    """Model preset name (trainer.model.PRESETS)."""
-    n_layer: int | None = None
+    strategy: StrategyName
+    """Distributed strategy (required)."""
+    model: PresetName = "tiny"
+    """Model preset (trainer/presets.py)."""
+    n_layer: int | None = knob(None, min=1)
     """Override of the preset's layer count."""
-    n_embd: int | None = None
+    n_embd: int | None = knob(None, min=1)
     """Override of the preset's width."""
-    n_head: int | None = None
+    n_head: int | None = knob(None, min=1)
     """Override of the preset's head count."""
-    vocab_size: int | None = None
+    vocab_size: int | None = knob(None, min=1)
     """Override of the preset's vocabulary size."""
-    seq_len: int | None = None
-    """Tokens per sequence; None: the preset's default. At most the preset's block size."""
-    micro_batch: int = 4
+    seq_len: int | None = knob(None, min=1)
+    """Tokens per sequence; default: the preset's. At most the preset's block size."""
+    micro_batch: int = knob(4, min=1)
     """Sequences per rank per forward/backward."""
-    grad_accum: int | None = None
-    """Micro-steps per optimizer step; None: 1, or derived from global_batch."""
-    global_batch: int | None = None
-    """Sequences per optimizer step; when given, grad_accum = global_batch / (micro_batch x world)."""
-    steps: int = 100
+    grad_accum: int | None = knob(None, min=1)
+    """Micro-steps per optimizer step; default: 1, or derived from --global-batch."""
+    global_batch: int | None = knob(None, min=1)
+    """Sequences per optimizer step; grad-accum = global batch / (micro-batch x world size)."""
+    steps: int = knob(100, min=1)
     """Optimizer steps, warm-up included."""
-    warmup_steps: int = 10
+    warmup_steps: int = knob(10, min=0)
     """Steps excluded from every metric (allocator, autotuning, compilation settle)."""
-    precision: str = "auto"
-    """fp32, bf16 (autocast / mixed precision), fp16 (with loss scaling), auto: bf16 on a GPU
-    that has it, else fp32."""
-    seed: int = 1234
-    """Seeds the model's initial weights and the synthetic tokens: same seed, same run."""
-    lr: float = 1e-4
+    precision: Precision = "auto"
+    """fp32, bf16 (autocast / mixed precision), fp16 (loss-scaled), auto: bf16 on a GPU that has
+    it, else fp32."""
+    seed: int = knob(1234, min=0)
+    """Seeds the initial weights and the synthetic tokens: same seed, same run."""
+    lr: float = knob(1e-4, above=0)
     """Peak AdamW learning rate."""
-    weight_decay: float = 0.01
+    weight_decay: float = knob(0.01, min=0)
     """AdamW weight decay."""
-    grad_clip: float = 1.0
+    grad_clip: float = knob(1.0, min=0)
     """Global gradient-norm clip; 0 disables it."""
-    lr_warmup_steps: int = 5
+    lr_warmup_steps: int = knob(5, min=0)
     """Linear learning-rate warm-up steps, then cosine decay to 10% at the last step."""
     activation_checkpointing: bool = False
     """Recompute each block's activations in backward (memory for compute)."""
     compile: bool = False
     """torch.compile each transformer block."""
-    device: str = "auto"
+    device: Device = "auto"
     """auto (cuda when present), cpu or cuda."""
     deepspeed_config: str | None = None
-    """DeepSpeed JSON config; None: trainer/ds_configs/<strategy>.json."""
-    output_dir: str | None = None
-    """Where rank 0 writes result.json (atomically)."""
-    pg_timeout_s: float = 300.0
-    """Process-group timeout: a rank that dies ends the others within this many seconds."""
-    run_id: str | None = None
-    """Recorded run id; None: built from the strategy, world size, seq len and batch."""
-    launcher: str | None = None
-    """Recorded launcher name; None: detected from the environment."""
+    """DeepSpeed JSON config; default: trainer/ds_configs/<strategy>.json."""
     shape: str | None = None
-    """Recorded GPU shape (values file name)."""
-    peak_tflops: float | None = None
-    """Peak dense TFLOP/s of one device for MFU; None: looked up from the device name."""
-    usd_per_gpu_hour: float | None = None
+    """GPU shape the run is on (values file name): recorded, and its peak is a fallback for MFU."""
+    peak_tflops: float | None = knob(None, above=0)
+    """Peak dense TFLOP/s of one device for MFU; default: looked up from the device name."""
+    launcher: str | None = None
+    """Launcher that started the ranks (recorded); default: detected from the environment."""
+    output_dir: str | None = knob(None, recorded_only=True)
+    """Where rank 0 writes result.json (atomically)."""
+    pg_timeout_s: float = knob(300.0, above=0, recorded_only=True)
+    """Process-group timeout: a rank that dies ends the others within this many seconds."""
+    run_id: str | None = knob(None, recorded_only=True)
+    """Recorded run id; default: built from the run's fields (trainer.contract.run_id)."""
+    repeat: int = knob(0, min=0, recorded_only=True)
+    """Which repeat of its configuration this run is (0-based, recorded)."""
+    usd_per_gpu_hour: float | None = knob(None, min=0, recorded_only=True)
     """Price of one device-hour, recorded for the cost report."""
-    progress_every: int = 1
+    progress_every: int = knob(1, min=1, recorded_only=True)
     """Print a progress line every N steps on rank 0."""
-    argv: list[str] = field(default_factory=list)
-    """The command line this config came from (recorded)."""
+    argv: list[str] = field(default_factory=list, metadata={"recorded_only": "argv"})
+    """The command line this config came from (recorded; not a flag)."""
 
     def model_config(self) -> ModelConfig:
         base = PRESETS[self.model]
@@ -96,79 +117,75 @@ class RunConfig:
         return self.grad_accum or 1
 
 
+def measured_fields(cfg: RunConfig, world_size: int, nodes: int, launcher: str | None) -> dict[str, Any]:
+    """Everything that changes what the run measures, normalised (seq len and grad-accum
+    resolved), as trainer.contract.config_id() hashes it."""
+    out = {f.name: getattr(cfg, f.name) for f in fields(cfg) if not f.metadata.get("recorded_only")}
+    out.update(seq_len=cfg.effective_seq_len(), grad_accum=cfg.effective_grad_accum(world_size),
+               global_batch=None, world_size=world_size, nodes=nodes, launcher=launcher)
+    return out
+
+
+# --- the command line, generated from the fields ------------------------------------------
+
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse errors as one line (what is wrong and how to see the options), exit 2."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
+
+
+def _argument(f, kind: Any, doc: str) -> tuple[list[str], dict[str, Any]]:
+    default = f.default if f.default is not MISSING else None
+    args = typing.get_args(kind)
+    base = next((a for a in args if a is not type(None)), kind) if args else kind
+    shown = "" if default is None else f" (default: {default})"
+    spec: dict[str, Any] = {"dest": f.name, "default": default, "help": (doc + shown).replace("%", "%%"),
+                            "required": f.default is MISSING and f.default_factory is MISSING}
+    if typing.get_origin(kind) is Literal:
+        spec.update(choices=args, metavar="{" + ",".join(map(str, args)) + "}")
+    elif base is bool:
+        spec["action"] = argparse.BooleanOptionalAction
+    elif base in (int, float):
+        spec.update(type=base, metavar="N" if base is int else "X")
+    else:
+        spec["metavar"] = "TEXT"
+    return [flag(f.name)], spec
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m trainer",
-        description="Train TinyGPT under one distributed strategy and print one result record.",
-    )
-    p.add_argument("--strategy", required=True, help=f"one of {', '.join(STRATEGIES)}")
-    p.add_argument("--model", default="tiny", help=f"preset: {', '.join(PRESETS)}")
-    for name in ("n-layer", "n-embd", "n-head", "vocab-size", "seq-len", "grad-accum", "global-batch"):
-        p.add_argument(f"--{name}", type=int, default=None)
-    p.add_argument("--micro-batch", type=int, default=4)
-    p.add_argument("--steps", type=int, default=100)
-    p.add_argument("--warmup-steps", type=int, default=10)
-    p.add_argument("--precision", default="auto", help=f"one of {', '.join(PRECISIONS)}")
-    p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--lr", type=float, default=1e-4)
-    p.add_argument("--weight-decay", type=float, default=0.01)
-    p.add_argument("--grad-clip", type=float, default=1.0)
-    p.add_argument("--lr-warmup-steps", type=int, default=5)
-    p.add_argument("--activation-checkpointing", action="store_true")
-    p.add_argument("--compile", action="store_true")
-    p.add_argument("--device", default="auto", help=f"one of {', '.join(DEVICES)}")
-    p.add_argument("--deepspeed-config", default=None)
-    p.add_argument("--output-dir", default=None)
-    p.add_argument("--pg-timeout-s", type=float, default=300.0)
-    p.add_argument("--run-id", default=None)
-    p.add_argument("--launcher", default=None, help="recorded launcher name (default: detected)")
-    p.add_argument("--shape", default=None)
-    p.add_argument("--peak-tflops", type=float, default=None)
-    p.add_argument("--usd-per-gpu-hour", type=float, default=None)
-    p.add_argument("--progress-every", type=int, default=1)
+    p = _OneLineParser(prog="python -m trainer",
+                       description="Train TinyGPT under one distributed strategy and print one result record.")
+    hints, docs = typing.get_type_hints(RunConfig), field_docs(RunConfig)
+    for f in fields(RunConfig):
+        if f.metadata.get("recorded_only") == "argv":
+            continue
+        names, spec = _argument(f, hints[f.name], docs.get(f.name, ""))
+        p.add_argument(*names, **spec)
     return p
 
 
 def parse_args(argv: list[str]) -> RunConfig:
-    """Parse the command line; argparse's own errors also exit 2."""
+    """Parse the command line; argparse's own errors exit 2 with one line."""
     ns = build_parser().parse_args(argv)
     return RunConfig(**vars(ns), argv=list(argv))
 
 
-def validate(cfg: RunConfig, world_size: int) -> None:
-    """Raise ConfigError for anything that cannot run. Device-dependent checks are in
-    trainer.devices (they need torch.cuda)."""
-    if cfg.strategy not in STRATEGIES:
-        raise ConfigError(f"unknown strategy {cfg.strategy!r}: use one of {', '.join(STRATEGIES)}")
-    if cfg.model not in PRESETS:
-        raise ConfigError(f"unknown model preset {cfg.model!r}: use one of {', '.join(PRESETS)}")
-    if cfg.precision not in PRECISIONS:
-        raise ConfigError(f"unknown precision {cfg.precision!r}: use one of {', '.join(PRECISIONS)}")
-    if cfg.device not in DEVICES:
-        raise ConfigError(f"unknown device {cfg.device!r}: use one of {', '.join(DEVICES)}")
-    for name in ("micro_batch", "steps", "n_layer", "n_embd", "n_head", "vocab_size", "seq_len",
-                 "grad_accum", "global_batch", "progress_every"):
+def to_argv(cfg: RunConfig, names: typing.Iterable[str]) -> list[str]:
+    """The flags that give `names` of cfg their values (the inverse of parse_args)."""
+    out: list[str] = []
+    for name in names:
         value = getattr(cfg, name)
-        if value is not None and value < 1:
-            raise ConfigError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
-    if cfg.warmup_steps < 0 or cfg.warmup_steps >= cfg.steps:
-        raise ConfigError(
-            f"--warmup-steps {cfg.warmup_steps} leaves no measured step out of --steps {cfg.steps}: "
-            "use fewer warm-up steps or more steps")
-    if cfg.grad_accum is not None and cfg.global_batch is not None:
-        raise ConfigError("give --grad-accum or --global-batch, not both")
-    if cfg.global_batch is not None and cfg.global_batch % (cfg.micro_batch * world_size):
-        raise ConfigError(
-            f"--global-batch {cfg.global_batch} is not divisible by micro-batch {cfg.micro_batch} x "
-            f"world size {world_size} = {cfg.micro_batch * world_size}: pick a multiple of it")
-    mcfg = cfg.model_config()
-    if mcfg.n_embd % mcfg.n_head:
-        raise ConfigError(f"width {mcfg.n_embd} is not divisible by {mcfg.n_head} heads: change --n-embd or --n-head")
-    seq = cfg.effective_seq_len()
-    if seq > mcfg.block_size:
-        raise ConfigError(
-            f"--seq-len {seq} exceeds the {cfg.model} preset's maximum of {mcfg.block_size}: use at most {mcfg.block_size}")
-    if cfg.pg_timeout_s <= 0:
-        raise ConfigError(f"--pg-timeout-s must be positive, got {cfg.pg_timeout_s}")
-    if cfg.deepspeed_config and not cfg.strategy.startswith("zero"):
-        raise ConfigError(f"--deepspeed-config applies to zero1/zero2/zero3, not {cfg.strategy}")
+        if isinstance(value, bool):
+            out.append(flag(name) if value else "--no-" + name.replace("_", "-"))
+        elif value is not None:
+            out += [flag(name), _num(value) if isinstance(value, float) else str(value)]
+    return out
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else repr(float(x))
+
+
+if __name__ == "__main__":  # pragma: no cover - `python -m trainer.config --help`
+    build_parser().parse_args(sys.argv[1:])

@@ -128,34 +128,3 @@ def model_state(rank: int, params: list[torch.Tensor], grads: list[torch.Tensor 
     g = counter.add(grads)
     o = counter.add(optimizer_tensors)
     return RankModelState(rank=rank, params_bytes=p, grads_bytes=g, optimizer_bytes=o, total_bytes=p + g + o)
-
-
-def expected_model_state_bytes_per_param(strategy: str, precision: str, world_size: int) -> float:
-    """What each strategy should hold per parameter on one rank, with AdamW (two fp32 moments,
-    8 B) - the formula model_state() is checked against.
-
-    - ddp: every rank holds everything: fp32 params 4 + fp32 grads 4 + moments 8 = 16
-      (bf16/fp16 autocast keeps fp32 params and grads: still 16).
-    - fsdp: the same 16 bytes, sharded: 16/N (mixed precision casts params per layer on the fly
-      and reduces grads into the fp32 shard).
-    - zero1 / zero2: the model's own weights stay whole on every rank (4 B fp32, 2 B bf16/fp16);
-      DeepSpeed keeps its own fp32 master partition (4/N) besides them, the reduced gradient
-      partition (fp32 4/N, or 2/N in bf16/fp16) and the moments (8/N).
-      DeepSpeed 0.19 partitions the reduced gradients at stage 1 too, so 1 and 2 match here.
-    - zero3: everything partitioned: (weights + master 4 + grads + moments 8) / N.
-    Communication buffers (DDP buckets beyond the grads, DeepSpeed's reduce/all-gather buckets)
-    are not model state and are not counted.
-    """
-    n = world_size
-    half = precision in ("bf16", "fp16")
-    weights = 2 if half and strategy.startswith("zero") else 4
-    grads = 2 if half and strategy.startswith("zero") else 4
-    if strategy == "ddp":
-        return 16.0
-    if strategy == "fsdp":
-        return 16.0 / n
-    if strategy in ("zero1", "zero2"):
-        return weights + (4 + grads + 8) / n
-    if strategy == "zero3":
-        return (weights + 4 + grads + 8) / n
-    raise ValueError(f"unknown strategy {strategy!r}")

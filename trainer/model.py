@@ -114,9 +114,7 @@ def count_params(model: nn.Module) -> int:
 
 def flops_params(cfg: ModelConfig) -> int:
     """N in 6N + 12LdT: every parameter except the position table (it does no matmul)."""
-    d, L, V = cfg.n_embd, cfg.n_layer, cfg.vocab_size
-    per_block = (3 * d * d + 3 * d) + (d * d + d) + (4 * d * d + 4 * d) + (4 * d * d + d) + 4 * d
-    return V * d + L * per_block + 2 * d
+    return cfg.flops_params()
 
 
 def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:

@@ -22,6 +22,17 @@ class ModelConfig:
     dropout: float = 0.0
     """Off by default: benchmarks compare deterministic work."""
 
+    def flops_params(self) -> int:
+        """N in 6N + 12LdT: every parameter except the position table (it does no matmul)."""
+        d, L, V = self.n_embd, self.n_layer, self.vocab_size
+        # qkv, attention proj, mlp fc, mlp proj (weights + biases), two LayerNorms
+        per_block = (3 * d * d + 3 * d) + (d * d + d) + (4 * d * d + 4 * d) + (4 * d * d + d) + 4 * d
+        return V * d + L * per_block + 2 * d
+
+    def n_params(self) -> int:
+        """Every trainable parameter (the tied embedding once), without building the model."""
+        return self.flops_params() + self.block_size * self.n_embd
+
 
 PRESETS: dict[str, ModelConfig] = {
     # A few million parameters: CPU tests and the embedded default matrix.

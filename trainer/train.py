@@ -16,9 +16,10 @@ import torch
 import torch.distributed as dist
 
 from trainer import env_info
-from trainer.config import RunConfig
+from trainer import contract
+from trainer.config import RunConfig, measured_fields
 from trainer.data import SyntheticBatches
-from trainer.devices import device_name, resolve_device, resolve_precision
+from trainer.devices import check_memory, device_name, resolve_device, resolve_precision
 from trainer.dist_env import DistEnv, resolve_rendezvous
 from trainer.metrics import peak_flops_for, rank_memory, step_time_stats
 from trainer.model import TinyGPT, count_params, flops_params, flops_per_token
@@ -35,6 +36,7 @@ class Trainer:
         self.cfg, self.dist = cfg, denv
         self.device = resolve_device(cfg, denv.local_rank)
         self.precision = resolve_precision(cfg, self.device)
+        check_memory(cfg, self.device, denv.world_size, denv.local_world_size)
         self.grad_accum = cfg.effective_grad_accum(denv.world_size)
         self.seq_len = cfg.effective_seq_len()
         self.mcfg = cfg.model_config()
@@ -53,10 +55,13 @@ class Trainer:
         tokens_per_step = cfg.micro_batch * self.grad_accum * d.world_size * self.seq_len
         peak, source = peak_flops_for(device_name(self.device) if self.device.type == "cuda" else "",
                                       cfg.peak_tflops)
+        launcher, nodes = cfg.launcher or d.launcher, max(1, d.world_size // d.local_world_size)
+        config = contract.config_id(measured_fields(cfg, d.world_size, nodes, launcher))
         return ResultRecord(
-            run_id=cfg.run_id or f"{cfg.strategy}-w{d.world_size}-s{self.seq_len}-mb{cfg.micro_batch}-ga{self.grad_accum}",
-            strategy=cfg.strategy, launcher=cfg.launcher or d.launcher,
-            world_size=d.world_size, nodes=max(1, d.world_size // d.local_world_size),
+            run_id=cfg.run_id or contract.run_id(cfg.strategy, d.world_size, self.seq_len, cfg.micro_batch,
+                                                 self.grad_accum, config, cfg.repeat),
+            config_id=config, repeat=cfg.repeat,
+            strategy=cfg.strategy, launcher=launcher, world_size=d.world_size, nodes=nodes,
             devices_per_node=d.local_world_size, device=self.device.type,
             device_name=device_name(self.device), gpu_shape=cfg.shape,
             comm_backend="nccl" if self.device.type == "cuda" else "gloo",
@@ -80,7 +85,7 @@ class Trainer:
         needs one even alone: a one-rank gloo group on loopback, no launcher required)."""
         d = self.dist
         self.distributed = d.world_size > 1
-        if not (self.distributed or self.cfg.strategy.startswith("zero")):
+        if not (self.distributed or contract.STRATEGIES[self.cfg.strategy].group_at_world_size_1):
             return
         resolve_rendezvous(d)
         if self.device.type == "cuda":

@@ -68,9 +68,10 @@ def test_two_records_last_wins_and_run_id_preferred():
 def test_truncated_record_becomes_failed_with_reason():
     text = json.dumps(rec())
     log = f"step 5\n{START_MARKER}\n{text[: len(text) // 2]}"
-    record, _ = collect_record(log, spec())
+    run = spec()
+    record, _ = collect_record(log, run)
     assert record["status"] == "failed" and "truncated" in record["error"]
-    assert record["run_id"] == "zero3-w2-s64-mb4-ga1-r0" and record["world_size"] == 2
+    assert record["run_id"] == run.run_id and record["world_size"] == 2
     jsonschema.validate(record, SCHEMA)
 
 

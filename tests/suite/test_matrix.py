@@ -1,14 +1,17 @@
-"""Matrix expansion: stable ids, trainer flags, and one clear line per invalid combination."""
+"""Matrix expansion: unique ids, trainer flags, and one clear line per invalid combination,
+checked with the trainer's own rules (trainer.contract.validate)."""
 from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 import pytest
 
-from tui.suite.cli import DEFAULT_MATRIX
-from tui.suite.matrix import MatrixSpec, expand, load_matrix, save_matrix
-from tui.suite.presets import load_presets
+from trainer import contract
+from trainer.config import parse_args
+from tui.suite.matrix import (DEFAULT_MATRIX, MatrixSpec, expand, load_matrix, matrix_from_dict,
+                              run_count, save_matrix)
 
 
 @pytest.fixture(autouse=True)
@@ -23,35 +26,83 @@ def shapes(tmp_path, monkeypatch):
 
 def test_expand_ids_order_and_trainer_args(tmp_path):
     m = MatrixSpec(strategies=["zero3", "ddp"], world_sizes=[1, 4], seq_lens=[128], micro_batch=1,
-                   global_batch=8, repeats=2, shape="gpu8", model="gpt2-124m", device="cuda")
+                   global_batch=8, repeats=2, shape="gpu8", model="gpt2-124m", device="cuda", backend="kubernetes")
     specs, errors = expand(m)
     assert errors == []
-    assert [s.run_id for s in specs][:4] == ["zero3-w1-s128-mb1-ga8-r0", "zero3-w1-s128-mb1-ga8-r1",
-                                            "zero3-w4-s128-mb1-ga2-r0", "zero3-w4-s128-mb1-ga2-r1"]
+    assert [contract.parse_run_id(s.run_id)["repeat"] for s in specs[:4]] == [0, 1, 0, 1]
+    assert [s.run_id.rsplit("-", 2)[0] for s in specs[:4]] == ["zero3-w1-s128-mb1-ga8"] * 2 + ["zero3-w4-s128-mb1-ga2"] * 2
+    assert specs[0].config_id == specs[1].config_id != specs[2].config_id
     assert {s.launcher for s in specs if s.strategy == "ddp"} == {"mpirun"}
     assert all(s.global_batch == 8 for s in specs)
-    args = specs[2].trainer_args(output_dir=tmp_path)
+    args = specs[3].trainer_args(output_dir=tmp_path)
     pairs = dict(zip(args[::2], args[1::2]))
     assert pairs["--strategy"] == "zero3" and pairs["--grad-accum"] == "2" and pairs["--seq-len"] == "128"
-    assert pairs["--run-id"] == "zero3-w4-s128-mb1-ga2-r0" and pairs["--shape"] == "gpu8"
+    assert pairs["--run-id"] == specs[3].run_id and pairs["--shape"] == "gpu8" and pairs["--repeat"] == "1"
     assert pairs["--peak-tflops"] == "989" and pairs["--usd-per-gpu-hour"] == "2.98"
     assert pairs["--output-dir"] == str(tmp_path)
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"strategies": ["ddp", "zero4"]}, "unknown strategy 'zero4'"),
-    ({"launcher": "srun"}, "unknown launcher 'srun'"),
-    ({"model": "gpt5"}, "unknown model preset 'gpt5'"),
-    ({"precision": "fp8"}, "unknown precision 'fp8'"),
-    ({"seq_lens": [64, 512]}, "seq len 512 is above the tiny preset's block size 256"),
-    ({"global_batch": 6, "world_sizes": [1, 4]}, "global batch 6 is not a multiple of micro_batch 4 x world size 4 = 16"),
-    ({"world_sizes": [2, 16]}, "world size 16 is larger than allowed"),
-    ({"shape": "gpu2", "world_sizes": [4]}, "world size 4 is larger than allowed (2: shape gpu2 has 2 GPUs per node)"),
-    ({"shape": "tpu9"}, "unknown shape 'tpu9'"),
-    ({"warmup_steps": 10, "steps": 10}, "warmup_steps (10) must be below steps (10)"),
-    ({"backend": "slurm"}, "unknown backend 'slurm'"),
+def test_trainer_args_parse_back_into_the_config_the_id_was_made_from(tmp_path):
+    """The suite's config id is the one the trainer computes from the flags it is given."""
+    m = MatrixSpec(strategies=["fsdp"], world_sizes=[2], options={"activation_checkpointing": True,
+                                                                  "lr": 3e-4})
+    (spec,), errors = expand(m)
+    assert errors == []
+    cfg = parse_args(spec.trainer_args(tmp_path))
+    from trainer.config import measured_fields
+
+    assert cfg.activation_checkpointing is True and cfg.lr == 3e-4
+    assert contract.config_id(measured_fields(cfg, 2, 1, spec.launcher)) == spec.config_id
+
+
+@pytest.mark.parametrize("change", [
+    {"launcher": "deepspeed"}, {"model": "gpt2-124m"}, {"precision": "bf16"}, {"steps": 11},
+    {"seed": 7}, {"options": {"lr": 1e-3}}, {"options": {"activation_checkpointing": True}},
+    {"device": "cuda"}, {"shape": "gpu8"},
 ])
-def test_invalid_combinations_are_reported_one_line_each(change, message):
+def test_runs_that_measure_different_things_never_share_an_id(change):
+    base = dict(strategies=["ddp"], world_sizes=[1], seq_lens=[64], backend="kubernetes")
+    (one,), _ = expand(MatrixSpec(**base))
+    (two,), errors = expand(MatrixSpec(**base, **change))
+    assert errors == [] and one.run_id != two.run_id
+
+
+def test_a_new_timeout_or_results_dir_keeps_the_id():
+    base = dict(strategies=["ddp"], world_sizes=[1], seq_lens=[64])
+    (one,), _ = expand(MatrixSpec(**base))
+    (two,), _ = expand(MatrixSpec(**base, timeout_s=5, results="elsewhere"))
+    assert one.run_id == two.run_id
+
+
+def test_any_trainer_knob_sweeps_as_an_axis():
+    m = matrix_from_dict({"strategies": ["ddp"], "world_sizes": [1], "activation_checkpointing": [False, True]})
+    specs, errors = expand(m)
+    assert errors == [] and len(specs) == 2 == run_count(m)
+    assert [dict(s.options) for s in specs] == [{"activation_checkpointing": False}, {"activation_checkpointing": True}]
+    assert "--activation-checkpointing" in specs[1].trainer_args()
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"strategies": ["ddp", "zero4"]}, "strategy got 'zero4': use one of ddp, fsdp, zero1, zero2, zero3"),
+    ({"launcher": "srun"}, "launcher got 'srun'"),
+    ({"model": "gpt5"}, "model got 'gpt5'"),
+    ({"model": ["tiny"]}, "model got ['tiny']"),
+    ({"precision": "fp8"}, "precision got 'fp8'"),
+    ({"seed": "abc"}, "seed must be an integer, got 'abc'"),
+    ({"seq_lens": [64, 512]}, "seq_len 512 exceeds the tiny preset's block size 256"),
+    ({"global_batch": 6, "world_sizes": [1, 4]}, "global_batch 6 is not a multiple of micro_batch 4 x world size 4 = 16"),
+    ({"world_sizes": [2, 100000]}, "world size 100000 is larger than allowed"),
+    ({"world_sizes": ["2"]}, "world_sizes must hold integers"),
+    ({"shape": "tpu9"}, "unknown shape 'tpu9'"),
+    ({"warmup_steps": 10, "steps": 10}, "warmup_steps 10 leaves no measured step out of steps 10"),
+    ({"backend": "slurm"}, "backend got 'slurm'"),
+    ({"backend": "kubernetes", "launcher": "torchrun"}, "launcher torchrun cannot run on the kubernetes backend"),
+    ({"precision": "fp16", "device": "cpu"}, "precision fp16 needs a CUDA GPU"),
+    ({"repeats": 0}, "repeats must be a positive integer"),
+    ({"timeout_s": float("nan")}, "timeout_s must be a positive number"),
+    ({"options": {"lr": float("inf")}}, "lr must be a finite number, got inf"),
+])
+def test_invalid_values_are_reported_one_line_each(change, message):
     specs, errors = expand(MatrixSpec(**change))
     assert specs == []
     assert any(message in e for e in errors), errors
@@ -67,29 +118,41 @@ def test_kubernetes_spans_nodes_in_whole_gpus_per_node():
 
 
 def test_yaml_round_trip_and_unknown_keys(tmp_path):
-    m = MatrixSpec(strategies=["fsdp"], world_sizes=[2], repeats=3, extra_args=["--compile"])
+    m = MatrixSpec(strategies=["fsdp"], world_sizes=[2], repeats=3, options={"compile": True})
     path = tmp_path / "m.yaml"
     save_matrix(m, path)
+    assert "compile: true" in path.read_text()  # a trainer knob is a top-level key
     assert load_matrix(path) == m
     path.write_text("strategy: [ddp]\n")
     with pytest.raises(ValueError, match="unknown matrix key.*strategy"):
         load_matrix(path)
 
 
-def test_default_matrix_is_every_strategy_at_1_and_2_on_tiny():
+def test_a_missing_matrix_file_is_one_line():
+    with pytest.raises(ValueError, match=r"^cannot read matrix /no/such.yaml: No such file or directory$"):
+        load_matrix("/no/such.yaml")
+
+
+def test_large_matrices_need_a_yes_and_expand_linearly():
+    m = MatrixSpec(strategies=["ddp"], world_sizes=[1], seq_lens=list(range(1, 201)), repeats=1000)
+    started = time.monotonic()
+    specs, errors = expand(m)
+    assert specs == [] and errors == ["the matrix expands into 200,000 runs (more than 1,000): "
+                                      "confirm with --yes, or sweep fewer values"]
+    specs, errors = expand(m, limit=None)
+    assert errors == [] and len(specs) == 200_000
+    assert len({s.run_id for s in specs}) == 200_000
+    # Quadratic expansion took over 120 s for this; linear is a few seconds even under load.
+    assert time.monotonic() - started < 60
+
+
+def test_default_matrix_is_every_strategy_at_1_and_2_with_repeats():
     m = load_matrix(DEFAULT_MATRIX)
     specs, errors = expand(m)
     assert errors == []
-    assert {s.strategy for s in specs} >= {"ddp", "fsdp", "zero2", "zero3"}
+    assert {s.strategy for s in specs} == set(contract.STRATEGIES)
     assert {s.world_size for s in specs} == {1, 2} and {s.model for s in specs} == {"tiny"}
-
-
-def test_presets_read_from_source_match_the_trainers_table():
-    from trainer.model import PRESETS  # imports torch: the check that the cheap reader is right
-
-    table = load_presets()
-    assert set(table) == set(PRESETS)
-    assert all(table[k]["block_size"] == PRESETS[k].block_size for k in PRESETS)
+    assert m.repeats >= 3 and m.results == "results/default"
 
 
 def test_matrix_import_stays_cheap():
@@ -103,7 +166,7 @@ def test_cli_rejects_bad_matrix_before_running(tmp_path):
                            "--strategies", "ddp,zero9", "--seq-lens", "999"], capture_output=True, text=True)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 2 and all(line.startswith("shardbench: invalid matrix:") for line in lines)
+    assert lines and all(line.startswith("shardbench: invalid matrix:") for line in lines), lines
     assert not (tmp_path / "r").exists()
 
 
@@ -119,3 +182,40 @@ def test_every_values_file_reads_as_a_shape():
         shape = load_shape(path.stem, directory)
         assert shape.name == path.stem and isinstance(shape.gpus_per_node, int)
         assert shape.usd_per_gpu_hour is None or shape.usd_per_gpu_hour > 0
+
+
+def test_a_gpu_shape_on_this_machine_without_a_gpu_is_refused(monkeypatch):
+    import tui.suite.matrix as matrix
+
+    monkeypatch.setattr(matrix, "local_gpu_count", lambda: 0)  # what /proc/driver/nvidia says here
+    specs, errors = expand(MatrixSpec(shape="gpu2", strategies=["ddp"], world_sizes=[1]))
+    assert specs == [] and errors == ["shape gpu2 describes GPU nodes but this machine has no NVIDIA GPU: run it "
+                                      "with --backend kubernetes, or locally with --shape cpu (or --shape none)"]
+    monkeypatch.setattr(matrix, "local_gpu_count", lambda: 2)
+    assert expand(MatrixSpec(shape="gpu2", strategies=["ddp"], world_sizes=[1]))[1] == []
+    assert expand(MatrixSpec(shape="gpu2", strategies=["ddp"], world_sizes=[4], device="cuda"))[1] == [
+        "world size 4 is larger than allowed (2: shape gpu2 has 2 GPUs per node)"]
+    monkeypatch.setattr(matrix, "local_gpu_count", lambda: 0)
+    assert expand(MatrixSpec(shape="cpu", strategies=["ddp"], world_sizes=[1]))[1] == []
+
+
+def test_cluster_matrix_takes_model_precision_and_device_from_the_shape(tmp_path, monkeypatch):
+    """`shardbench run --backend kubernetes --shape h100` used to inherit the CPU matrix (device
+    cpu, fp32, tiny, seq 64), which the chart refuses."""
+    (tmp_path / "h100.yaml").write_text(
+        "shape:\n  name: h100\n  gpusPerNode: 8\n  peakTflopsBf16: 989\n  usdPerGpuHour: 2.98\n"
+        "run:\n  model: gpt2-124m\n  seqLen: 1024\n  precision: bf16\n  device: cuda\n  steps: 40\n")
+    monkeypatch.setenv("SHARDBENCH_VALUES_DIR", str(tmp_path))
+
+    def dry_run(*flags):
+        proc = subprocess.run([sys.executable, "-m", "tui.suite.cli", "run", "--backend", "kubernetes",
+                               "--shape", "h100", "--strategies", "ddp", "--world-sizes", "8", "--repeats", "1",
+                               "--dry-run", *flags], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        args = proc.stdout.split()
+        return dict(zip(args[2::2], args[3::2]))
+
+    got = dry_run()
+    assert (got["--model"], got["--seq-len"], got["--precision"], got["--device"], got["--steps"]) == (
+        "gpt2-124m", "1024", "bf16", "cuda", "40")
+    assert dry_run("--precision", "fp32")["--precision"] == "fp32"  # a flag still wins

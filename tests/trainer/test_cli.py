@@ -11,16 +11,24 @@ import pytest
 from tests.trainer.conftest import REPO, cpu_env, run_trainer
 
 BAD_ARGS = [
-    (["--strategy", "zero4"], "unknown strategy 'zero4'"),
-    (["--strategy", "ddp", "--model", "gpt5"], "unknown model preset 'gpt5'"),
-    (["--strategy", "ddp", "--global-batch", "10", "--micro-batch", "4"], "not divisible"),
-    (["--strategy", "ddp", "--seq-len", "4096"], "exceeds the tiny preset's maximum of 256"),
+    (["--strategy", "zero4"], "invalid choice: 'zero4'"),
+    (["--strategy", "ddp", "--model", "gpt5"], "invalid choice: 'gpt5'"),
+    (["--strategy", "ddp", "--global-batch", "10", "--micro-batch", "4"], "is not a multiple of --micro-batch 4"),
+    (["--strategy", "ddp", "--seq-len", "4096"], "exceeds the tiny preset's block size 256"),
     (["--strategy", "ddp", "--precision", "fp16"], "fp16 needs a CUDA GPU"),
+    (["--strategy", "ddp", "--precision", "fp16", "--device", "cpu"], "fp16 needs a CUDA GPU"),
     (["--strategy", "ddp", "--device", "cuda"], "no CUDA GPU is visible"),
     (["--strategy", "ddp", "--steps", "5", "--warmup-steps", "5"], "leaves no measured step"),
-    (["--strategy", "ddp", "--micro-batch", "0"], "--micro-batch must be a positive integer"),
+    (["--strategy", "ddp", "--micro-batch", "0"], "--micro-batch must be at least 1, got 0"),
     (["--strategy", "ddp", "--n-embd", "100", "--n-head", "3"], "not divisible by 3 heads"),
-    (["--strategy", "fsdp", "--deepspeed-config", "x.json"], "applies to zero1/zero2/zero3"),
+    (["--strategy", "fsdp", "--deepspeed-config", "x.json"], "applies to DeepSpeed strategies, not fsdp"),
+    (["--strategy", "ddp", "--lr", "nan"], "--lr must be a finite number, got nan"),
+    (["--strategy", "ddp", "--pg-timeout-s", "inf"], "--pg-timeout-s must be a finite number, got inf"),
+    (["--strategy", "ddp", "--pg-timeout-s", "0"], "--pg-timeout-s must be above 0"),
+    (["--strategy", "ddp", "--steps", "x"], "invalid int value: 'x'"),
+    # Before anything is allocated: 7B parameters x 16 B of DDP state cannot fit this host.
+    (["--strategy", "ddp", "--model", "llama-7b-shape", "--device", "cpu"], "GiB of model state"),
+    (["--strategy", "ddp", "--model", "llama-7b-shape"], "GiB of model state"),
 ]
 
 
@@ -55,6 +63,7 @@ def test_zero_without_deepspeed_says_how_to_install(tmp_path):
         "(or pip install deepspeed after torch)"]
 
 
+@pytest.mark.slow
 def test_model_learns_and_result_json_matches_stdout(tmp_path):
     out = tmp_path / "out"
     run = run_trainer(["--strategy", "ddp", "--steps", "30", "--warmup-steps", "2", "--seq-len", "64",
@@ -74,6 +83,6 @@ def test_model_learns_and_result_json_matches_stdout(tmp_path):
 
 
 def test_schema_file_is_generated_from_the_record(result_schema):
-    from trainer.record import json_schema
+    from trainer.record_schema import json_schema
 
-    assert result_schema == json_schema(), "regenerate: python -m trainer.record > trainer/schema/result.schema.json"
+    assert result_schema == json_schema(), "regenerate: python -m trainer.record_schema > trainer/schema/result.schema.json"

@@ -2,6 +2,8 @@
 a record with its status and error."""
 from __future__ import annotations
 
+import pytest
+
 import json
 import os
 import resource
@@ -13,6 +15,8 @@ from pathlib import Path
 
 from tests.trainer.conftest import REPO, command, cpu_env, free_port
 from trainer.record import END_MARKER, START_MARKER
+
+pytestmark = pytest.mark.slow  # multi-process runs
 
 LONG_RUN = ["--strategy", "ddp", "--steps", "100000", "--warmup-steps", "1", "--seq-len", "32",
             "--micro-batch", "2", "--pg-timeout-s", "30"]

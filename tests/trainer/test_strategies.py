@@ -6,7 +6,9 @@ import jsonschema
 import pytest
 
 from tests.trainer.conftest import run_trainer
-from trainer.metrics import expected_model_state_bytes_per_param
+from trainer.contract import STRATEGIES as STRATEGY_TABLE
+
+pytestmark = pytest.mark.slow  # multi-process runs
 
 STRATEGIES = ["ddp", "fsdp", "zero1", "zero2", "zero3"]
 # World size 2: each launcher starts at least one plain-torch and one DeepSpeed strategy.
@@ -74,7 +76,7 @@ def test_records_are_valid_and_describe_the_run(records, result_schema, strategy
 def test_model_state_matches_the_formula(records, strategy):
     for world in (1, 2):
         r = records[(strategy, world)]
-        expected = expected_model_state_bytes_per_param(strategy, "fp32", world) * r["n_params"]
+        expected = STRATEGY_TABLE[strategy].model_state_bytes_per_param("fp32", world) * r["n_params"]
         for rank in r["model_state"]:
             assert rank["total_bytes"] == pytest.approx(expected, rel=0.10), (world, rank)
 

@@ -8,8 +8,9 @@ import asyncio
 from textual.widgets import DataTable
 
 from tui.app.app import BenchApp
-from tui.app.backends import ClusterOptions
-from tui.suite.matrix import MatrixSpec
+from tui.suite.backends import ClusterOptions
+from tui.suite.matrix import MatrixSpec, expand
+from tui.suite.metrics import without_repeat
 
 from .conftest import settle
 from .kube_emulator import Emulator, add_pod, install_shims, serve_log, set_conditions, wait_for_mpijob, write_kubeconfig
@@ -24,10 +25,11 @@ async def test_matrix_runs_on_the_emulated_cluster(tmp_path, monkeypatch, fixtur
         kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", str(server.url))
         matrix = MatrixSpec(strategies=["ddp"], world_sizes=[2], seq_lens=[64], steps=5, warmup_steps=2,
                             backend="kubernetes", shape="cpu", launcher="mpirun", precision="fp32",
-                            device="cpu", timeout_s=60)
-        app = BenchApp(results_dir=tmp_path / "results", matrix=matrix,
+                            device="cpu", timeout_s=60, results=str(tmp_path / "results"))
+        app = BenchApp(matrix=matrix,
                        cluster=ClusterOptions(kubeconfig=str(kubeconfig)))
-        s = spec()
+        (s,), errors = expand(matrix)
+        assert errors == []
 
         async def operator():
             name = (await wait_for_mpijob(emu))["metadata"]["name"]
@@ -52,5 +54,6 @@ async def test_matrix_runs_on_the_emulated_cluster(tmp_path, monkeypatch, fixtur
             await settle(pilot)
             await pilot.press("f5")
             await pilot.pause()
-            cell = app.results_screen.query_one("#results-table", DataTable).get_cell(s.run_id, "tokens_per_s")
-            assert cell.raw == 777.5
+            cell = app.results_screen.query_one("#results-table", DataTable).get_cell(
+                without_repeat(s.run_id), "tokens_per_s")
+            assert cell.value == 777.5

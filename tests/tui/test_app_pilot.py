@@ -2,6 +2,8 @@
 live validation, load/save, logs search, results sorting, the unavailable cluster backend."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import json
 import time
 
@@ -9,9 +11,11 @@ import pytest
 from textual.widgets import DataTable, Input, SelectionList, Static
 
 from tui.app.app import BenchApp
-from tui.app.messages import to_message
+from tui.app.screens.dialogs import Confirm
+from tui.app.messages import SuiteEvent
 from tui.suite import events as ev
-from tui.suite.matrix import MatrixSpec, load_matrix
+from tui.suite.matrix import MatrixSpec, default_matrix, load_matrix
+from tui.suite.metrics import without_repeat
 
 from .conftest import FIXED_AVAILABILITY, rank_processes, settle, synthetic_record, write_results
 
@@ -51,12 +55,14 @@ def table_cell(app: BenchApp, run_id: str, column: str):
 
 @pytest.mark.slow
 async def test_tiny_matrix_runs_for_real_and_results_hold_measured_tokens_per_s(tmp_path):
-    app = BenchApp(results_dir=tmp_path / "results", availability=FIXED_AVAILABILITY)
+    matrix = replace(default_matrix(), results=str(tmp_path / "results"))
+    app = BenchApp(matrix=matrix, availability=FIXED_AVAILABILITY)
     async with app.run_test(size=SIZE) as pilot:
         await pick_strategies(pilot, app, {"ddp"})
         set_inputs(app, world_sizes="1, 2", seq_lens="64", steps="5", warmup_steps="2", repeats="1")
         await pilot.pause()
         assert "2 run(s)" in str(app.matrix_screen.query_one("#run-count", Static).content)
+        ids = [s.run_id for s in app.matrix_screen.specs]
         await pilot.press("ctrl+r")
         await pilot.pause()
         assert app.current_mode == "runs"
@@ -65,15 +71,15 @@ async def test_tiny_matrix_runs_for_real_and_results_hold_measured_tokens_per_s(
         await pilot.pause(0.5)
 
         runs = app.runs_screen.query_one("#runs-table", DataTable)
-        assert [runs.get_cell(r, "state") for r in ("ddp-w1-s64-mb4-ga1-r0", "ddp-w2-s64-mb4-ga1-r0")] == ["ok", "ok"]
+        assert [runs.get_cell(r, "state") for r in ids] == ["ok", "ok"]
         await pilot.press("f5")
         await pilot.pause(0.3)
-        for run_id in ("ddp-w1-s64-mb4-ga1-r0", "ddp-w2-s64-mb4-ga1-r0"):
+        for run_id in ids:
             record = json.loads((tmp_path / "results" / run_id / "result.json").read_text())
             assert record["status"] == "ok" and record["tokens_per_s"] > 0
-            cell = table_cell(app, run_id, "tokens_per_s")
-            assert cell.raw == pytest.approx(record["tokens_per_s"])
-            assert cell.text == f"{record['tokens_per_s']:,.1f}"
+            cell = table_cell(app, without_repeat(run_id), "tokens_per_s")
+            assert cell.value == pytest.approx(record["tokens_per_s"])  # one repeat: no interval
+            assert cell.text == f"{record['tokens_per_s']:,.0f}"
             # The live log reached the board line by line, progress lines included.
             assert any("SHARDBENCH_PROGRESS" in line for line in app.board.rows[run_id].log)
         await pilot.press("f4")
@@ -81,25 +87,54 @@ async def test_tiny_matrix_runs_for_real_and_results_hold_measured_tokens_per_s(
         assert app.logs_screen.query_one("#log").line_count > 0
 
 
+def endless_run_app(results) -> BenchApp:
+    """An app whose matrix is one ddp run at world size 2 that would run for hours."""
+    matrix = MatrixSpec(strategies=["ddp"], world_sizes=[2], seq_lens=[64], steps=100000, warmup_steps=2,
+                        timeout_s=300, results=str(results))
+    return BenchApp(matrix=matrix, availability=FIXED_AVAILABILITY)
+
+
+async def start_and_wait_for_progress(pilot, app: BenchApp) -> None:
+    await pilot.press("ctrl+r")
+    await wait_until(pilot, lambda: any(r.tokens_per_s for r in app.board.rows.values()), 120,
+                     "the first progress line")
+
+
 @pytest.mark.slow
 async def test_cancel_stops_the_run_and_leaves_no_rank_processes(tmp_path):
     results = tmp_path / "cancel-results"
-    matrix = MatrixSpec(strategies=["ddp"], world_sizes=[2], seq_lens=[64], steps=100000, warmup_steps=2,
-                        timeout_s=300)
-    app = BenchApp(results_dir=results, matrix=matrix, availability=FIXED_AVAILABILITY)
+    app = endless_run_app(results)
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.press("ctrl+r")
-        await wait_until(pilot, lambda: any(r.tokens_per_s for r in app.board.rows.values()), 120,
-                         "the first progress line")
+        await start_and_wait_for_progress(pilot, app)
         assert rank_processes(str(results)), "the run's ranks should be running"
         await pilot.press("c")  # cancel the selected (first) run on the Runs screen
         await wait_until(pilot, lambda: not app.matrix_worker.is_running, 60, "the cancelled matrix to end")
         await pilot.pause(0.3)
-        row = app.board.rows["ddp-w2-s64-mb4-ga1-r0"]
+        (row,) = app.board.rows.values()
         assert row.state == "cancelled", row.detail
         assert rank_processes(str(results)) == []
         record = json.loads((results / row.run_id / "result.json").read_text())
         assert record["status"] == "failed" and "cancelled" in record["error"]
+
+
+@pytest.mark.slow
+async def test_quit_with_runs_asks_and_enter_stops_every_rank(tmp_path):
+    results = tmp_path / "quit-results"
+    app = endless_run_app(results)
+    async with app.run_test(size=SIZE) as pilot:
+        await start_and_wait_for_progress(pilot, app)
+        await pilot.press("q")
+        await pilot.pause()
+        assert isinstance(app.screen, Confirm) and "1 run(s) not finished" in str(
+            app.screen.query_one("#confirm-question").content)
+        await pilot.press("escape")  # stay: nothing stops
+        await pilot.pause()
+        assert app.matrix_worker.is_running and rank_processes(str(results))
+        await pilot.press("q")
+        await pilot.pause()
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: not app.matrix_worker.is_running, 60, "the runs to stop")
+    assert rank_processes(str(results)) == []
 
 
 async def test_matrix_screen_explains_invalid_combinations_live(tmp_path, fixture_values):
@@ -111,7 +146,7 @@ async def test_matrix_screen_explains_invalid_combinations_live(tmp_path, fixtur
         set_inputs(app, world_sizes="1, 3", global_batch="8", micro_batch="4")
         await pilot.pause()
         problems = str(screen.query_one("#problems", Static).content)
-        assert "global batch 8 is not a multiple of micro_batch 4 x world size 3" in problems
+        assert "global_batch 8 is not a multiple of micro_batch 4 x world size 3" in problems
         assert "problem" in str(screen.query_one("#run-count", Static).content)
         set_inputs(app, world_sizes="1, two")
         await pilot.pause()
@@ -174,10 +209,10 @@ async def test_logs_follow_search_and_jump_to_error(tmp_path):
     lines[50] = "the needle is here"
     lines[120] = "RuntimeError: rank 1 ran out of patience"
     async with app.run_test(size=SIZE) as pilot:
-        app.post_message(to_message(ev.RunQueued("ddp-w2-s64-mb4-ga1-r0", 0, 1, {})))
-        app.post_message(to_message(ev.RunStateChanged("ddp-w2-s64-mb4-ga1-r0", "running")))
+        app.post_message(SuiteEvent(ev.RunQueued("ddp-w2-s64-mb4-ga1-r0", 0, 1, {})))
+        app.post_message(SuiteEvent(ev.RunStateChanged("ddp-w2-s64-mb4-ga1-r0", "running")))
         for line in lines:
-            app.post_message(to_message(ev.RunLogLine("ddp-w2-s64-mb4-ga1-r0", line)))
+            app.post_message(SuiteEvent(ev.RunLogLine("ddp-w2-s64-mb4-ga1-r0", line)))
         await pilot.press("f4")
         await pilot.pause(0.3)
         logs = app.logs_screen
@@ -193,28 +228,88 @@ async def test_logs_follow_search_and_jump_to_error(tmp_path):
         await pilot.pause()
         assert logs.match_at == 120 and "line 121" in str(logs.query_one("#log-title").content)
         # New lines keep arriving while the view stays where the person put it.
-        app.post_message(to_message(ev.RunLogLine("ddp-w2-s64-mb4-ga1-r0", "late line")))
+        top = logs.view.scroll_y
+        app.post_message(SuiteEvent(ev.RunLogLine("ddp-w2-s64-mb4-ga1-r0", "late line")))
         await pilot.pause()
-        assert logs.query_one("#log").line_count == 201
+        assert logs.query_one("#log").line_count == 201 and logs.view.scroll_y == top
+        await pilot.press("N")  # previous match of "needle", wrapping backwards from line 121
+        await pilot.pause()
+        assert logs.match_at == 50
 
 
-async def test_results_table_sorts_and_names_winners(tmp_path):
-    write_results(tmp_path, [synthetic_record("ddp", 2, 900.0, 0.5), synthetic_record("zero2", 2, 1200.0, 0.4),
-                             synthetic_record("fsdp", 2, 0, 0, status="failed", error="boom")])
+async def test_logs_show_the_command_first_progress_compact_and_search_every_line(tmp_path):
+    """A short log: line 1 (the launch command) is shown and found (it was "older than the last
+    20000 lines shown" in a 41-line log); progress lines are one
+    status line each, not raw JSON; scrolling up pauses follow and End resumes it."""
+    app = BenchApp(results_dir=tmp_path, availability=FIXED_AVAILABILITY)
+    run = "ddp-w2-s64-mb4-ga1-r0"
+    progress = ('SHARDBENCH_PROGRESS {"step": 3, "steps": 30, "phase": "measure", "loss": 8.5, '
+                '"step_time_s": 0.05, "tokens_per_s": 5120.0, "elapsed_s": 1.0, "eta_s": 1.35}')
+    lines = ["$ mpirun -np 2 python -m trainer --strategy ddp WARNING-in-the-command"]
+    lines += [progress] * 20 + ["x" * 400] + [f"rank {i % 2}: line {i}" for i in range(59)]
+    async with app.run_test(size=SIZE) as pilot:
+        app.post_message(SuiteEvent(ev.RunQueued(run, 0, 1, {})))
+        for line in lines:
+            app.post_message(SuiteEvent(ev.RunLogLine(run, line)))
+        await pilot.press("f4")
+        await pilot.pause(0.3)
+        logs = app.logs_screen
+        view = logs.view
+        assert view.line_count == 81 and view.lines[0].startswith("$ mpirun")
+        assert view.lines[1] == "▸ step 3/30 measure · loss 8.5000 · 5,120 tok/s · 0.050 s/step · ETA 1s"
+        assert view.virtual_size.width > 400  # the long line scrolls instead of being cut
+        await pilot.press("slash", *"warning", "enter")
+        await pilot.pause()
+        assert logs.match_at == 0 and "line 1" in str(logs.query_one("#log-title").content)
+        await pilot.press("escape")
+        await pilot.pause()
+        view.set_follow(True)
+        await wait_until(pilot, lambda: view.scroll_y == view.max_scroll_y > 0, 10, "the view at the bottom")
+        view.focus()
+        await pilot.press("pageup")
+        await pilot.pause()
+        assert not logs.follow and "follow paused" in str(logs.query_one("#log-title").content)
+        await pilot.press("end")
+        await pilot.pause()
+        assert logs.follow and view.scroll_y == view.max_scroll_y
+
+
+async def test_results_table_sorts_and_shows_the_reports_verdicts(tmp_path):
+    from tui.suite.synthetic import record
+
+    loss = [9.0, 8.5, 8.2, 8.1]
+    recs = [record("ddp", 2, v, repeat=i, loss_per_step=loss, peak_memory_bytes=2 ** 29)
+            for i, v in enumerate([900.0, 905.0, 895.0])]
+    recs += [record("zero2", 2, v, repeat=i, loss_per_step=loss, peak_memory_bytes=2 ** 28)
+             for i, v in enumerate([1200.0, 1210.0, 1190.0])]
+    recs += [record("zero3", 2, v, repeat=i, loss_per_step=[9.0, 8.6, 8.3, 8.2])  # off the reference
+             for i, v in enumerate([1500.0, 1505.0, 1495.0])]
+    recs.append(record("fsdp", 2, 1.0, status="failed", error="boom"))
+    write_results(tmp_path, recs)
+    name = {r["strategy"]: without_repeat(r["run_id"]) for r in recs if r["status"] == "ok"}
+    (tmp_path / "corrupt").mkdir()
+    (tmp_path / "corrupt" / "result.json").write_text("[" * 50000)
     app = BenchApp(results_dir=tmp_path, availability=FIXED_AVAILABILITY)
     async with app.run_test(size=SIZE) as pilot:
         await wait_until(pilot, lambda: "result(s) in" in app.results_screen.source, 30, "the results")
         await settle(pilot)
         await pilot.press("f5")
         await pilot.pause(0.3)
+        assert "(1 unreadable)" in app.results_screen.source
         table = app.results_screen.query_one("#results-table", DataTable)
         order = lambda: [table.get_row_at(i)[0].raw for i in range(table.row_count)]  # noqa: E731
-        assert order()[:2] == ["zero2-w2-s64-mb4-ga1-r0", "ddp-w2-s64-mb4-ga1-r0"]  # tok/s, high first
-        assert order()[-1] == "fsdp-w2-s64-mb4-ga1-r0"  # no tok/s: last
-        app.results_screen.sort_by("peak_memory_gib", reverse=False)
-        assert order()[0] == "zero2-w2-s64-mb4-ga1-r0"
-        winners = str(app.results_screen.query_one("#winners").content)
-        assert "throughput @ 2 dev: zero2" in winners and "33.3% ahead of ddp" in winners
+        # one row per configuration (3 repeats folded), tok/s high first; failed and unreadable last
+        assert order()[:3] == [name["zero3"], name["zero2"], name["ddp"]]
+        assert set(order()[3:]) == {recs[-1]["run_id"], "corrupt"}
+        assert table.get_cell(name["zero2"], "tokens_per_s").text == "1,200 ±25"
+        assert "bold red" in table.get_cell(name["zero3"], "tokens_per_s").style  # broken: red
+        assert "nested too deeply" in table.get_cell("corrupt", "detail").text
+        app.results_screen.sort_by("model_state_gib_per_rank", reverse=False)
+        assert order()[0] == name["zero2"]  # 64 MiB vs ddp's 128 MiB and zero3's 256 MiB
+        verdicts = str(app.results_screen.query_one("#winners").content)
+        # the broken zero3 is fastest but never crowned; zero2's interval separates from ddp's
+        assert "throughput @ 2 dev, tiny, seq 64, fp32, cpu:[/] not named: zero3 has the best mean but is flagged" in verdicts
+        assert "step time @ 2 dev" in verdicts
 
 
 async def test_open_past_results_and_write_the_report(tmp_path):

@@ -5,12 +5,15 @@ fixed, runs and logs are fed as suite events with fixed times, results are synth
 """
 from __future__ import annotations
 
+import time
+
 from tui.app.app import BenchApp
-from tui.app.messages import to_message
+from tui.app.messages import ShowLogs, SuiteEvent
+from tui.app.screens.dialogs import Confirm
 from tui.suite import events as ev
 from tui.suite.matrix import MatrixSpec
 
-from .conftest import FIXED_AVAILABILITY, settle, synthetic_record, write_results
+from .conftest import FIXED_AVAILABILITY, settle, write_results
 
 SIZE = (140, 40)
 RUNS = ["ddp-w1-s64-mb4-ga1-r0", "ddp-w2-s64-mb4-ga1-r0", "zero2-w1-s64-mb4-ga1-r0", "zero2-w2-s64-mb4-ga1-r0"]
@@ -28,7 +31,7 @@ def make_app(results_dir="results") -> BenchApp:
 
 def feed(app: BenchApp) -> None:
     """A matrix part-way through: two finished, one running (frozen clock), one queued."""
-    post = lambda event: app.post_message(to_message(event))  # noqa: E731
+    post = lambda event: app.post_message(SuiteEvent(event))  # noqa: E731
     for i, run_id in enumerate(RUNS):
         post(ev.RunQueued(run_id, i, len(RUNS), {}))
     post(ev.RunStateChanged(RUNS[0], "running"))
@@ -38,8 +41,13 @@ def feed(app: BenchApp) -> None:
     post(ev.RunStateChanged(RUNS[1], "running"))
     post(ev.RunStateChanged(RUNS[1], "failed", "oom: CUDA out of memory"))
     post(ev.RunStateChanged(RUNS[2], "running"))
+    post(ev.RunLogLine(RUNS[2], "$ deepspeed --hostfile hostfiles/local --launcher openmpi --module trainer "
+                                "--strategy zero2 --model tiny --seq-len 64 --micro-batch 4 --grad-accum 1 "
+                                "--steps 10 --warmup-steps 3 --precision auto --seed 1234 --device auto"))
     for step in (1, 2, 3):
-        post(ev.RunLogLine(RUNS[2], f"SHARDBENCH_PROGRESS step {step}"))
+        post(ev.RunLogLine(RUNS[2], 'SHARDBENCH_PROGRESS {"step": %d, "steps": 10, "phase": "warmup", '
+                                    '"loss": 9.%d, "step_time_s": 0.1, "tokens_per_s": %d.0, "eta_s": 42.0}'
+                           % (step, 9 - step, 500 + step)))
         post(ev.RunProgress(RUNS[2], step, 10, tokens_per_s=500.0 + step, eta_s=42.0))
     post(ev.RunLogLine(RUNS[2], "RuntimeError: example error line"))
     post(ev.MatrixProgress(2, 4, 30.0, eta_s=75.0))
@@ -81,25 +89,61 @@ def test_logs_screen(snap_compare, fixture_values):
     async def run_before(pilot):
         feed(pilot.app)
         await pilot.pause()
-        pilot.app.show_logs(RUNS[2])
+        pilot.app.post_message(ShowLogs(RUNS[2]))
         await pilot.pause()
 
     assert snap_compare(make_app(), terminal_size=SIZE, run_before=run_before)
 
 
 def test_results_screen(snap_compare, fixture_values, tmp_path, monkeypatch):
+    """Configurations with 95% intervals, a flagged (yellow) and a broken (red) one, a failed run and
+    an unreadable result.json as rows, the verdicts, plots with error bars."""
+    from tui.suite.synthetic import record
+
     monkeypatch.chdir(tmp_path)  # the screen names its results dir: keep it the same every run
-    write_results(tmp_path / "results", [
-        synthetic_record("ddp", 1, 660.0, 0.45), synthetic_record("ddp", 2, 1250.0, 0.46),
-        synthetic_record("zero2", 1, 610.0, 0.41), synthetic_record("zero2", 2, 1300.0, 0.33),
-        synthetic_record("fsdp", 2, 0, 0, status="failed", error="RuntimeError: boom"),
-    ])
+    loss, off = [9.0, 8.5, 8.2, 8.1], [9.0, 8.6, 8.3, 8.2]
+    recs = []
+    for strategy, world, values, curve in [("ddp", 1, [660.0, 650.0, 670.0], loss),
+                                           ("ddp", 2, [1250.0, 1240.0, 1260.0], loss),
+                                           ("zero2", 1, [610.0, 640.0, 580.0], loss),
+                                           ("zero2", 2, [1600.0, 1610.0, 1590.0], loss),  # eff 1.31: flagged
+                                           ("zero3", 2, [1300.0, 1305.0, 1295.0], off)]:  # broken loss
+        recs += [record(strategy, world, v, repeat=i, loss_per_step=curve,
+                        peak_memory_bytes=2 ** 30 // (world if strategy != "ddp" else 1))
+                 for i, v in enumerate(values)]
+    recs.append(record("fsdp", 2, 1.0, status="failed", error="RuntimeError: boom"))
+    write_results(tmp_path / "results", recs)
+    (tmp_path / "results" / "corrupt").mkdir()
+    (tmp_path / "results" / "corrupt" / "result.json").write_text("{half")
 
     async def run_before(pilot):
         while "result(s) in" not in pilot.app.results_screen.source:
             await pilot.pause(0.1)
         await settle(pilot)
         await pilot.press("f5")
+        await pilot.pause()
+
+    assert snap_compare(make_app(), terminal_size=SIZE, run_before=run_before)
+
+
+def test_runs_screen_while_a_run_starts(snap_compare, fixture_values):
+    """Before the first step a run says "starting" and its elapsed time counts."""
+    async def run_before(pilot):
+        pilot.app.post_message(SuiteEvent(ev.RunQueued(RUNS[0], 0, 2, {})))
+        pilot.app.post_message(SuiteEvent(ev.RunQueued(RUNS[1], 1, 2, {})))
+        pilot.app.post_message(SuiteEvent(ev.RunStateChanged(RUNS[0], "running")))
+        await pilot.pause()
+        await pilot.press("f3")
+        pilot.app.board.rows[RUNS[0]].started = time.monotonic() - 14.2
+        pilot.app.runs_screen.redraw()
+        await pilot.pause()
+
+    assert snap_compare(make_app(), terminal_size=SIZE, run_before=run_before)
+
+
+def test_quit_with_runs_in_progress_asks_first(snap_compare, fixture_values):
+    async def run_before(pilot):
+        pilot.app.push_screen(Confirm("2 run(s) not finished: quit and stop them?"))
         await pilot.pause()
 
     assert snap_compare(make_app(), terminal_size=SIZE, run_before=run_before)

@@ -1,14 +1,16 @@
-"""Strategy registry: name -> class. DeepSpeed is imported only by the zero strategies."""
+"""Strategy registry: the contract's engine -> its class. DeepSpeed is imported only by the
+zero strategies."""
 from __future__ import annotations
 
+from trainer.contract import STRATEGIES
 from trainer.strategies.base import Context, Strategy
 
 
 def make_strategy(ctx: Context) -> Strategy:
-    name = ctx.cfg.strategy
-    if name == "ddp":
+    engine = STRATEGIES[ctx.cfg.strategy].engine
+    if engine == "ddp":
         from trainer.strategies.ddp import DDPStrategy as cls
-    elif name == "fsdp":
+    elif engine == "fsdp":
         from trainer.strategies.fsdp import FSDPStrategy as cls
     else:
         from trainer.strategies.zero import ZeroStrategy as cls

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from trainer.contract import STRATEGIES
 from trainer.metrics import model_state, optimizer_state_tensors
 from trainer.record import RankModelState
 from trainer.strategies.base import Context, Strategy, lr_lambda, make_adamw, param_groups
@@ -24,7 +25,7 @@ def deepspeed_config(ctx: Context) -> dict:
     cfg = ctx.cfg
     path = Path(cfg.deepspeed_config) if cfg.deepspeed_config else CONFIG_DIR / f"{cfg.strategy}.json"
     ds = json.loads(path.read_text())
-    stage = int(cfg.strategy[-1])
+    stage = STRATEGIES[cfg.strategy].zero_stage
     ds.setdefault("zero_optimization", {})["stage"] = stage
     micro, accum, world = cfg.micro_batch, ctx.grad_accum, ctx.dist.world_size
     ds["train_micro_batch_size_per_gpu"] = int(micro)

@@ -8,7 +8,7 @@ screens that show it. Results are read back from results/<run-id>/result.json in
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Iterable
 
 from textual import work
 from textual.app import App, SystemCommand
@@ -17,14 +17,17 @@ from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
 from tui.app import messages as msg
-from tui.app.backends import BACKEND_NAMES, ClusterOptions, PerRunCancel, check, make_backend
+from tui.suite import events as ev
+from trainer.contract import BACKENDS
+from tui.app.cancel import PerRunCancel
 from tui.app.board import RunBoard
-from tui.app.screens.dialogs import HelpScreen, PathPrompt
+from tui.app.screens.dialogs import Confirm, HelpScreen
 from tui.app.screens.logs import LogsScreen
 from tui.app.screens.matrix import MatrixScreen
 from tui.app.screens.results import ResultsScreen
 from tui.app.screens.runs import RunsScreen
-from tui.suite.matrix import MatrixSpec, load_matrix, save_matrix
+from tui.suite.backends import ClusterOptions, availability, get_backend
+from tui.suite.matrix import MatrixSpec, default_matrix, load_matrix, save_matrix
 
 MODES = ("matrix", "runs", "logs", "results")
 
@@ -44,11 +47,14 @@ class BenchApp(App):
         Binding("q", "quit", "Quit"),
     ]
 
-    def __init__(self, results_dir: str | Path = "results", matrix: MatrixSpec | None = None,
-                 matrix_path: str | None = None, cluster: ClusterOptions | None = None,
+    def __init__(self, matrix: MatrixSpec | None = None, matrix_path: str | None = None,
+                 cluster: ClusterOptions | None = None, results_dir: str | Path | None = None,
                  availability: dict[str, tuple[bool, str]] | None = None) -> None:
         super().__init__()
-        self.results_dir = Path(results_dir)
+        matrix = matrix or default_matrix()
+        self.results_dir = Path(results_dir or matrix.results)
+        """The result set the Results screen shows (read-only); a matrix run writes into its own
+        `results` directory and shows that one."""
         self.matrix_path = matrix_path
         self.cluster = cluster or ClusterOptions()
         self.fixed_availability = availability
@@ -96,13 +102,6 @@ class BenchApp(App):
     def action_help(self) -> None:
         self.push_screen(HelpScreen())
 
-    def show_logs(self, run_id: str) -> None:
-        self.logs_screen.show_run(run_id)
-        self.switch_mode("logs")
-
-    def prompt_path(self, title: str, default: str, then: Callable[[str], None]) -> None:
-        self.push_screen(PathPrompt(title, default), callback=lambda path: path and then(path))
-
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
         yield SystemCommand("Run matrix", "Start the matrix on the Matrix screen", self.action_run_matrix)
@@ -121,8 +120,8 @@ class BenchApp(App):
     # -- backends -----------------------------------------------------------------------------
     @work(thread=True, group="backends")
     def check_backends(self) -> None:
-        for name in BACKEND_NAMES:
-            self.post_message(msg.BackendChecked(name, *check(name, self.cluster)))
+        for name in BACKENDS:
+            self.post_message(msg.BackendChecked(name, *availability(name, self.cluster)))
 
     def on_backend_checked(self, message: msg.BackendChecked) -> None:
         self.backend_status[message.name] = (message.ok, message.why)
@@ -148,21 +147,22 @@ class BenchApp(App):
         if self.runs_screen.is_mounted:
             self.runs_screen.redraw()
         self.logs_screen.run_id = None
-        self.matrix_worker = self.run_specs(list(screen.specs), spec.backend)
+        self.results_dir = Path(spec.results)
+        self.matrix_worker = self.run_specs(list(screen.specs), spec.backend, self.results_dir)
         self.switch_mode("runs")
 
     @work(thread=True, exclusive=True, group="matrix", exit_on_error=False)
-    def run_specs(self, specs: list, backend_name: str) -> None:
+    def run_specs(self, specs: list, backend_name: str, results_dir: Path) -> None:
         from tui.suite.runner import run_matrix
 
         try:
-            self.runner = PerRunCancel(make_backend(backend_name, self.cluster))
+            self.runner = PerRunCancel(get_backend(backend_name, self.cluster))
             ok, why = self.runner.availability()  # the start-up check may be stale or not done
             if not ok:
                 self.post_message(msg.MatrixDone([], f"backend {backend_name} unavailable: {why}"))
                 return
-            records = run_matrix(specs, self.runner, self.results_dir,
-                                 emit=lambda event: self.post_message(msg.to_message(event)),
+            records = run_matrix(specs, self.runner, results_dir,
+                                 emit=lambda event: self.post_message(msg.SuiteEvent(event)),
                                  cancel=self.runner.matrix_cancel)
         except Exception as exc:  # noqa: BLE001 - shown to the user, the app goes on
             self.post_message(msg.MatrixDone([], f"{type(exc).__name__}: {exc}"))
@@ -182,46 +182,59 @@ class BenchApp(App):
             self.runner.cancel_all()
             self.notify("cancelling all runs")
 
-    async def action_quit(self) -> None:
-        if self.matrix_worker is not None and self.matrix_worker.is_running and self.runner is not None:
-            # Stop the ranks (or releases) before leaving: no orphan processes behind the app.
-            self.runner.cancel_all()
-            self.notify("stopping runs before quitting…")
-            await self.matrix_worker.wait()
+    def action_quit(self) -> None:
+        running = self.matrix_worker is not None and self.matrix_worker.is_running
+        if not running:
+            self.exit()
+            return
+        left = sum(1 for r in self.board.rows.values() if not r.final)
+        self.push_screen(Confirm(f"{left} run(s) not finished: quit and stop them?"),
+                         callback=lambda yes: yes and self.stop_and_exit())
+
+    @work(group="quit")
+    async def stop_and_exit(self) -> None:
+        # Stop the ranks (or releases) before leaving: no orphan processes behind the app.
+        self.runner.cancel_all()
+        self.notify("stopping runs before quitting…")
+        await self.matrix_worker.wait()
         self.exit()
 
     # -- suite events -------------------------------------------------------------------------
-    def _fold(self, message: msg.SuiteMessage):
-        row = self.board.apply(message.event)
+    def on_suite_event(self, message: msg.SuiteEvent) -> None:
+        """Fold the event into the board, then update what shows it."""
+        event = message.event
+        row = self.board.apply(event)
+        if isinstance(event, ev.RunLogLine):
+            self.logs_screen.append(event.run_id, event.line)
+            return
         if self.runs_screen.is_mounted:
             if row is not None:
                 self.runs_screen.update_row(row)
             self.runs_screen.update_progress()
         if row is not None and self.logs_screen.run_id is None:
             self.logs_screen.show_run(row.run_id)
-        return row
-
-    def on_run_queued(self, message: msg.RunQueued) -> None:
-        self._fold(message)
-
-    def on_run_state(self, message: msg.RunState) -> None:
-        self._fold(message)
-        if self.logs_screen.is_mounted and message.event.run_id == self.logs_screen.run_id:
+        if (isinstance(event, ev.RunStateChanged) and self.logs_screen.is_mounted
+                and event.run_id == self.logs_screen.run_id):
             self.logs_screen.update_title()
+        if isinstance(event, ev.RunFinished):
+            self.refresh_results()
 
-    def on_run_progress(self, message: msg.RunProgress) -> None:
-        self._fold(message)
+    # -- requests from the screens --------------------------------------------------------------
+    def on_cancel_run(self, message: msg.CancelRun) -> None:
+        self.cancel_run(message.run_id)
 
-    def on_run_log(self, message: msg.RunLog) -> None:
-        self.board.apply(message.event)
-        self.logs_screen.append(message.event.run_id, message.event.line)
+    def on_show_logs(self, message: msg.ShowLogs) -> None:
+        self.logs_screen.show_run(message.run_id)
+        self.switch_mode("logs")
 
-    def on_run_finished(self, message: msg.RunFinished) -> None:
-        self._fold(message)
-        self.refresh_results()
+    def on_open_results(self, message: msg.OpenResults) -> None:
+        self.open_results(message.path)
 
-    def on_matrix_progress(self, message: msg.MatrixProgress) -> None:
-        self._fold(message)
+    def on_save_matrix(self, message: msg.SaveMatrix) -> None:
+        self.save_matrix(message.path)
+
+    def on_load_matrix(self, message: msg.LoadMatrix) -> None:
+        self.load_matrix(message.path)
 
     def on_matrix_done(self, message: msg.MatrixDone) -> None:
         if message.error:
@@ -234,14 +247,16 @@ class BenchApp(App):
     # -- results ------------------------------------------------------------------------------
     @work(thread=True, exclusive=True, group="results", exit_on_error=False)
     def refresh_results(self) -> None:
-        from tui.app.results import ResultsView, compute
+        from tui.app.results_model import ResultsView, compute
         from tui.suite.metrics import load_records
 
-        records = load_records(self.results_dir) if self.results_dir.is_dir() else []
-        source = f"{len(records)} result(s) in {self.results_dir}"
-        try:
+        source = f"0 result(s) in {self.results_dir}"
+        try:  # a bad record or directory must not take the app down nor leave the screen empty
+            records = load_records(self.results_dir) if self.results_dir.is_dir() else []
+            unreadable = sum(r.get("status") == "unreadable" for r in records)
+            source = f"{len(records)} result(s) in {self.results_dir}" + (f" ({unreadable} unreadable)" if unreadable else "")
             view = compute(records)
-        except Exception as exc:  # noqa: BLE001 - a bad record must not take the app down
+        except Exception as exc:  # noqa: BLE001
             view, source = ResultsView(), f"{source}: could not tabulate them ({type(exc).__name__}: {exc})"
         self.post_message(msg.ResultsReady(view, source))
 

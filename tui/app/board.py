@@ -38,7 +38,9 @@ class RunRow:
         return (self.ended or now or time.monotonic()) - self.started
 
     def state_text(self) -> str:
-        if self.state == "running" and self.steps:
+        if self.state == "running" and not self.steps:
+            return "starting"  # ranks launching, process group forming: no step yet
+        if self.state == "running":
             return f"running step {self.step}/{self.steps}"
         if self.state == "failed" and self.detail:
             return f"failed: {self.detail}"
@@ -52,7 +54,6 @@ class RunBoard:
         self.rows: dict[str, RunRow] = {}
         self.done = 0
         self.total = 0
-        self.matrix_eta_s: float | None = None
 
     def reset(self) -> None:
         self.__init__()
@@ -65,7 +66,7 @@ class RunBoard:
     def apply(self, event: Any) -> RunRow | None:
         """Fold one suite event into the board; returns the row it touched (None: matrix-wide)."""
         if isinstance(event, ev.MatrixProgress):
-            self.done, self.total, self.matrix_eta_s = event.done, event.total, event.eta_s
+            self.done, self.total = event.done, event.total
             return None
         row = self.row(event.run_id)
         if isinstance(event, ev.RunQueued):
@@ -94,5 +95,17 @@ class RunBoard:
     def active(self) -> list[RunRow]:
         return [r for r in self.rows.values() if not r.final and r.state != "queued"]
 
-    def records(self) -> list[dict[str, Any]]:
-        return [r.record for r in self.rows.values() if r.record is not None]
+    def eta_s(self, now: float | None = None) -> float | None:
+        """Seconds until the matrix ends: the runs still queued at the mean duration of the runs
+        that ran, plus what the current run has left. Recomputed from the rows, so it follows
+        cancels (a cancelled run leaves the queue) and real progress; None before one run ended."""
+        now = now or time.monotonic()
+        ran = [r.elapsed_s(now) for r in self.rows.values()
+               if r.final and r.started is not None and r.state != "cancelled"]
+        if not ran:
+            return None
+        mean = sum(ran) / len(ran)
+        queued = sum(1 for r in self.rows.values() if r.state == "queued")
+        current = sum(r.run_eta_s if r.run_eta_s is not None else max(0.0, mean - r.elapsed_s(now))
+                      for r in self.active())
+        return queued * mean + current

@@ -5,7 +5,7 @@ Pure functions: `to_matrix` turns field values into a MatrixSpec or says which f
 """
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, fields as dataclass_fields
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,10 @@ INT_LIST_FIELDS = ("world_sizes", "seq_lens")
 INT_FIELDS = ("micro_batch", "grad_accum", "global_batch", "steps", "warmup_steps", "repeats")
 OPTIONAL_INT_FIELDS = ("global_batch",)
 CHOICE_FIELDS = ("model", "precision", "launcher", "shape", "backend")
+EXTRA_FIELDS = tuple(f.name for f in dataclass_fields(MatrixSpec)
+                     if f.name not in ("strategies", *INT_LIST_FIELDS, *INT_FIELDS, *CHOICE_FIELDS))
+"""Matrix keys without a widget (timeout, device, seed, results, trainer options...): kept as
+loaded, so saving a matrix never drops them."""
 
 
 def int_list(text: str) -> list[int]:
@@ -51,7 +55,7 @@ def to_matrix(fields: dict[str, Any]) -> tuple[MatrixSpec | None, list[str]]:
     for name in CHOICE_FIELDS:
         if fields.get(name) is not None:
             data[name] = fields[name]
-    for name in ("timeout_s", "device", "seed", "max_world_size", "extra_args"):
+    for name in EXTRA_FIELDS:
         if name in fields:
             data[name] = fields[name]
     if errors:
@@ -65,8 +69,7 @@ def to_matrix(fields: dict[str, Any]) -> tuple[MatrixSpec | None, list[str]]:
 def from_matrix(spec: MatrixSpec) -> dict[str, Any]:
     """Field values (strings for inputs) showing `spec`."""
     data = asdict(spec)
-    out: dict[str, Any] = {k: data[k] for k in ("strategies", *CHOICE_FIELDS, "timeout_s", "device",
-                                                   "seed", "max_world_size", "extra_args")}
+    out: dict[str, Any] = {k: data[k] for k in ("strategies", *CHOICE_FIELDS, *EXTRA_FIELDS)}
     for name in INT_LIST_FIELDS:
         out[name] = ", ".join(str(v) for v in data[name])
     for name in INT_FIELDS:

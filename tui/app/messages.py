@@ -1,8 +1,8 @@
-"""Typed Textual messages: every state change reaches the UI as one of these.
+"""Typed Textual messages: every state change reaches the app as one of these.
 
-The suite emits plain dataclass events (tui.suite.events) from the matrix thread; `to_message`
-wraps each in its own Message class so handlers are typed (`on_run_progress`, ...) and Textual
-queues them on the app's loop (post_message is thread-safe), never blocking the runner.
+The suite's events (tui.suite.events) arrive as one SuiteEvent from the matrix thread; Textual
+queues them on the app's loop, never blocking the runner. Screens never call into the app: they
+post requests (CancelRun, ShowLogs, OpenResults, SaveMatrix, LoadMatrix) that bubble up to it.
 """
 from __future__ import annotations
 
@@ -10,49 +10,49 @@ from typing import Any
 
 from textual.message import Message
 
-from tui.suite import events as ev
 
 
-class SuiteMessage(Message):
-    """A suite event on its way into the app."""
+class SuiteEvent(Message):
+    """The one message the suite sends: any tui.suite.events event, posted from the matrix
+    thread (post_message is thread-safe) and handled by the app's `on_suite_event`."""
 
     def __init__(self, event: Any) -> None:
         super().__init__()
         self.event = event
 
 
-class RunQueued(SuiteMessage):
-    event: ev.RunQueued
+# -- requests the screens post upward; the app acts on them ---------------------------------
+
+class CancelRun(Message):
+    def __init__(self, run_id: str) -> None:
+        super().__init__()
+        self.run_id = run_id
 
 
-class RunState(SuiteMessage):
-    event: ev.RunStateChanged
+class ShowLogs(Message):
+    def __init__(self, run_id: str) -> None:
+        super().__init__()
+        self.run_id = run_id
 
 
-class RunProgress(SuiteMessage):
-    event: ev.RunProgress
+class OpenResults(Message):
+    """Show the result set in `path` (read-only: new runs go to the matrix's own directory)."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self.path = path
 
 
-class RunLog(SuiteMessage):
-    event: ev.RunLogLine
+class SaveMatrix(Message):
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self.path = path
 
 
-class RunFinished(SuiteMessage):
-    event: ev.RunFinished
-
-
-class MatrixProgress(SuiteMessage):
-    event: ev.MatrixProgress
-
-
-_BY_EVENT: dict[type, type[SuiteMessage]] = {
-    ev.RunQueued: RunQueued, ev.RunStateChanged: RunState, ev.RunProgress: RunProgress,
-    ev.RunLogLine: RunLog, ev.RunFinished: RunFinished, ev.MatrixProgress: MatrixProgress,
-}
-
-
-def to_message(event: Any) -> SuiteMessage:
-    return _BY_EVENT[type(event)](event)
+class LoadMatrix(Message):
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self.path = path
 
 
 class MatrixDone(Message):

@@ -13,12 +13,21 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import fields, replace
+from dataclasses import asdict, fields
 from pathlib import Path
 
-from tui.suite.matrix import MatrixSpec, expand, load_matrix, save_matrix
+import yaml
 
-DEFAULT_MATRIX = Path(__file__).resolve().parent / "matrices" / "cpu-default.yaml"
+from trainer.fielddocs import field_docs
+
+from tui.suite.backends import add_cluster_flags, cluster_options
+from tui.suite.matrix import (CONFIRM_ABOVE, DEFAULT_MATRIX, MatrixSpec, expand, load_matrix, matrix_from_dict,
+                               save_matrix, with_shape_defaults)
+
+
+DESCRIPTION = ("The headless suite: run a matrix of benchmark runs, report on a results directory, "
+               "or collect a record from a saved log.")
+
 
 def _ints(text: str) -> list[int]:
     try:
@@ -31,45 +40,52 @@ def _strs(text: str) -> list[str]:
     return [x.strip() for x in text.split(",") if x.strip()]
 
 
-# Matrix flags: (flag, MatrixSpec field, parser); lists are comma-separated. Each overrides the
-# matrix file's value; the help text is the field's docstring.
-MATRIX_FLAGS = [
-    ("--strategies", "strategies", _strs), ("--world-sizes", "world_sizes", _ints),
-    ("--seq-lens", "seq_lens", _ints), ("--micro-batch", "micro_batch", int),
-    ("--grad-accum", "grad_accum", int), ("--global-batch", "global_batch", int),
-    ("--model", "model", str), ("--precision", "precision", str), ("--steps", "steps", int),
-    ("--warmup-steps", "warmup_steps", int), ("--repeats", "repeats", int),
-    ("--launcher", "launcher", str), ("--backend", "backend", str), ("--shape", "shape", str),
-    ("--device", "device", str), ("--timeout-s", "timeout_s", float),
-    ("--usd-per-gpu-hour", "usd_per_gpu_hour", float),
-    ("--max-world-size", "max_world_size", int),
-]
+def _knob(text: str) -> tuple[str, object]:
+    """KEY=VALUE, the value read as YAML (true, 2, [fp32, bf16])."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    try:
+        return key.strip(), yaml.safe_load(value)
+    except yaml.YAMLError:
+        raise argparse.ArgumentTypeError(f"{key}: value {value!r} is not valid YAML") from None
+
+
+# How a flag's text becomes a MatrixSpec field's value, by the field's declared type.
+_PARSERS = {"list[str]": _strs, "list[int]": _ints, "int": int, "int | None": int, "float": float,
+            "float | None": float, "str": str, "str | None": str}
+
+
+def _add_matrix_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per MatrixSpec field (lists comma-separated), help from its docstring; each
+    overrides the matrix file's value. Other trainer knobs: --set KEY=VALUE."""
+    docs = field_docs(MatrixSpec)
+    for f in fields(MatrixSpec):
+        if f.type in _PARSERS:
+            parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=_PARSERS[f.type],
+                                default=None, help=docs.get(f.name, "").replace("%", "%%"))
+    parser.add_argument("--set", dest="knobs", type=_knob, action="append", default=[], metavar="KEY=VALUE",
+                        help="any trainer knob for every run, e.g. --set activation_checkpointing=true "
+                             "(a list sweeps it: --set precision=[fp32,bf16])")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="shardbench", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="shardbench", description=DESCRIPTION)
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run a matrix of benchmark runs")
     run.add_argument("--matrix", type=Path, help=f"matrix YAML (default: {DEFAULT_MATRIX.name}); flags override it")
-    run.add_argument("--results", type=Path, default=Path("results/default"), help="results directory")
-    for flag, field_name, kind in MATRIX_FLAGS:
-        run.add_argument(flag, dest=field_name, type=kind, default=None,
-                         help=_field_doc(field_name))
-    run.add_argument("--trainer-arg", dest="extra_args", action="append", default=None,
-                     help="extra trainer flag for every run (repeatable), e.g. --trainer-arg=--compile")
-    kube = run.add_argument_group("kubernetes backend")
-    kube.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: KUBECONFIG or ~/.kube/config)")
-    kube.add_argument("--context", default=None, help="kubeconfig context")
-    kube.add_argument("--namespace", default=None, help="namespace of the releases")
-    kube.add_argument("--keep-failed", action="store_true", default=None, help="keep a failed run's release")
+    _add_matrix_flags(run)
+    add_cluster_flags(run)
     run.add_argument("--force", action="store_true", help="rerun runs whose result is already there")
+    run.add_argument("--yes", action="store_true", help="run a matrix of more than 1,000 runs")
     run.add_argument("--dry-run", action="store_true", help="print the runs and exit")
     run.add_argument("--save-matrix", type=Path, help="write the effective matrix YAML here")
     run.add_argument("--report", type=Path, help="also write the report into this directory")
     run.add_argument("--quiet", action="store_true", help="no live progress, one line per run")
     rep = sub.add_parser("report", help="results dir -> metrics.csv, plots/, BENCHMARK_REPORT.md")
-    rep.add_argument("results", type=Path)
-    rep.add_argument("--out", type=Path, default=None, help="output directory (default: RESULTS/report)")
+    rep.add_argument("results", type=Path, help="a results dir, or a dir holding several (each gets a report)")
+    rep.add_argument("--out", type=Path, default=None,
+                     help="output directory (default: <result set>/report; with several sets, one subdir each)")
     col = sub.add_parser("collect", help="read the result record from a saved log")
     col.add_argument("log", type=Path)
     col.add_argument("-o", "--output", type=Path, default=None, help="write the record here (default: stdout)")
@@ -77,18 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _field_doc(name: str) -> str:
-    import inspect
-
-    src = inspect.getsource(MatrixSpec)
-    marker = f"    {name}:"
-    if marker not in src:
-        return ""
-    doc = src.split(marker, 1)[1].split('"""')[1]
-    return " ".join(doc.split()).replace("%", "%%")
-
-
 def effective_matrix(args: argparse.Namespace) -> MatrixSpec:
+    """The matrix file (default: the default matrix), then every flag given over it."""
     spec = load_matrix(args.matrix or DEFAULT_MATRIX)
     overrides = {f.name: getattr(args, f.name) for f in fields(MatrixSpec)
                  if getattr(args, f.name, None) is not None}
@@ -96,7 +102,17 @@ def effective_matrix(args: argparse.Namespace) -> MatrixSpec:
         overrides.setdefault("grad_accum", None)
     if overrides.get("shape") in ("", "none"):
         overrides["shape"] = None  # --shape none: hardware unknown (no peak, no price)
-    return replace(spec, **overrides)
+    data = {**asdict(spec), **overrides}
+    options = data.pop("options")
+    matrix = matrix_from_dict({**data, **options, **dict(args.knobs)})
+    explicit = set(overrides) | set(dict(args.knobs)) | (set(_keys_of(args.matrix)) if args.matrix else set())
+    return with_shape_defaults(matrix, explicit)
+
+
+def _keys_of(path: Path) -> list[str]:
+    """The keys a matrix file sets itself (load_matrix has already checked it reads)."""
+    data = yaml.safe_load(path.read_text()) or {}
+    return list(data) + list(data.get("options") or {})
 
 
 def fail(message: str) -> int:
@@ -111,7 +127,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         matrix = effective_matrix(args)
     except (OSError, ValueError, TypeError) as exc:
         return fail(str(exc))
-    specs, errors = expand(matrix)
+    specs, errors = expand(matrix, limit=None if args.yes else CONFIRM_ABOVE)
     if errors:
         for line in errors:
             print(f"shardbench: invalid matrix: {line}", file=sys.stderr)
@@ -124,29 +140,25 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 0
     from tui.suite.backends import get_backend
 
-    options = {}
-    if matrix.backend == "kubernetes":
-        options = {"kubeconfig": args.kubeconfig, "context": args.context, "namespace": args.namespace,
-                   "keep_failed": args.keep_failed}
-    backend = get_backend(matrix.backend, **options)
+    backend = get_backend(matrix.backend, cluster_options(args))
     ok, why = backend.availability()
     if not ok:
         return fail(f"backend {matrix.backend} unavailable: {why}")
-    records, interrupted = _run_with_progress(specs, backend, args)
+    records, interrupted = _run_with_progress(specs, backend, matrix.results, args)
     failed = [r for r in records if r.get("status") != "ok"]
     _print_summary(records)
     if args.report and records:
         from tui.suite.report import build_report
 
-        rep = build_report(args.results, args.report)
+        rep = build_report(matrix.results, args.report)
         print(f"report: {rep.markdown}")
     if interrupted:
-        print(f"interrupted: kept {len(records)} finished run(s) under {args.results}", file=sys.stderr)
+        print(f"interrupted: kept {len(records)} finished run(s) under {matrix.results}", file=sys.stderr)
         return 130
     return 1 if records and len(failed) == len(records) else 0
 
 
-def _run_with_progress(specs, backend, args) -> tuple[list[dict], bool]:
+def _run_with_progress(specs, backend, results_dir, args) -> tuple[list[dict], bool]:
     from tui.suite.runner import run_matrix
 
     cancel = threading.Event()
@@ -154,7 +166,7 @@ def _run_with_progress(specs, backend, args) -> tuple[list[dict], bool]:
     view = _QuietView() if args.quiet else _RichView(len(specs))
 
     def work():
-        result["records"] = run_matrix(specs, backend, args.results, view.emit, cancel, args.force)
+        result["records"] = run_matrix(specs, backend, results_dir, view.emit, cancel, args.force)
 
     worker = threading.Thread(target=work, name="matrix", daemon=True)
 
@@ -280,17 +292,27 @@ def _print_summary(records: list[dict]) -> None:
 # --- report / collect ----------------------------------------------------------------------
 
 def cmd_report(args: argparse.Namespace) -> int:
+    """A report per result set at or below RESULTS (e.g. `report results` finds results/default)."""
+    from tui.suite.metrics import find_result_sets
     from tui.suite.report import build_report
 
     if not args.results.is_dir():
         return fail(f"{args.results}: no such results directory")
-    out = args.out or args.results / "report"
-    try:
-        rep = build_report(args.results, out)
-    except ValueError as exc:
-        return fail(str(exc))
-    print(f"{rep.runs} runs ({rep.failed} not ok) -> {rep.csv}, {len(rep.plots)} plots, {rep.markdown}")
-    return 0
+    sets = find_result_sets(args.results)
+    if not sets:
+        return fail(f"no <run-id>/result.json under {args.results} (nor in its subdirectories)")
+    code = 0
+    for results in sets:
+        rel = results.relative_to(args.results)
+        out = (args.out / rel) if args.out else results / "report"
+        try:
+            rep = build_report(results, out)
+        except (OSError, ValueError) as exc:
+            print(f"shardbench: {results}: report not written: {exc}", file=sys.stderr)
+            code = 1
+            continue
+        print(f"{results}: {rep.runs} runs ({rep.failed} not ok) -> {rep.csv}, {len(rep.plots)} plots, {rep.markdown}")
+    return code
 
 
 def cmd_collect(args: argparse.Namespace) -> int:
@@ -318,6 +340,7 @@ def cmd_collect(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `shardbench run --dry-run | head` ends quietly
     args = build_parser().parse_args(argv)
     started = time.monotonic()
     handler = {"run": cmd_run, "report": cmd_report, "collect": cmd_collect}[args.command]

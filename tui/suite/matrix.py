@@ -1,78 +1,92 @@
-"""The benchmark matrix: what to run, expanded into one `RunSpec` per run with a stable id.
+"""The benchmark matrix: what to run, expanded into one `RunSpec` per run with a unique id.
 
 A matrix is a YAML file (or CLI flags) naming the axes to sweep (strategies x world sizes x seq
-lens x repeats) and the settings every run shares (model, precision, batch, steps, launcher,
-backend, shape). `expand` turns it into run specs and reports every invalid combination, one line
-each, before anything runs. Cheap to import: no torch (the TUI imports this at start-up).
+lens x repeats), the suite's settings (launcher, backend, shape, timeout) and the trainer's
+knobs every run shares. Any field of trainer.config.RunConfig is a matrix key; a list value
+sweeps it as one more axis. Every run is checked with the trainer's own rules
+(trainer.contract.validate); `expand` reports every problem, one line each, before anything runs.
+Cheap to import: no torch (the TUI imports this at start-up).
 """
 from __future__ import annotations
 
+import itertools
+import math
 import os
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-# The trainer's own tables (torch-free modules): one list of strategies, launchers, precisions.
-from trainer.config import DEVICES, PRECISIONS, STRATEGIES
-from trainer.launchers import LAUNCHERS
-from tui.suite.presets import PRESETS, preset_max_seq_len
+from trainer import contract
+from trainer.config import RunConfig, measured_fields, to_argv
 
-BACKENDS = ("local", "kubernetes")
-# launcher: auto picks the launcher that strategy is normally started with: DeepSpeed's own for
-# ZeRO, mpirun (the MPIJob path) for the PyTorch-native strategies.
-AUTO_LAUNCHER = {"ddp": "mpirun", "fsdp": "mpirun", "zero1": "deepspeed", "zero2": "deepspeed",
-                 "zero3": "deepspeed"}
-# A CPU run oversubscribes the cores; past this many ranks it measures the scheduler, not gloo.
-LOCAL_CPU_MAX_WORLD = 8
+DEFAULT_MATRIX = Path(__file__).resolve().parent / "matrices" / "default.yaml"
+"""The one default matrix of every entry point: `make bench`, `shardbench run`, benchtui."""
+CONFIRM_ABOVE = 1000
+"""A matrix of more runs than this needs an explicit yes (`--yes`): it would run for days."""
+LOCAL_OVERSUBSCRIBE = 4
+"""A local run may use at most cores x this many threads in all; past that it measures the
+scheduler, not the strategy."""
+
+# Trainer fields the suite sets itself for every run, so a matrix may not.
+_SUITE_OWNED = {"strategy", "seq_len", "run_id", "output_dir", "launcher", "repeat", "argv"}
+
+
+def _default(name: str) -> Any:
+    """RunConfig's default for a field: the one place a trainer knob's default is written."""
+    return next(f.default for f in fields(RunConfig) if f.name == name)
 
 
 @dataclass
 class MatrixSpec:
-    """A benchmark matrix as written in a matrix YAML file (keys are these field names)."""
+    """A benchmark matrix as written in a matrix YAML file (keys are these field names, plus any
+    other trainer.config.RunConfig field in `options`)."""
 
-    strategies: list[str] = field(default_factory=lambda: ["ddp", "fsdp", "zero2", "zero3"])
-    """Strategies to compare: ddp, fsdp, zero1, zero2, zero3."""
+    strategies: list[str] = field(default_factory=lambda: list(contract.STRATEGIES))
+    """Strategies to compare (trainer.contract.STRATEGIES)."""
     world_sizes: list[int] = field(default_factory=lambda: [1, 2])
     """Numbers of devices (ranks) per run; every strategy runs at every world size."""
     seq_lens: list[int] = field(default_factory=lambda: [64])
     """Sequence lengths (tokens); each must be <= the model preset's block size."""
-    micro_batch: int = 4
+    micro_batch: int = _default("micro_batch")
     """Sequences per rank per forward/backward pass."""
     grad_accum: int | None = 1
     """Micro-steps per optimizer step; ignored when global_batch is set."""
     global_batch: int | None = None
     """Fixed sequences per optimizer step for every world size: grad_accum is derived as
     global_batch / (micro_batch x world_size) and must come out a whole number."""
-    model: str = "tiny"
-    """Model preset (trainer presets: tiny, gpt2-124m, gpt2-350m, gpt2-1.3b, llama-7b-shape)."""
-    precision: str = "auto"
+    model: str = _default("model")
+    """Model preset (trainer/presets.py)."""
+    precision: str = _default("precision")
     """auto, fp32, bf16 or fp16 (auto: bf16 on a GPU that has it, else fp32)."""
-    steps: int = 10
+    steps: int = _default("steps")
     """Optimizer steps per run, warm-up included."""
-    warmup_steps: int = 3
+    warmup_steps: int = _default("warmup_steps")
     """Steps excluded from every metric; must be below steps."""
     repeats: int = 1
-    """Times every combination runs (mean +- spread in the report when > 1)."""
+    """Times every configuration runs; repeats are interleaved and give the report its intervals."""
     launcher: str = "auto"
-    """mpirun, deepspeed, torchrun, or auto (deepspeed for ZeRO, mpirun for ddp/fsdp)."""
+    """mpirun, deepspeed, torchrun, or auto (each strategy's default launcher)."""
     backend: str = "local"
     """local (this machine) or kubernetes (one Helm release per run)."""
     shape: str | None = "cpu"
     """GPU shape = values/<shape>.yaml (peak FLOP/s, $/GPU-hour, GPUs per node); None: unknown."""
-    device: str = "auto"
+    device: str = _default("device")
     """Trainer --device: auto, cpu or cuda."""
     usd_per_gpu_hour: float | None = None
     """Price of one device-hour for the cost report; None: the shape's usdPerGpuHour."""
     timeout_s: float | None = 600.0
     """Per-run wall-clock limit in seconds (the run becomes status timeout); None: no limit."""
-    seed: int = 1234
+    seed: int = _default("seed")
     """Trainer --seed; the same for every run so every strategy sees the same tokens."""
     max_world_size: int | None = None
     """Devices the backend may use at most (cluster capacity); None: what the shape allows."""
-    extra_args: list[str] = field(default_factory=list)
-    """Extra trainer flags appended to every run, e.g. ["--activation-checkpointing"]."""
+    results: str = "results/default"
+    """Results directory: results/<run id>/ for every run (a suite locks it while it writes)."""
+    options: dict[str, Any] = field(default_factory=dict)
+    """Any other trainer knob (a trainer.config.RunConfig field), e.g. {activation_checkpointing:
+    true}; a list sweeps it. Written in YAML as top-level keys."""
 
 
 @dataclass(frozen=True)
@@ -86,7 +100,14 @@ class Shape:
     """Dense bf16 peak of one device, TFLOP/s (MFU)."""
     usd_per_gpu_hour: float | None = None
     """Price of one device-hour (cost per million tokens)."""
-    gpu_model: str | None = None
+    run: dict[str, Any] = field(default_factory=dict, compare=False)
+    """The values file's `run:` defaults, as matrix keys (model, seq_lens, precision, device...)."""
+
+
+# values/<shape>.yaml `run:` keys -> the matrix keys they give defaults for.
+SHAPE_RUN_KEYS = {"model": "model", "seqLen": "seq_lens", "microBatch": "micro_batch",
+                  "precision": "precision", "device": "device", "steps": "steps",
+                  "warmupSteps": "warmup_steps"}
 
 
 @dataclass(frozen=True)
@@ -94,7 +115,7 @@ class RunSpec:
     """One run of the matrix: everything the backend needs to start it and the report to label it."""
 
     run_id: str
-    """Stable id, e.g. zero3-w4-s2048-mb1-ga4-r0 (results/<run_id>/)."""
+    """Unique id, e.g. zero3-w4-s2048-mb1-ga4-1f2e3d4c-r0 (results/<run_id>/)."""
     strategy: str
     world_size: int
     seq_len: int
@@ -119,67 +140,77 @@ class RunSpec:
     peak_tflops: float | None = None
     usd_per_gpu_hour: float | None = None
     timeout_s: float | None = None
-    extra_args: tuple[str, ...] = ()
+    options: tuple[tuple[str, Any], ...] = ()
+    """Other trainer knobs, as (RunConfig field, value) pairs."""
+    config_id: str = ""
+    """Hash of everything that changes the measurement; repeats share it (trainer.contract)."""
 
     @property
     def global_batch(self) -> int:
         return self.micro_batch * self.grad_accum * self.world_size
 
+    def run_config(self, output_dir: str | os.PathLike | None = None) -> RunConfig:
+        """The trainer's config for this run (what its command line parses back into)."""
+        return RunConfig(
+            strategy=self.strategy, model=self.model, seq_len=self.seq_len, micro_batch=self.micro_batch,
+            grad_accum=self.grad_accum, steps=self.steps, warmup_steps=self.warmup_steps,
+            precision=self.precision, seed=self.seed, device=self.device, run_id=self.run_id or None,
+            shape=self.shape, peak_tflops=self.peak_tflops, usd_per_gpu_hour=self.usd_per_gpu_hour,
+            output_dir=None if output_dir is None else str(output_dir), repeat=self.repeat,
+            **dict(self.options))
+
     def trainer_args(self, output_dir: str | os.PathLike | None = None) -> list[str]:
-        """The trainer's command line (docs/CONTRACTS.md) for this run."""
-        args = [
-            "--strategy", self.strategy, "--model", self.model,
-            "--seq-len", str(self.seq_len), "--micro-batch", str(self.micro_batch),
-            "--grad-accum", str(self.grad_accum), "--steps", str(self.steps),
-            "--warmup-steps", str(self.warmup_steps), "--precision", self.precision,
-            "--seed", str(self.seed), "--device", self.device, "--run-id", self.run_id,
-        ]
-        if self.shape:
-            args += ["--shape", self.shape]
-        if self.peak_tflops is not None:
-            args += ["--peak-tflops", _num(self.peak_tflops)]
-        if self.usd_per_gpu_hour is not None:
-            args += ["--usd-per-gpu-hour", _num(self.usd_per_gpu_hour)]
-        if output_dir is not None:
-            args += ["--output-dir", str(output_dir)]
-        return args + list(self.extra_args)
+        """The trainer's command line for this run."""
+        names = ["strategy", "model", "seq_len", "micro_batch", "grad_accum", "steps", "warmup_steps",
+                 "precision", "seed", "device", "run_id", "shape", "peak_tflops", "usd_per_gpu_hour",
+                 "output_dir"]
+        return to_argv(self.run_config(output_dir), names) + self.option_args()
+
+    def option_args(self) -> list[str]:
+        """The flags beyond the standard ones (the matrix's other knobs, the repeat): what the
+        chart's run.extraArgs carries for a cluster run."""
+        names = [k for k, _ in self.options] + (["repeat"] if self.repeat else [])
+        return to_argv(self.run_config(), names)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
-        data["extra_args"] = list(self.extra_args)
+        data["options"] = dict(self.options)
         return data
-
-
-def _num(x: float) -> str:
-    return str(int(x)) if float(x).is_integer() else repr(float(x))
-
-
-def run_id(strategy: str, world_size: int, seq_len: int, micro_batch: int, grad_accum: int,
-           repeat: int) -> str:
-    return f"{strategy}-w{world_size}-s{seq_len}-mb{micro_batch}-ga{grad_accum}-r{repeat}"
 
 
 # --- YAML -----------------------------------------------------------------------------------
 
-def matrix_from_dict(data: dict[str, Any]) -> MatrixSpec:
-    """Build a MatrixSpec from a mapping; unknown keys are an error (typos must not be ignored)."""
+_MATRIX_KEYS = {f.name for f in fields(MatrixSpec)} - {"options"}
+_OPTION_KEYS = {f.name for f in fields(RunConfig)} - _MATRIX_KEYS - _SUITE_OWNED
+
+
+def matrix_from_dict(data: Any) -> MatrixSpec:
+    """Build a MatrixSpec from a mapping; unknown keys are an error (typos must not be ignored).
+    Types are checked by expand(), which says what is wrong with each value."""
     if not isinstance(data, dict):
-        raise ValueError("a matrix must be a mapping of MatrixSpec fields")
-    known = {f.name for f in fields(MatrixSpec)}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise ValueError(f"unknown matrix key(s): {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+        raise ValueError("a matrix must be a mapping of matrix keys (see tui/suite/matrices/default.yaml)")
     data = dict(data)
-    for key in ("strategies", "world_sizes", "seq_lens", "extra_args"):
+    options = data.pop("options", None) or {}
+    if not isinstance(options, dict):
+        raise ValueError("options must be a mapping of trainer knobs")
+    options.update({k: data.pop(k) for k in list(data) if k in _OPTION_KEYS})
+    unknown = sorted(map(str, set(data) - _MATRIX_KEYS))
+    unknown += sorted(map(str, set(options) - _OPTION_KEYS))
+    if unknown:
+        raise ValueError(f"unknown matrix key(s): {', '.join(unknown)} "
+                         f"(known: {', '.join(sorted(_MATRIX_KEYS | _OPTION_KEYS))})")
+    for key in ("strategies", "world_sizes", "seq_lens"):
         if key in data and not isinstance(data[key], list):
             data[key] = [data[key]]  # a scalar means a one-element axis
-    return MatrixSpec(**data)
+    return MatrixSpec(**data, options=options)
 
 
 def load_matrix(path: str | os.PathLike) -> MatrixSpec:
     """Read a matrix YAML file; raises ValueError with one line on bad content."""
     try:
         data = yaml.safe_load(Path(path).read_text()) or {}
+    except OSError as exc:
+        raise ValueError(f"cannot read matrix {path}: {exc.strerror or exc}") from None
     except yaml.YAMLError as exc:
         raise ValueError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from None
     try:
@@ -188,8 +219,14 @@ def load_matrix(path: str | os.PathLike) -> MatrixSpec:
         raise ValueError(f"{path}: {exc}") from None
 
 
+def default_matrix() -> MatrixSpec:
+    return load_matrix(DEFAULT_MATRIX)
+
+
 def save_matrix(spec: MatrixSpec, path: str | os.PathLike) -> None:
-    Path(path).write_text(yaml.safe_dump(asdict(spec), sort_keys=False))
+    data = asdict(spec)
+    data.update(data.pop("options"))
+    Path(path).write_text(yaml.safe_dump(data, sort_keys=False))
 
 
 # --- shapes ---------------------------------------------------------------------------------
@@ -208,80 +245,98 @@ def load_shape(name: str, directory: Path | None = None) -> Shape:
         have = sorted(p.stem for p in directory.glob("*.yaml")) if directory.is_dir() else []
         raise ValueError(f"unknown shape {name!r}: no {path} (have: {', '.join(have) or 'none'})")
     try:
-        data = (yaml.safe_load(path.read_text()) or {}).get("shape") or {}
-    except (yaml.YAMLError, AttributeError):
-        raise ValueError(f"{path}: not a values file with a `shape:` mapping") from None
-    return Shape(
-        name=name,
-        gpus_per_node=_opt(data.get("gpusPerNode"), int),
-        peak_tflops=_opt(data.get("peakTflopsBf16"), float),
-        usd_per_gpu_hour=_opt(data.get("usdPerGpuHour"), float),
-        gpu_model=data.get("gpuModel"),
-    )
+        values = yaml.safe_load(path.read_text()) or {}
+        data, run = values.get("shape") or {}, values.get("run") or {}
+        defaults = {SHAPE_RUN_KEYS[k]: ([v] if k == "seqLen" else v) for k, v in run.items() if k in SHAPE_RUN_KEYS}
+        return Shape(name=name, gpus_per_node=_opt(data.get("gpusPerNode"), int),
+                     peak_tflops=_opt(data.get("peakTflopsBf16"), float),
+                     usd_per_gpu_hour=_opt(data.get("usdPerGpuHour"), float), run=defaults)
+    except (yaml.YAMLError, AttributeError, TypeError, ValueError):
+        raise ValueError(f"{path}: not a values file with a `shape:` mapping of numbers") from None
 
 
 def _opt(value, kind):
     return None if value is None else kind(value)
 
 
-# --- expansion ------------------------------------------------------------------------------
+def with_shape_defaults(matrix: MatrixSpec, explicit: set[str]) -> MatrixSpec:
+    """A cluster matrix takes model, seq len, batch, precision, device and steps from its shape's
+    values file, except the keys the user set (`explicit`): `--backend kubernetes --shape h100`
+    must not inherit the CPU defaults (device cpu, fp32, tiny) that the chart would refuse."""
+    if matrix.backend != "kubernetes" or not matrix.shape:
+        return matrix
+    try:
+        shape = load_shape(matrix.shape)
+    except ValueError:
+        return matrix  # expand() reports the missing shape
+    return replace(matrix, **{k: v for k, v in shape.run.items() if k not in explicit})
 
-def _pos_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool) and x >= 1
+
+def local_gpu_count() -> int:
+    """NVIDIA GPUs the driver shows on this machine, read without torch (0 without a driver)."""
+    try:
+        return len(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        return 0
 
 
-def _number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
+# --- checks of the suite's own settings ------------------------------------------------------
+
+def _is_int(x: Any, low: int = 1) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= low
 
 
-def _scalar_errors(m: MatrixSpec) -> list[str]:
-    errors = [f"unknown strategy {s!r}: use one of {', '.join(STRATEGIES)}"
-              for s in m.strategies if s not in STRATEGIES]
-    if m.launcher != "auto" and m.launcher not in LAUNCHERS:
-        errors.append(f"unknown launcher {m.launcher!r}: use auto or one of {', '.join(LAUNCHERS)}")
-    if m.precision not in PRECISIONS:
-        errors.append(f"unknown precision {m.precision!r}: use one of {', '.join(PRECISIONS)}")
-    if m.backend not in BACKENDS:
-        errors.append(f"unknown backend {m.backend!r}: use one of {', '.join(BACKENDS)}")
-    if m.device not in DEVICES:
-        errors.append(f"unknown device {m.device!r}: use one of {', '.join(DEVICES)}")
-    if m.model not in PRESETS:
-        errors.append(f"unknown model preset {m.model!r}: use one of {', '.join(PRESETS)}")
-    for name in ("micro_batch", "steps", "repeats"):
-        if not _pos_int(getattr(m, name)):
-            errors.append(f"{name} must be a positive integer, got {getattr(m, name)!r}")
-    if not isinstance(m.warmup_steps, int) or isinstance(m.warmup_steps, bool) or m.warmup_steps < 0:
-        errors.append(f"warmup_steps must be an integer >= 0, got {m.warmup_steps!r}")
-    elif _pos_int(m.steps) and m.warmup_steps >= m.steps:
-        errors.append(f"warmup_steps ({m.warmup_steps}) must be below steps ({m.steps}): nothing would be measured")
-    if m.global_batch is None and not _pos_int(m.grad_accum):
-        errors.append(f"grad_accum must be a positive integer, got {m.grad_accum!r}")
-    if m.global_batch is not None and not _pos_int(m.global_batch):
-        errors.append(f"global_batch must be a positive integer, got {m.global_batch!r}")
-    if m.usd_per_gpu_hour is not None and not (_number(m.usd_per_gpu_hour) and m.usd_per_gpu_hour >= 0):
+def _is_number(x: Any, low: float = 0.0) -> bool:
+    return (isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+            and x >= low)
+
+
+def _suite_errors(m: MatrixSpec) -> list[str]:
+    """The settings only the suite reads: launcher, backend, repeats, limits, the axes' types."""
+    errors = []
+    if m.launcher != "auto" and m.launcher not in contract.LAUNCHERS:
+        errors.append(f"launcher got {m.launcher!r}: use auto or one of {', '.join(contract.LAUNCHERS)}")
+    if m.backend not in contract.BACKENDS:
+        errors.append(f"backend got {m.backend!r}: use one of {', '.join(contract.BACKENDS)}")
+    elif m.backend == "kubernetes" and m.launcher not in ("auto", *contract.CLUSTER_LAUNCHERS):
+        errors.append(f"launcher {m.launcher} cannot run on the kubernetes backend (an MPIJob "
+                      f"starts its ranks with mpirun): use one of {', '.join(contract.CLUSTER_LAUNCHERS)}")
+    if not _is_int(m.repeats):
+        errors.append(f"repeats must be a positive integer, got {m.repeats!r}")
+    if m.usd_per_gpu_hour is not None and not _is_number(m.usd_per_gpu_hour):
         errors.append(f"usd_per_gpu_hour must be a number >= 0, got {m.usd_per_gpu_hour!r}")
-    if m.timeout_s is not None and not (_number(m.timeout_s) and m.timeout_s > 0):
+    if m.timeout_s is not None and not (_is_number(m.timeout_s) and m.timeout_s > 0):
         errors.append(f"timeout_s must be a positive number of seconds, got {m.timeout_s!r}")
-    if m.max_world_size is not None and not _pos_int(m.max_world_size):
+    if not isinstance(m.results, str) or not m.results:
+        errors.append(f"results must be a directory path, got {m.results!r}")
+    if m.max_world_size is not None and not _is_int(m.max_world_size):
         errors.append(f"max_world_size must be a positive integer, got {m.max_world_size!r}")
-    if not m.strategies:
-        errors.append("strategies is empty")
-    if not m.world_sizes:
-        errors.append("world_sizes is empty")
-    if not m.seq_lens:
-        errors.append("seq_lens is empty")
+    for name, kind in (("strategies", str), ("world_sizes", int), ("seq_lens", int)):
+        axis = getattr(m, name)
+        if not isinstance(axis, list) or not axis:
+            errors.append(f"{name} must be a non-empty list, got {axis!r}")
+        elif any(not isinstance(v, kind) or isinstance(v, bool) or isinstance(v, (list, dict)) for v in axis):
+            errors.append(f"{name} must hold {'names' if kind is str else 'integers'}, got {axis!r}")
+        elif len(set(axis)) != len(axis):
+            errors.append(f"{name} repeats a value: {axis!r}")
+    for name, value in m.options.items():
+        if isinstance(value, list) and (not value or len(set(map(repr, value))) != len(value)):
+            errors.append(f"{name} must be a non-empty list of distinct values, got {value!r}")
     return errors
 
 
-def _world_limit(m: MatrixSpec, shape: Shape | None) -> tuple[int | None, str]:
+def _world_limit(m: MatrixSpec, shape: Shape | None, threads_per_rank: int) -> tuple[int | None, str]:
     """Most ranks one run may use, and why."""
-    if _pos_int(m.max_world_size):
+    if _is_int(m.max_world_size):
         return m.max_world_size, "max_world_size"
-    if m.backend == "local":
-        if shape is not None and shape.gpus_per_node and shape.name != "cpu":
-            return shape.gpus_per_node, f"shape {shape.name} has {shape.gpus_per_node} GPUs per node"
-        return LOCAL_CPU_MAX_WORLD, "a local CPU run oversubscribes the cores"
-    return None, ""
+    if m.backend != "local":
+        return None, ""
+    if shape is not None and shape.gpus_per_node and m.device != "cpu":
+        return shape.gpus_per_node, f"shape {shape.name} has {shape.gpus_per_node} GPUs per node"
+    cores = os.cpu_count() or 1
+    limit = max(1, cores * LOCAL_OVERSUBSCRIBE // max(1, threads_per_rank))
+    return limit, (f"this machine has {cores} cores; ranks x threads per rank may be at most "
+                   f"{LOCAL_OVERSUBSCRIBE} x cores (set max_world_size to force more)")
 
 
 def _layout(m: MatrixSpec, shape: Shape | None, world: int) -> tuple[int, int] | str:
@@ -294,80 +349,103 @@ def _layout(m: MatrixSpec, shape: Shape | None, world: int) -> tuple[int, int] |
     return world // gpn, gpn
 
 
-def _grad_accum(m: MatrixSpec, world: int) -> int | str:
-    if m.global_batch is None:
-        return m.grad_accum
-    per_step = m.micro_batch * world
-    if m.global_batch % per_step or m.global_batch < per_step:
-        return (f"global batch {m.global_batch} is not a multiple of micro_batch {m.micro_batch} "
-                f"x world size {world} = {per_step}")
-    return m.global_batch // per_step
+# --- expansion ------------------------------------------------------------------------------
+
+def run_count(m: MatrixSpec) -> int:
+    """Runs the matrix expands into, computed without expanding it."""
+    axes = [m.strategies, m.world_sizes, m.seq_lens] + [v for v in m.options.values() if isinstance(v, list)]
+    sizes = [len(a) if isinstance(a, list) else 1 for a in axes]
+    return math.prod(sizes) * (m.repeats if _is_int(m.repeats) else 1)
 
 
-def _axis_errors(m: MatrixSpec, shape: Shape | None) -> list[str]:
-    errors = []
-    limit, why = _world_limit(m, shape)
-    for world in m.world_sizes:
-        if not isinstance(world, int) or isinstance(world, bool) or world < 1:
-            errors.append(f"world size must be a positive integer, got {world!r}")
-        elif limit is not None and world > limit:
-            errors.append(f"world size {world} is larger than allowed ({limit}: {why})")
-    max_seq = preset_max_seq_len(m.model) if m.model in PRESETS else None
-    for seq in m.seq_lens:
-        if not isinstance(seq, int) or isinstance(seq, bool) or seq < 1:
-            errors.append(f"seq len must be a positive integer, got {seq!r}")
-        elif max_seq is not None and seq > max_seq:
-            errors.append(f"seq len {seq} is above the {m.model} preset's block size {max_seq}")
-    return errors
+def _option_combinations(m: MatrixSpec) -> list[tuple[tuple[str, Any], ...]]:
+    names = sorted(m.options)
+    values = [m.options[n] if isinstance(m.options[n], list) else [m.options[n]] for n in names]
+    return [tuple(zip(names, combo)) for combo in itertools.product(*values)]
 
 
-def _combination_errors(m: MatrixSpec, shape: Shape | None) -> list[str]:
-    """Per world size: grad-accum from the global batch, and how the ranks map onto nodes."""
-    found = [_grad_accum(m, w) for w in m.world_sizes] + [_layout(m, shape, w) for w in m.world_sizes]
-    return [x for x in found if isinstance(x, str)]
+def _trainer_config(m: MatrixSpec, strategy: str, seq: int, options) -> RunConfig:
+    return RunConfig(strategy=strategy, model=m.model, seq_len=seq, micro_batch=m.micro_batch,
+                     grad_accum=None if m.global_batch is not None else m.grad_accum, global_batch=m.global_batch, steps=m.steps,
+                     warmup_steps=m.warmup_steps, precision=m.precision, seed=m.seed, device=m.device,
+                     **dict(options))
 
 
-def expand(matrix: MatrixSpec) -> tuple[list[RunSpec], list[str]]:
-    """All run specs of the matrix, and one line per invalid combination (empty when all valid).
+def expand(matrix: MatrixSpec, limit: int | None = CONFIRM_ABOVE) -> tuple[list[RunSpec], list[str]]:
+    """All run specs of the matrix, and one line per problem (empty when all valid).
 
-    Order: strategy, then world size, then seq len, then repeat, so a sequential run finishes one
-    strategy's scaling curve before the next.
+    Each configuration is checked once with the trainer's rules (trainer.contract.validate) and
+    the suite's (launcher, backend, world-size limits). Order: strategy, world size, seq len,
+    options, repeat; the runner interleaves repeats. `limit`: more runs than this is an error
+    that says how to confirm (None: no limit).
     """
-    errors = _scalar_errors(matrix)
+    errors = _suite_errors(matrix)
     shape = None
     if matrix.shape:
         try:
             shape = load_shape(matrix.shape)
         except ValueError as exc:
             errors.append(str(exc))
-    errors += _axis_errors(matrix, shape)
-    if errors:  # the combinations need valid numbers to be computed at all
-        return [], _dedupe(errors)
-    errors = _combination_errors(matrix, shape)
+    if shape is not None and matrix.backend == "local" and shape.gpus_per_node and not local_gpu_count():
+        errors.append(f"shape {shape.name} describes GPU nodes but this machine has no NVIDIA GPU: run it "
+                      "with --backend kubernetes, or locally with --shape cpu (or --shape none)")
     if errors:
         return [], _dedupe(errors)
-    specs = [_spec(matrix, shape, strategy, world, seq, rep)
-             for strategy in matrix.strategies for world in matrix.world_sizes
-             for seq in matrix.seq_lens for rep in range(matrix.repeats)]
-    ids = [s.run_id for s in specs]
-    dupes = sorted({i for i in ids if ids.count(i) > 1})
-    if dupes:
-        return [], [f"duplicate run id {d} (a value repeated on an axis?)" for d in dupes]
-    return specs, []
+    count = run_count(matrix)
+    if limit is not None and count > limit:
+        return [], [f"the matrix expands into {count:,} runs (more than {limit:,}): confirm with --yes, "
+                    "or sweep fewer values"]
+    specs: list[RunSpec] = []
+    for strategy, world, seq, options in itertools.product(
+            matrix.strategies, matrix.world_sizes, matrix.seq_lens, _option_combinations(matrix)):
+        made = _configuration(matrix, shape, strategy, world, seq, options)
+        if isinstance(made, list):
+            errors += made
+        else:
+            specs += [replace(made, repeat=r, run_id=_with_repeat(made.run_id, r)) for r in range(matrix.repeats)]
+    return ([], _dedupe(errors)) if errors else (specs, [])
 
 
-def _spec(m: MatrixSpec, shape: Shape | None, strategy: str, world: int, seq: int, rep: int) -> RunSpec:
-    ga = _grad_accum(m, world)
-    nodes, ppn = _layout(m, shape, world)
+def _configuration(m: MatrixSpec, shape: Shape | None, strategy: str, world: int, seq: int,
+                   options) -> RunSpec | list[str]:
+    """Repeat 0 of one configuration, or its problems."""
+    cfg = _trainer_config(m, strategy, seq, options)
+    errors = [_matrix_wording(e) for e in contract.validate(cfg, world)]
+    if errors:
+        return errors
+    limit, why = _world_limit(m, shape, getattr(cfg, "threads_per_rank", 1))
+    if limit is not None and world > limit:
+        return [f"world size {world} is larger than allowed ({limit}: {why})"]
+    layout = _layout(m, shape, world)
+    if isinstance(layout, str):
+        return [layout]
+    nodes, ppn = layout
+    launcher = contract.default_launcher(strategy) if m.launcher == "auto" else m.launcher
+    peak = shape.peak_tflops if shape else None
+    cfg = replace(cfg, shape=m.shape, peak_tflops=peak)
+    cid = contract.config_id(measured_fields(cfg, world, nodes, launcher))
+    ga = cfg.effective_grad_accum(world)
     return RunSpec(
-        run_id=run_id(strategy, world, seq, m.micro_batch, ga, rep), strategy=strategy,
+        run_id=contract.run_id(strategy, world, seq, m.micro_batch, ga, cid, 0), strategy=strategy,
         world_size=world, seq_len=seq, micro_batch=m.micro_batch, grad_accum=ga, model=m.model,
-        precision=m.precision, steps=m.steps, warmup_steps=m.warmup_steps, repeat=rep,
-        launcher=AUTO_LAUNCHER[strategy] if m.launcher == "auto" else m.launcher,
-        backend=m.backend, shape=m.shape, nodes=nodes, procs_per_node=ppn, device=m.device,
-        seed=m.seed, peak_tflops=shape.peak_tflops if shape else None,
-        usd_per_gpu_hour=_price(m, shape), timeout_s=m.timeout_s, extra_args=tuple(m.extra_args),
-    )
+        precision=m.precision, steps=m.steps, warmup_steps=m.warmup_steps, repeat=0, launcher=launcher,
+        backend=m.backend, shape=m.shape, nodes=nodes, procs_per_node=ppn, device=m.device, seed=m.seed,
+        peak_tflops=peak, usd_per_gpu_hour=_price(m, shape), timeout_s=m.timeout_s,
+        options=tuple(options), config_id=cid)
+
+
+def _with_repeat(rid: str, repeat: int) -> str:
+    return rid.rsplit("-r", 1)[0] + f"-r{repeat}"
+
+
+def _matrix_wording(error: str) -> str:
+    """The trainer's rule, said with the matrix key a YAML author wrote (--micro-batch -> micro_batch)."""
+    words = []
+    for word in error.split(" "):
+        if word.startswith("--") and len(word) > 2:
+            word = word[2:].replace("-", "_")
+        words.append(word)
+    return " ".join(words)
 
 
 def _price(matrix: MatrixSpec, shape: Shape | None) -> float | None:
@@ -378,3 +456,8 @@ def _price(matrix: MatrixSpec, shape: Shape | None) -> float | None:
 
 def _dedupe(lines: list[str]) -> list[str]:
     return list(dict.fromkeys(lines))
+
+
+__all__ = ["CONFIRM_ABOVE", "DEFAULT_MATRIX", "MatrixSpec", "RunSpec", "Shape", "default_matrix", "expand",
+           "load_matrix", "load_shape", "local_gpu_count", "matrix_from_dict", "run_count", "save_matrix",
+           "values_dir", "with_shape_defaults"]

@@ -1,16 +1,20 @@
-"""Result records -> one flat row per run (metrics.csv), plus the derived numbers the report needs.
+"""Result records -> one flat row per run (metrics.csv).
 
-Derived columns:
-- scaling_efficiency = tok/s(N) / (tok/s(base) x N / base), where base is the smallest world size
-  with an ok run of the same strategy, model, seq len, micro-batch, precision, shape and launcher
-  (DESIGN.md), and tok/s(base) is the mean over that world size's repeats.
-- cost_usd_per_mtok = usd_per_gpu_hour x world_size / 3600 / tokens_per_s x 1e6, the price from
-  the record or else from values/<shape>.yaml `shape.usdPerGpuHour`.
-`summarize` then folds repeats into mean and spread (sample standard deviation; 0 for one repeat).
+Reading never loses a run and never crashes on one: a result.json that cannot be read, is not a
+JSON object, nests too deeply, has a schema_version this report does not know, or has no usable
+world size or throughput becomes a row with status `unreadable` and the reason. A number that is
+not a measurement (NaN, Infinity, above 1e18) is left empty. Schema versions 1 and 2 are read;
+a field version 1 lacks (comm_per_step, the model-state breakdown, load averages, threads) is
+simply unknown.
+
+The one per-run derived column here is cost: usd_per_gpu_hour x world_size / 3600 / tokens_per_s
+x 1e6, the price from the record or else from values/<shape>.yaml `shape.usdPerGpuHour`. What
+needs several runs (intervals, scaling, flags, the loss check) is tui/suite/analysis.py.
 """
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -18,8 +22,16 @@ from typing import Any, Callable, Iterable
 import pandas as pd
 
 from tui.suite.matrix import load_shape
+from tui.suite.stats import finite
 
 GIB = 1024 ** 3
+KNOWN_SCHEMA_VERSIONS = (1, 2)
+UNREADABLE = "unreadable"
+"""Status of a row that stands for a result.json the report could not use (not a record status)."""
+MAX_RESULT_BYTES = 64 * 1024 ** 2
+# Above this no number in a record is a measurement (1e18 B/s, bytes, tok/s); such values would
+# overflow sums and matplotlib (1.7e308 + 1.7e308 = inf).
+MAX_PLAUSIBLE = 1e18
 
 
 def _get(*path: str) -> Callable[[dict], Any]:
@@ -31,22 +43,107 @@ def _get(*path: str) -> Callable[[dict], Any]:
     return get
 
 
-def _repeat(record: dict) -> int:
-    m = re.search(r"-r(\d+)$", str(record.get("run_id") or ""))
+_REPEAT = re.compile(r"-r(\d+)(?=-|$)")
+
+
+def _repeat(record: dict) -> Any:
+    """The record's `repeat` (schema 2), else the -rN part of a schema-1 run id."""
+    if isinstance(record.get("repeat"), int):
+        return record["repeat"]
+    m = _REPEAT.search(str(record.get("run_id") or ""))
     return int(m.group(1)) if m else 0
 
 
-def _gib(key: str) -> Callable[[dict], Any]:
-    return lambda r: r[key] / GIB if isinstance(r.get(key), (int, float)) else None
+def without_repeat(run_id: str) -> str:
+    """The run id without its -rN part: the readable name of its configuration."""
+    return _REPEAT.sub("", run_id, count=1)
+
+
+def _config_id(record: dict) -> str:
+    """The record's `config_id` (schema 2), else the run id without its -rN part."""
+    if isinstance(record.get("config_id"), str) and record["config_id"]:
+        return record["config_id"]
+    return without_repeat(str(record.get("run_id") or ""))
+
+
+def _gib(value: Any) -> Any:
+    return value / GIB if finite(value) else None
+
+
+def _state_part(part: str) -> Callable[[dict], Any]:
+    """One part of the model-state breakdown (GiB) on the rank that holds the most."""
+    def get(record: dict) -> Any:
+        ranks = [r for r in record.get("model_state") or [] if isinstance(r, dict)]
+        if not ranks:
+            return None
+        top = max(ranks, key=lambda r: r.get("total_bytes") if _number(r.get("total_bytes")) else -1)
+        return _gib(top.get(f"{part}_bytes"))
+    return get
+
+
+def _train_peak(record: dict) -> Any:
+    """GPU training peak: memory.train_peak_bytes (schema 2), else a schema-1 GPU peak."""
+    memory = record.get("memory")
+    if isinstance(memory, dict) and memory.get("train_peak_bytes") is not None:
+        return _gib(memory["train_peak_bytes"])
+    return _gib(record.get("peak_memory_bytes")) if record.get("device") == "cuda" else None
+
+
+def _rss(record: dict) -> Any:
+    """Process RSS: memory.rss_peak_bytes (schema 2), else the largest rank's peak RSS."""
+    memory = record.get("memory")
+    if isinstance(memory, dict) and memory.get("rss_peak_bytes") is not None:
+        return _gib(memory["rss_peak_bytes"])
+    rss = [m.get("rss_bytes") for m in record.get("peak_memory") or [] if isinstance(m, dict)]
+    rss = [v for v in rss if _number(v)]
+    return _gib(max(rss)) if rss else None
+
+
+def _comm_ops(record: dict) -> dict[str, dict]:
+    ops = record.get("comm_per_step")
+    return {str(k): v for k, v in ops.items() if isinstance(v, dict)} if isinstance(ops, dict) else {}
+
+
+def _comm_total(key: str) -> Callable[[dict], Any]:
+    def get(record: dict) -> Any:
+        values = [v.get(key) for v in _comm_ops(record).values() if _number(v.get(key))]
+        return math.fsum(values) if values else None
+    return get
+
+
+def _comm_text(record: dict) -> Any:
+    """'all_reduce 2 x 4.8 MB; broadcast ...', largest bytes first (empty when not measured)."""
+    ops = [(k, v) for k, v in _comm_ops(record).items() if _number(v.get("bytes"))]
+    if not ops:
+        return None
+    ops.sort(key=lambda kv: -kv[1]["bytes"])
+    return "; ".join(f"{k} {_num_text(v.get('calls'))} x {fmt_bytes(v['bytes'] / v['calls'])}"
+                     if _number(v.get("calls")) and v["calls"] else f"{k} {fmt_bytes(v['bytes'])}"
+                     for k, v in ops)
+
+
+def _affinity(record: dict) -> Any:
+    aff = record.get("cpu_affinity")
+    if not isinstance(aff, list) or not aff:
+        return None
+    return " ".join(",".join(str(c) for c in cores) if isinstance(cores, list) else str(cores) for cores in aff)
+
+
+def _model_key(record: dict) -> Any:
+    model = record.get("model")
+    if not isinstance(model, dict):
+        return None
+    return " ".join(f"{k}={model[k]}" for k in sorted(model))
 
 
 # (column, description, how to read it from a record). The order is the CSV's.
 COLUMNS: list[tuple[str, str, Callable[[dict], Any]]] = [
-    ("run_id", "stable run id: strategy-wWORLD-sSEQ-mbMICRO-gaACCUM-rREPEAT", _get("run_id")),
-    ("config_id", "run id without the repeat suffix: runs that differ only by repeat share it", lambda r: re.sub(r"-r\d+$", "", str(r.get("run_id") or ""))),
-    ("repeat", "repeat index (from the run id)", _repeat),
-    ("status", "ok, failed, oom or timeout", _get("status")),
-    ("error", "why the run did not finish ok (empty when ok)", _get("error")),
+    ("run_id", "run id (readable prefix; schema 2 adds a short hash)", _get("run_id")),
+    ("config_id", "configuration: runs that differ only by repeat share it", _config_id),
+    ("repeat", "repeat index", _repeat),
+    ("schema_version", "record schema version (1 or 2)", _get("schema_version")),
+    ("status", "ok, failed, oom, timeout, cancelled, or unreadable (the result.json could not be used)", _get("status")),
+    ("error", "why the run did not finish ok, or why its result.json is unreadable", _get("error")),
     ("strategy", "ddp, fsdp, zero1, zero2 or zero3", _get("strategy")),
     ("launcher", "mpirun, deepspeed, torchrun or none", _get("launcher")),
     ("world_size", "devices (ranks) in the run", _get("world_size")),
@@ -57,12 +154,14 @@ COLUMNS: list[tuple[str, str, Callable[[dict], Any]]] = [
     ("gpu_shape", "values file name of the hardware shape", _get("gpu_shape")),
     ("comm_backend", "gloo or nccl", _get("comm_backend")),
     ("model", "model preset", _get("model", "preset")),
+    ("model_key", "every model dimension (runs that must share a loss curve share it)", _model_key),
     ("n_layer", "transformer blocks", _get("model", "n_layer")),
     ("n_embd", "model width", _get("model", "n_embd")),
     ("n_head", "attention heads", _get("model", "n_head")),
     ("vocab_size", "vocabulary size", _get("model", "vocab_size")),
     ("n_params", "trainable parameters", _get("n_params")),
     ("precision", "fp32, bf16 or fp16 (as run)", _get("precision")),
+    ("grad_reduce_dtype", "dtype gradients were reduced in", _get("grad_reduce_dtype")),
     ("seq_len", "tokens per sequence", _get("seq_len")),
     ("micro_batch", "sequences per rank per micro-step", _get("micro_batch")),
     ("grad_accum", "micro-steps per optimizer step", _get("grad_accum")),
@@ -71,21 +170,38 @@ COLUMNS: list[tuple[str, str, Callable[[dict], Any]]] = [
     ("steps", "optimizer steps run, warm-up included", _get("steps")),
     ("warmup_steps", "steps excluded from every metric", _get("warmup_steps")),
     ("measured_steps", "steps the metrics are over", _get("measured_steps")),
+    ("lr", "peak learning rate", _get("optimizer", "lr")),
+    ("seed", "seed of weights and tokens", _get("seed")),
     ("tokens_per_s", "global training throughput over the measured steps, tokens/s", _get("tokens_per_s")),
     ("tokens_per_s_per_device", "tokens_per_s / world_size", _get("tokens_per_s_per_device")),
     ("step_time_mean_s", "mean optimizer-step wall time, s", _get("step_time_s", "mean")),
     ("step_time_p50_s", "median step time, s", _get("step_time_s", "p50")),
     ("step_time_p90_s", "90th percentile step time, s", _get("step_time_s", "p90")),
     ("final_loss", "loss of the last step", _get("final_loss")),
-    ("peak_memory_gib", "peak memory per device, GiB: max over ranks of GPU max-allocated, or CPU peak RSS", _gib("peak_memory_bytes")),
-    ("model_state_gib_per_rank", "params + grads + optimizer state held by one rank (max over ranks), GiB", _gib("model_state_bytes_per_rank")),
+    ("model_state_gib_per_rank", "params + grads + optimizer state (+ master copies, comm buffers when recorded) held by one rank, max over ranks, GiB",
+     lambda r: _gib(r.get("model_state_bytes_per_rank"))),
+    ("model_state_params_gib", "parameters held by the rank holding the most model state, GiB", _state_part("params")),
+    ("model_state_grads_gib", "gradients held by that rank, GiB", _state_part("grads")),
+    ("model_state_optimizer_gib", "optimizer moments held by that rank, GiB", _state_part("optimizer")),
+    ("model_state_master_gib", "fp32 master weights held by that rank, GiB (schema 2)", _state_part("master")),
+    ("model_state_comm_buffer_gib", "communication buffers held by that rank, GiB (schema 2)", _state_part("comm_buffer")),
+    ("train_peak_gib", "GPU peak allocated during training (after set-up), GiB; empty on CPU", _train_peak),
+    ("rss_footprint_gib", "process peak RSS of the largest rank, GiB: a footprint, never compared", _rss),
+    ("comm_bytes_per_step", "bytes moved by collectives per optimizer step, all operations (schema 2)", _comm_total("bytes")),
+    ("comm_calls_per_step", "collective calls per optimizer step, all operations (schema 2)", _comm_total("calls")),
+    ("comm_per_step", "collectives per step by operation: calls x bytes per call (schema 2)", _comm_text),
     ("flops_per_token", "training FLOPs per token, 6N + 12LdT (PaLM appendix B)", _get("flops_per_token")),
     ("mfu", "model FLOPs utilization, 0-1 (empty when the peak is unknown)", _get("mfu")),
-    ("peak_tflops", "peak dense TFLOP/s of one device used for MFU", lambda r: r["peak_flops"] / 1e12 if isinstance(r.get("peak_flops"), (int, float)) else None),
+    ("peak_tflops", "peak dense TFLOP/s of one device used for MFU", lambda r: r["peak_flops"] / 1e12 if _number(r.get("peak_flops")) else None),
     ("peak_flops_source", "where that peak came from", _get("peak_flops_source")),
     ("h2d_gbps", "host-to-device copy rate of the batches, GB/s (empty on CPU)", _get("h2d_gbps")),
     ("time_to_first_step_s", "process start to the end of the first step on rank 0, s", _get("time_to_first_step_s")),
     ("wall_time_s", "trainer wall time, s", _get("wall_time_s")),
+    ("threads_per_rank", "CPU threads each rank used (schema 2)", _get("threads_per_rank")),
+    ("cpu_affinity", "cores each rank was pinned to, one group per rank (schema 2)", _affinity),
+    ("host_cpus", "logical CPUs of the host (record's cpu_count)", _get("cpu_count")),
+    ("load_avg_1m_start", "host 1-minute load average when the run started (schema 2)", _get("load_avg_1m_start")),
+    ("load_avg_1m_end", "host 1-minute load average when the run ended (schema 2)", _get("load_avg_1m_end")),
     ("usd_per_gpu_hour", "price of one device-hour used for cost (record, else values/<shape>.yaml)", _get("usd_per_gpu_hour")),
     ("torch_version", "torch version", _get("versions", "torch")),
     ("deepspeed_version", "DeepSpeed version", _get("versions", "deepspeed")),
@@ -96,31 +212,131 @@ COLUMNS: list[tuple[str, str, Callable[[dict], Any]]] = [
     ("hostname", "host of rank 0", _get("hostname")),
     ("started_at", "start time, ISO 8601 UTC", _get("started_at")),
     ("finished_at", "end time, ISO 8601 UTC", _get("finished_at")),
+    ("source", "the result.json this row was read from", _get("_source")),
 ]
 DERIVED_COLUMNS: list[tuple[str, str]] = [
-    ("scaling_base_world_size", "smallest world size with an ok run of the same strategy/model/seq len/micro-batch/precision/shape/launcher"),
-    ("scaling_efficiency", "tok/s(N) / (mean tok/s(base) x N / base); 1.0 = linear scaling"),
     ("cost_usd_per_mtok", "usd_per_gpu_hour x world_size / 3600 / tokens_per_s x 1e6: dollars per million training tokens"),
 ]
-COLUMN_DOCS: dict[str, str] = {name: doc for name, doc, _ in COLUMNS} | dict(DERIVED_COLUMNS)
-SCALING_GROUP = ["strategy", "model", "seq_len", "micro_batch", "precision", "gpu_shape", "launcher"]
+NUMERIC = {"world_size", "nodes", "devices_per_node", "n_params", "seq_len", "micro_batch", "grad_accum",
+           "global_batch", "tokens_per_step", "steps", "warmup_steps", "measured_steps", "lr", "seed",
+           "tokens_per_s", "tokens_per_s_per_device", "step_time_mean_s", "step_time_p50_s", "step_time_p90_s",
+           "final_loss", "model_state_gib_per_rank", "model_state_params_gib", "model_state_grads_gib",
+           "model_state_optimizer_gib", "model_state_master_gib", "model_state_comm_buffer_gib",
+           "train_peak_gib", "rss_footprint_gib", "comm_bytes_per_step", "comm_calls_per_step",
+           "flops_per_token", "mfu", "peak_tflops", "h2d_gbps", "time_to_first_step_s", "wall_time_s",
+           "threads_per_rank", "host_cpus", "load_avg_1m_start", "load_avg_1m_end", "usd_per_gpu_hour",
+           "n_layer", "n_embd", "n_head", "vocab_size"}
+
+
+# --- reading -------------------------------------------------------------------------------
+
+def _number(x: Any) -> bool:
+    return finite(x) and abs(x) <= MAX_PLAUSIBLE
+
+
+def _num_text(x: float) -> str:
+    return f"{x:g}"
+
+
+def fmt_bytes(n: float) -> str:
+    for unit, size in (("GiB", GIB), ("MiB", 1024 ** 2), ("KiB", 1024)):
+        if abs(n) >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n:.0f} B"
+
+
+def unreadable(path: Path, reason: str, data: Any = None) -> dict[str, Any]:
+    """The stand-in row for a result.json the report cannot use: the run stays visible."""
+    data = data if isinstance(data, dict) else {}
+    row = {"run_id": data.get("run_id") if isinstance(data.get("run_id"), str) and data.get("run_id")
+           else path.parent.name, "status": UNREADABLE, "error": reason, "_source": str(path)}
+    for key in ("strategy", "schema_version"):
+        if isinstance(data.get(key), (str, int)):
+            row[key] = data[key]
+    return row
+
+
+def problem(record: dict[str, Any]) -> str | None:
+    """Why a parsed record cannot be tabulated, or None."""
+    version = record.get("schema_version")
+    if version not in KNOWN_SCHEMA_VERSIONS or isinstance(version, bool):
+        return (f"schema_version {version!r} is not one this report reads "
+                f"({', '.join(map(str, KNOWN_SCHEMA_VERSIONS))}): update shardbench or rerun")
+    world = record.get("world_size")
+    if not isinstance(world, int) or isinstance(world, bool) or world < 1:
+        return f"world_size {world!r} is not a positive integer"
+    if record.get("status") == "ok":
+        tps = record.get("tokens_per_s")
+        if not _number(tps) or tps <= 0:
+            return f"status ok but tokens_per_s {tps!r} is not a finite positive measurement"
+    return None
+
+
+def read_record(path: Path) -> dict[str, Any]:
+    """The record in `path`, or its unreadable stand-in row with the reason."""
+    try:
+        if path.stat().st_size > MAX_RESULT_BYTES:
+            return unreadable(path, f"{path.stat().st_size} bytes: larger than any result record")
+        text = path.read_bytes().decode("utf-8", errors="replace")
+        data = json.loads(text)
+    except OSError as exc:
+        return unreadable(path, f"cannot read: {exc.strerror or exc}")
+    except RecursionError:
+        return unreadable(path, "JSON nested too deeply to be a result record")
+    except ValueError as exc:
+        return unreadable(path, f"not valid JSON: {exc}")
+    if not isinstance(data, dict):
+        return unreadable(path, f"a JSON {type(data).__name__}, not a result record object")
+    reason = problem(data)
+    if reason:
+        return unreadable(path, reason, data)
+    return {**data, "_source": str(path)}
 
 
 def load_records(results_dir: str | Path) -> list[dict[str, Any]]:
-    """Every results/<run-id>/result.json that parses as a JSON object (others are skipped)."""
-    records = []
-    for path in sorted(Path(results_dir).glob("*/result.json")):
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if isinstance(data, dict):
-            records.append(data)
-    return records
+    """One entry per results/<run-id>/result.json: the record, or an unreadable stand-in row."""
+    return [read_record(p) for p in sorted(Path(results_dir).glob("*/result.json"))]
 
+
+def find_result_sets(root: str | Path, max_depth: int = 4) -> list[Path]:
+    """Directories at or below root that hold <run-id>/result.json files (a report's own output
+    and attempt folders are not result sets)."""
+    root = Path(root)
+    found: list[Path] = []
+
+    def walk(d: Path, depth: int) -> None:
+        try:
+            children = sorted(c for c in d.iterdir() if c.is_dir() and not c.is_symlink())
+        except OSError:
+            return
+        if any((c / "result.json").is_file() for c in children):
+            found.append(d)
+            return
+        if depth < max_depth:
+            for c in children:
+                if c.name not in ("report", "attempts", "plots") and not c.name.startswith("."):
+                    walk(c, depth + 1)
+
+    walk(root, 0)
+    return found
+
+
+# --- rows ----------------------------------------------------------------------------------
 
 def flatten(record: dict[str, Any]) -> dict[str, Any]:
-    return {name: get(record) for name, _, get in COLUMNS}
+    """One CSV row; a number that is not a measurement (NaN, inf, > 1e18) becomes empty."""
+    row = {}
+    for name, _, get in COLUMNS:
+        try:
+            value = get(record)
+        except (TypeError, ValueError, AttributeError, ArithmeticError):
+            value = None
+        if name in NUMERIC and not _number(value):
+            value = None
+        elif isinstance(value, (dict, list)):
+            value = json.dumps(value)[:200]
+        row[name] = value
+    return row
 
 
 def _shape_price(shape: Any, cache: dict) -> float | None:
@@ -136,72 +352,36 @@ def _shape_price(shape: Any, cache: dict) -> float | None:
 
 def cost_per_mtok(usd_per_gpu_hour: float | None, world_size: int | None, tokens_per_s: float | None) -> float | None:
     """Dollars per million tokens: what world_size devices cost per second over tokens per second."""
-    if not usd_per_gpu_hour or not world_size or not tokens_per_s:
+    if not all(_number(x) and x > 0 for x in (usd_per_gpu_hour, world_size, tokens_per_s)):
         return None
     return usd_per_gpu_hour * world_size / 3600.0 / tokens_per_s * 1e6
 
 
-def add_scaling(df: pd.DataFrame) -> pd.DataFrame:
-    """Adds scaling_base_world_size and scaling_efficiency (ok rows only; others stay empty)."""
-    df = df.copy()
-    df["scaling_base_world_size"] = pd.NA
-    df["scaling_efficiency"] = float("nan")
-    ok = df[(df["status"] == "ok") & df["tokens_per_s"].notna()]
-    if ok.empty:
-        return df
-    # Plain str() per cell: astype(str) leaves NaN a float in object columns (an unknown shape).
-    keys = pd.Series(["|".join(str(v) for v in row) for row in ok[SCALING_GROUP].itertuples(index=False)],
-                     index=ok.index)
-    for _, group in ok.groupby(keys):
-        base = int(group["world_size"].min())
-        base_tps = group.loc[group["world_size"] == base, "tokens_per_s"].astype(float).mean()
-        for idx, row in group.iterrows():
-            ideal = base_tps * row["world_size"] / base
-            df.at[idx, "scaling_base_world_size"] = base
-            df.at[idx, "scaling_efficiency"] = float(row["tokens_per_s"]) / ideal if ideal else float("nan")
-    return df
+def loss_curve(record: dict[str, Any]) -> tuple[float, ...] | None:
+    """loss_per_step as floats (anything else becomes NaN); None when not recorded."""
+    losses = record.get("loss_per_step")
+    if not isinstance(losses, list) or not losses:
+        return None
+    return tuple(float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else math.nan for x in losses)
 
 
 def to_frame(records: Iterable[dict[str, Any]]) -> pd.DataFrame:
-    """One row per record with COLUMNS + DERIVED_COLUMNS, sorted by strategy, world size, run id."""
-    rows = [flatten(r) for r in records]
-    df = pd.DataFrame(rows, columns=[c for c, _, _ in COLUMNS])
+    """One row per record with COLUMNS + cost (+ `loss_curve`, not a CSV column), sorted by
+    strategy, world size, config, repeat."""
+    records = list(records)
+    df = pd.DataFrame([flatten(r) for r in records], columns=[c for c, _, _ in COLUMNS])
+    df["loss_curve"] = pd.Series([loss_curve(r) for r in records], index=df.index, dtype=object)
     cache: dict = {}
-    df["usd_per_gpu_hour"] = [u if isinstance(u, (int, float)) and u == u else _shape_price(s, cache)
+    df["usd_per_gpu_hour"] = [u if _number(u) else _shape_price(s, cache)
                               for u, s in zip(df["usd_per_gpu_hour"], df["gpu_shape"])]
-    for col in ("world_size", "seq_len", "micro_batch"):
+    for col in NUMERIC:
         df[col] = pd.to_numeric(df[col], errors="coerce")
-    for col in ("tokens_per_s", "step_time_mean_s", "peak_memory_gib", "mfu", "h2d_gbps", "usd_per_gpu_hour"):
-        df[col] = pd.to_numeric(df[col], errors="coerce")
-    df = add_scaling(df)
-    df["cost_usd_per_mtok"] = [
+    df["cost_usd_per_mtok"] = pd.to_numeric(pd.Series([
         cost_per_mtok(u, w, t) if s == "ok" else None
         for u, w, t, s in zip(df["usd_per_gpu_hour"], df["world_size"], df["tokens_per_s"], df["status"])
-    ]
-    df["cost_usd_per_mtok"] = pd.to_numeric(df["cost_usd_per_mtok"], errors="coerce")
-    return df.sort_values(["strategy", "world_size", "seq_len", "config_id", "repeat"], kind="stable").reset_index(drop=True)
-
-
-SUMMARY_METRICS = ["tokens_per_s", "step_time_mean_s", "peak_memory_gib", "scaling_efficiency",
-                   "cost_usd_per_mtok", "mfu", "h2d_gbps", "model_state_gib_per_rank", "final_loss"]
-
-
-def summarize(df: pd.DataFrame) -> pd.DataFrame:
-    """Ok runs folded over repeats: per config, `<metric>_mean`, `<metric>_std` and `repeats`."""
-    ok = df[df["status"] == "ok"].copy()
-    keys = ["config_id", "strategy", "world_size", "model", "seq_len", "micro_batch", "grad_accum",
-            "precision", "gpu_shape", "launcher"]
-    if ok.empty:
-        return pd.DataFrame(columns=keys + ["repeats"])
-    for col in SUMMARY_METRICS:
-        ok[col] = pd.to_numeric(ok[col], errors="coerce")
-    grouped = ok.groupby([k for k in keys], dropna=False, sort=False)
-    out = grouped[SUMMARY_METRICS].agg(["mean", "std"])
-    out.columns = [f"{m}_{s}" for m, s in out.columns]
-    for m in SUMMARY_METRICS:  # one repeat has no spread: say 0, not NaN
-        out[f"{m}_std"] = out[f"{m}_std"].where(out[f"{m}_mean"].isna() | out[f"{m}_std"].notna(), 0.0)
-    out["repeats"] = grouped.size()
-    return out.reset_index().sort_values(["strategy", "world_size", "seq_len"], kind="stable").reset_index(drop=True)
+    ], index=df.index, dtype=object), errors="coerce")
+    return df.sort_values(["strategy", "world_size", "seq_len", "config_id", "repeat"], kind="stable",
+                          na_position="last").reset_index(drop=True)
 
 
 def write_csv(df: pd.DataFrame, path: str | Path) -> Path:
@@ -211,7 +391,8 @@ def write_csv(df: pd.DataFrame, path: str | Path) -> Path:
     return path
 
 
-def columns_markdown() -> str:
+def columns_markdown(extra: list[tuple[str, str]] = ()) -> str:
+    docs = {name: doc for name, doc, _ in COLUMNS} | dict(DERIVED_COLUMNS) | dict(extra)
     lines = ["| column | meaning |", "|---|---|"]
-    lines += [f"| `{name}` | {doc} |" for name, doc in COLUMN_DOCS.items()]
+    lines += [f"| `{name}` | {doc} |" for name, doc in docs.items()]
     return "\n".join(lines)

@@ -1,8 +1,9 @@
-"""The report's plots: one PNG per metric vs number of devices, one line per strategy.
+"""The report's plots, drawn from the analysis (tui/suite/analysis.py).
 
-Drawn from `metrics.summarize` (ok runs, mean over repeats); error bars show the spread when a
-point has more than one repeat. A plot whose metric no run has (MFU without a known peak, H2D on
-CPU) is not drawn, and `write_plots` says so in its return value.
+One PNG per metric against the number of devices, one line per strategy, error bars = the 95%
+intervals (shown whenever a point has repeats); plus a stacked bar chart of the model-state
+breakdown per strategy and world size. A plot no configuration has data for (MFU without a known
+peak, H2D or GPU peak on CPU) is not drawn, and `write_plots` says why.
 """
 from __future__ import annotations
 
@@ -13,100 +14,157 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only: no display on a server or in CI
 import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
+
+from tui.suite.analysis import STATE_PARTS, Analysis, Config  # noqa: E402
+from tui.suite.stats import finite  # noqa: E402
 
 
 @dataclass(frozen=True)
 class PlotSpec:
-    """One plot: which summary metric against world size, and how to label it."""
+    """One line plot: which configuration estimate against world size, and its labels."""
 
     filename: str
     metric: str
-    """Column prefix in the summary (`<metric>_mean`, `<metric>_std`)."""
+    """A name Config.get understands (a summary metric, scaling_efficiency or speedup)."""
     title: str
     ylabel: str
     scale: float = 1.0
-    """Factor applied to the values (e.g. 100 for percent)."""
     ideal_line: bool = False
-    """Draw the y = 1 line (perfect scaling)."""
+    """Draw the y = 1 line (linear scaling / no speedup)."""
 
 
 PLOTS = [
     PlotSpec("tokens_per_s.png", "tokens_per_s", "Training throughput", "tokens / s (global)"),
     PlotSpec("step_time.png", "step_time_mean_s", "Optimizer step time", "seconds per step (mean)"),
     PlotSpec("scaling_efficiency.png", "scaling_efficiency",
-             "Scaling efficiency vs the strategy's smallest world size", "efficiency (1.0 = linear)",
+             "Scaling efficiency vs the strategy's smallest world size", "efficiency (1.0 = linear)", ideal_line=True),
+    PlotSpec("speedup.png", "speedup", "Speedup over the best single-device run of any strategy", "speedup",
              ideal_line=True),
-    PlotSpec("peak_memory.png", "peak_memory_gib", "Peak memory per device",
-             "GiB (GPU: max allocated; CPU: peak RSS)"),
+    PlotSpec("gpu_train_peak.png", "train_peak_gib", "GPU memory peak during training", "GiB per device"),
     PlotSpec("mfu.png", "mfu", "Model FLOPs utilization", "MFU (%)", scale=100.0),
     PlotSpec("h2d_bandwidth.png", "h2d_gbps", "Host-to-device copy bandwidth", "GB/s"),
 ]
+STATE_PLOT = "model_state.png"
+MAX_LEGEND = 30  # more lines than this make an unreadable legend that takes seconds to lay out
 
 
-def _series_label(key: tuple, varying: list[str]) -> str:
-    parts = [str(key[0])]
-    for name, value in zip(varying, key[1:]):
-        parts.append(f"{'s' if name == 'seq_len' else ''}{value}")
+def series(an: Analysis, metric: str) -> dict[str, list[tuple[int, float, float]]]:
+    """label -> [(devices, mean, 95% half-width or 0)] sorted by devices; finite values only."""
+    out: dict[str, list[tuple[int, float, float]]] = {}
+    varying = _varying(an.configs)
+    for c in an.configs:
+        e = c.get(metric)
+        if e is None or not finite(e.mean):
+            continue
+        half = e.half if e.half is not None and finite(e.half) else 0.0
+        out.setdefault(_label(c, varying), []).append((int(c.world_size), e.mean, half))
+    return {k: sorted(v) for k, v in sorted(out.items())}
+
+
+def _varying(configs: list[Config]) -> list[str]:
+    """Besides strategy, what splits lines: whatever differs between configurations of one strategy."""
+    cols = []
+    for col in ("seq_len", "model", "precision", "launcher", "micro_batch"):
+        seen: dict[str, set] = {}
+        for c in configs:
+            seen.setdefault(str(c.strategy), set()).add(str(c.key[col]))
+        if any(len(v) > 1 for v in seen.values()):
+            cols.append(col)
+    return cols
+
+
+def _label(c: Config, varying: list[str]) -> str:
+    parts = [str(c.strategy)]
+    for col in varying:
+        value = c.key[col]
+        parts.append(f"s{int(value)}" if col == "seq_len" and finite(value) else
+                     f"mb{int(value)}" if col == "micro_batch" and finite(value) else str(value))
     return " ".join(parts)
 
 
-def _context(data: pd.DataFrame) -> str:
-    """What every point shares (model, seq len, precision, shape), for the title."""
+def _context(an: Analysis) -> str:
     parts = []
-    for col, fmt in (("model", "{}"), ("seq_len", "seq {}"), ("precision", "{}"), ("gpu_shape", "shape {}")):
-        values = data[col].dropna().unique()
+    for col, text in (("model", "{}"), ("seq_len", "seq {}"), ("precision", "{}"), ("gpu_shape", "shape {}")):
+        values = {str(c.key[col]) for c in an.configs}
         if len(values) == 1:
-            parts.append(fmt.format(values[0]))
+            value = next(iter(values))
+            parts.append(text.format(value.removesuffix(".0")))
     return ", ".join(parts)
 
 
-def draw(summary: pd.DataFrame, plot: PlotSpec, path: Path) -> bool:
-    """Draw one plot into `path`; False (no file) when no point has the metric."""
-    mean, std = f"{plot.metric}_mean", f"{plot.metric}_std"
-    if mean not in summary or summary[mean].notna().sum() == 0:
+def draw(an: Analysis, plot: PlotSpec, path: Path) -> bool:
+    """One line plot into `path`; False (no file) when no configuration has the metric."""
+    data = series(an, plot.metric)
+    if not data:
         return False
-    data = summary[summary[mean].notna()]
-    # Besides strategy, split lines by whatever else varies (seq len, model, precision, launcher).
-    varying = [c for c in ("seq_len", "model", "precision", "launcher")
-               if data.groupby("strategy")[c].nunique(dropna=False).max() > 1]
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
-    for key, group in data.groupby(["strategy", *varying], sort=True):
-        key = key if isinstance(key, tuple) else (key,)
-        group = group.sort_values("world_size")
-        y = group[mean] * plot.scale
-        err = group[std].fillna(0) * plot.scale if (group["repeats"] > 1).any() else None
-        ax.errorbar(group["world_size"], y, yerr=err, marker="o", capsize=4 if err is not None else 0,
-                    label=_series_label(key, varying))
+    with_bars = False
+    for label, points in data.items():
+        xs = [p[0] for p in points]
+        ys = [p[1] * plot.scale for p in points]
+        err = [p[2] * plot.scale for p in points]
+        with_bars |= any(err)
+        ax.errorbar(xs, ys, yerr=err if any(err) else None, marker="o", capsize=4, label=label)
     if plot.ideal_line:
-        ax.axhline(1.0, color="grey", linestyle="--", linewidth=1, label="linear scaling")
-    worlds = sorted(int(w) for w in data["world_size"].unique())
-    ax.set_xticks(worlds)
+        ax.axhline(1.0, color="grey", linestyle="--", linewidth=1, label="linear" if "scaling" in plot.metric else "1x")
+    ax.set_xticks(sorted({p[0] for pts in data.values() for p in pts}))
     ax.set_ylim(bottom=0)  # from zero: a cropped axis makes a 5% gap look like 5x
     ax.set_xlabel("devices (world size)")
     ax.set_ylabel(plot.ylabel)
-    ax.set_title(f"{plot.title}\n{_context(data)}", fontsize="medium")
+    ax.set_title(f"{plot.title}\n{_context(an)}", fontsize="medium")
     ax.grid(True, alpha=0.3)
-    ax.legend(title="strategy", fontsize="small")
-    if (data["repeats"] > 1).any():
-        ax.annotate("error bars: std over repeats", xy=(0.99, 0.01), xycoords="axes fraction",
-                    ha="right", va="bottom", fontsize="x-small", color="grey")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
+    if len(data) <= MAX_LEGEND:
+        ax.legend(title="strategy", fontsize="small")
+    ax.annotate("error bars: 95% intervals" if with_bars else "one repeat per point: no intervals",
+                xy=(0.99, 0.01), xycoords="axes fraction", ha="right", va="bottom", fontsize="x-small", color="grey")
+    _save(fig, path)
     return True
 
 
-def write_plots(summary: pd.DataFrame, out_dir: str | Path) -> tuple[list[Path], list[str]]:
+def draw_model_state(an: Analysis, path: Path) -> bool:
+    """Stacked bars: params, grads, optimizer, master, comm buffers per strategy and world size."""
+    bars = [c for c in an.configs if c.breakdown and all(finite(v) for v in c.breakdown.values())]
+    if not bars:
+        return False
+    bars.sort(key=lambda c: (int(c.world_size), str(c.strategy), str(c.config_id)))
+    varying = _varying(bars)
+    fig, ax = plt.subplots(figsize=(max(7.0, 0.6 * len(bars) + 2), 4.5), dpi=110)
+    xs = range(len(bars))
+    bottom = [0.0] * len(bars)
+    for part in STATE_PARTS:
+        values = [c.breakdown.get(part, 0.0) * 1024 for c in bars]
+        if any(values):
+            ax.bar(xs, values, bottom=bottom, label=part.replace("_", " "))
+            bottom = [b + v for b, v in zip(bottom, values)]
+    ax.set_xticks(list(xs), [f"{_label(c, varying)}\n{int(c.world_size)} dev" for c in bars], fontsize="small")
+    ax.set_ylabel("MiB held by one rank (the rank holding the most)")
+    ax.set_title(f"Model state per rank\n{_context(an)}", fontsize="medium")
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize="small")
+    _save(fig, path)
+    return True
+
+
+def _save(fig, path: Path) -> None:
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fig.savefig(path)
+    finally:
+        plt.close(fig)
+
+
+def write_plots(an: Analysis, out_dir: str | Path) -> tuple[list[Path], list[str]]:
     """Every plot that has data, as PNGs in out_dir; plus one line per plot skipped and why."""
     out_dir = Path(out_dir)
     written, skipped = [], []
-    for plot in PLOTS:
-        path = out_dir / plot.filename
+    jobs = [(p.filename, p.metric, lambda path, p=p: draw(an, p, path)) for p in PLOTS]
+    jobs.insert(2, (STATE_PLOT, "the model-state breakdown", lambda path: draw_model_state(an, path)))
+    for filename, what, job in jobs:
+        path = out_dir / filename
         path.unlink(missing_ok=True)  # a stale plot from an earlier report must not survive
-        if draw(summary, plot, path):
+        if job(path):
             written.append(path)
         else:
-            skipped.append(f"{plot.filename}: no run reported {plot.metric}")
+            skipped.append(f"{filename}: no ok run recorded {what}")
     return written, skipped

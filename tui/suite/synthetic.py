@@ -6,7 +6,7 @@ import random
 from typing import Any
 
 from trainer.record import END_MARKER, START_MARKER, RankMemory, ResultRecord, StepTimes
-from tui.suite.matrix import run_id as make_run_id
+from trainer import contract
 
 
 def record(strategy: str = "ddp", world_size: int = 1, tokens_per_s: float = 1000.0, seq_len: int = 64,
@@ -14,12 +14,14 @@ def record(strategy: str = "ddp", world_size: int = 1, tokens_per_s: float = 100
            peak_memory_bytes: int = 2 ** 30, usd_per_gpu_hour: float | None = None,
            shape: str | None = "cpu", **extra: Any) -> dict[str, Any]:
     """One record whose derived fields agree with the given throughput."""
-    rid = make_run_id(strategy, world_size, seq_len, micro_batch, grad_accum, repeat)
+    config = contract.config_id({"strategy": strategy, "world_size": world_size, "seq_len": seq_len,
+                                 "micro_batch": micro_batch, "grad_accum": grad_accum})
+    rid = contract.run_id(strategy, world_size, seq_len, micro_batch, grad_accum, config, repeat)
     tokens_per_step = micro_batch * grad_accum * world_size * seq_len
     step = tokens_per_step / tokens_per_s
     rec = ResultRecord(
-        run_id=rid, status=status, strategy=strategy,
-        launcher="deepspeed" if strategy.startswith("zero") else "mpirun",
+        run_id=rid, config_id=config, repeat=repeat, status=status, strategy=strategy,
+        launcher=contract.default_launcher(strategy),
         world_size=world_size, devices_per_node=world_size, device="cpu", device_name="Test CPU",
         gpu_shape=shape, model={"preset": "tiny", "n_layer": 2, "n_embd": 128, "n_head": 4,
                                 "vocab_size": 8192, "block_size": 256},

@@ -60,3 +60,26 @@ class PathPrompt(ModalScreen[str | None]):
 
     def action_cancel(self) -> None:
         self.dismiss(None)
+
+
+class Confirm(ModalScreen[bool]):
+    """A yes/no question: Enter confirms, Esc stays."""
+
+    BINDINGS = [Binding("enter", "answer(True)", "Confirm"), Binding("escape", "answer(False)", "Stay")]
+
+    def __init__(self, question: str) -> None:
+        super().__init__()
+        self.question = question
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="prompt-box"):
+            yield Label(self.question, id="confirm-question")
+            yield Label("[b]Enter[/b] confirms · [b]Esc[/b] stays")
+
+    def action_answer(self, yes: bool) -> None:
+        self.dismiss(yes)
+
+
+def ask_path(screen, title: str, default: str, then) -> None:
+    """Prompt for a path over `screen`; `then(path)` when one is given (escape gives none)."""
+    screen.app.push_screen(PathPrompt(title, default), callback=lambda path: path and then(path))

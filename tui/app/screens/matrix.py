@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -10,20 +11,45 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Input, Label, Select, SelectionList, Static
 
-from tui.app.matrix_form import from_matrix, shapes, to_matrix
-from tui.suite.matrix import LAUNCHERS, PRECISIONS, STRATEGIES, MatrixSpec, expand
-from tui.suite.presets import load_presets
+from tui.app.messages import LoadMatrix, SaveMatrix
+from tui.app.screens.dialogs import ask_path
+from tui.app.matrix_form import EXTRA_FIELDS, from_matrix, shapes, to_matrix
+from trainer.contract import BACKENDS, LAUNCHERS, PRECISIONS, STRATEGIES
+from trainer.presets import PRESETS
+from tui.suite.matrix import MatrixSpec, default_matrix, expand
 
 INPUTS = (
-    ("world_sizes", "World sizes", "1, 2"),
-    ("seq_lens", "Seq lens", "64"),
-    ("micro_batch", "Micro-batch", "4"),
-    ("grad_accum", "Grad accum", "1"),
-    ("global_batch", "Global batch", "empty: micro x accum x world"),
-    ("steps", "Steps", "10"),
-    ("warmup_steps", "Warm-up steps", "3"),
-    ("repeats", "Repeats", "1"),
+    ("world_sizes", "World sizes"),
+    ("seq_lens", "Seq lens"),
+    ("micro_batch", "Micro-batch"),
+    ("grad_accum", "Grad accum"),
+    ("global_batch", "Global batch"),
+    ("steps", "Steps"),
+    ("warmup_steps", "Warm-up steps"),
+    ("repeats", "Repeats"),
 )
+
+
+class CheckList(SelectionList[str]):
+    """A SelectionList whose rows also say [x] / [ ] in text, so the selection is visible
+    without colour (a monochrome terminal, a screen reader, a screenshot in a bug report)."""
+
+    def on_mount(self) -> None:
+        self.mark()
+
+    @on(SelectionList.SelectedChanged)
+    def mark(self) -> None:
+        chosen = set(self.selected)
+        for i in range(self.option_count):
+            value = self.get_option_at_index(i).value
+            self.replace_option_prompt_at_index(i, Text(f"[{'x' if value in chosen else ' '}] {value}"))
+
+
+def placeholders() -> dict[str, str]:
+    """What an empty input means: the default matrix's value (tui/suite/matrices/default.yaml)."""
+    shown = from_matrix(default_matrix())
+    shown["global_batch"] = shown["global_batch"] or "empty: micro x accum x world"
+    return shown
 
 
 class MatrixScreen(Screen):
@@ -37,7 +63,7 @@ class MatrixScreen(Screen):
 
     def __init__(self, initial: MatrixSpec | None = None) -> None:
         super().__init__(id="matrix-screen")
-        self.initial = initial or MatrixSpec()
+        self.initial = initial or default_matrix()
         self.extras: dict[str, Any] = {}
         """Matrix keys without a widget (timeout, device, seed, ...), kept for save."""
         self.choices: dict[str, list[str]] = {}
@@ -50,11 +76,12 @@ class MatrixScreen(Screen):
         with Horizontal():
             with VerticalScroll(id="matrix-form"):
                 yield Label("Strategies")
-                yield SelectionList[str](*[(s, s) for s in STRATEGIES], id="strategies")
-                for key, title, placeholder in INPUTS:
+                yield CheckList(*[(s, s) for s in STRATEGIES], id="strategies")
+                hints = placeholders()
+                for key, title in INPUTS:
                     with Horizontal(classes="field"):
                         yield Label(title, classes="field-label")
-                        yield Input(placeholder=placeholder, id=key, compact=True)
+                        yield Input(placeholder=hints[key], id=key, compact=True)
                 yield from self._selects()
             with Vertical(id="matrix-side"):
                 yield Static(id="run-count")
@@ -63,10 +90,9 @@ class MatrixScreen(Screen):
         yield Footer()
 
     def _selects(self) -> ComposeResult:
-        presets = list(load_presets())
         choices = {
-            "model": presets, "precision": list(PRECISIONS), "launcher": ["auto", *LAUNCHERS],
-            "shape": shapes(), "backend": ["local", "kubernetes"],
+            "model": list(PRESETS), "precision": list(PRECISIONS), "launcher": ["auto", *LAUNCHERS],
+            "shape": shapes(), "backend": list(BACKENDS),
         }
         titles = {"model": "Model preset", "precision": "Precision", "launcher": "Launcher",
                   "shape": "Shape (values/)", "backend": "Backend"}
@@ -87,7 +113,7 @@ class MatrixScreen(Screen):
         for s in values["strategies"]:
             if s in STRATEGIES:
                 sel.select(s)
-        for key, _, _ in INPUTS:
+        for key, _ in INPUTS:
             self.query_one(f"#{key}", Input).value = values[key]
         for key in ("model", "precision", "launcher", "shape", "backend"):
             widget = self.query_one(f"#{key}", Select)
@@ -99,12 +125,12 @@ class MatrixScreen(Screen):
                 widget.clear()
             else:
                 widget.value = options[0]
-        self.extras = {k: values[k] for k in ("timeout_s", "device", "seed", "max_world_size", "extra_args")}
+        self.extras = {k: values[k] for k in EXTRA_FIELDS}
         self.validate()
 
     def fields(self) -> dict[str, Any]:
         out: dict[str, Any] = {"strategies": list(self.query_one("#strategies", SelectionList).selected)}
-        for key, _, _ in INPUTS:
+        for key, _ in INPUTS:
             out[key] = self.query_one(f"#{key}", Input).value
         for key in ("model", "precision", "launcher", "shape", "backend"):
             value = self.query_one(f"#{key}", Select).value
@@ -158,7 +184,9 @@ class MatrixScreen(Screen):
 
     # -- load / save --------------------------------------------------------------------------
     def action_save(self) -> None:
-        self.app.prompt_path("Save matrix to", self.app.matrix_path or "matrix.yaml", self.app.save_matrix)
+        ask_path(self, "Save matrix to", self.app.matrix_path or "matrix.yaml",
+                 lambda path: self.post_message(SaveMatrix(path)))
 
     def action_load(self) -> None:
-        self.app.prompt_path("Load matrix from", self.app.matrix_path or "matrix.yaml", self.app.load_matrix)
+        ask_path(self, "Load matrix from", self.app.matrix_path or "matrix.yaml",
+                 lambda path: self.post_message(LoadMatrix(path)))

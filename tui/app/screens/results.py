@@ -1,4 +1,8 @@
-"""Results screen: sortable table of finished runs, winners, tokens/s and memory plots, report."""
+"""Results screen: one row per configuration (mean ±95% interval over repeats) and per failed or
+unreadable run, the verdicts, tokens/s and model-state plots with error bars, the report.
+
+Broken runs (loss off the reference) are red, otherwise flagged configurations yellow, failed and
+unreadable runs dim red: the same analysis and words as BENCHMARK_REPORT.md."""
 from __future__ import annotations
 
 from typing import Any
@@ -6,32 +10,47 @@ from typing import Any
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal
+from textual.containers import Horizontal, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static
 from textual_plotext import PlotextPlot
 
-from tui.app.results import KEY_COLUMNS, ResultsView, fmt_cell
+from tui.app.messages import OpenResults
+from tui.app.results_model import COLUMNS, ResultsView, Row, fmt_cell
+from tui.app.screens.dialogs import ask_path
+from tui.suite.stats import Estimate
+
+ROW_STYLES = {"broken": "bold red", "flagged": "yellow", "not ok": "red dim"}
 
 
 class Cell:
-    """A table cell that shows formatted text but sorts by its raw value (numbers as numbers)."""
+    """A table cell that shows formatted text but sorts by its raw value (an estimate by its mean)."""
 
-    def __init__(self, raw: Any, spec: str) -> None:
+    def __init__(self, raw: Any, spec: str, style: str = "") -> None:
         self.raw = raw
+        self.value = raw.mean if isinstance(raw, Estimate) else raw
         self.text = fmt_cell(raw, spec)
+        self.style = style
 
     def __rich__(self) -> Text:
-        numeric = isinstance(self.raw, (int, float)) and not isinstance(self.raw, bool)
-        return Text(self.text, justify="right" if numeric else "left")
+        numeric = isinstance(self.value, (int, float)) and not isinstance(self.value, bool)
+        return Text(self.text, style=self.style, justify="right" if numeric else "left")
 
     def sort_key(self, reverse: bool = False) -> tuple:
         # Missing values sort last in either direction (the table reverses the whole order).
-        if self.raw is None:
+        if self.value is None:
             return (-1 if reverse else 2, 0, "")
-        if isinstance(self.raw, (int, float)):
-            return (0, self.raw, "")
-        return (1, 0, str(self.raw))
+        if isinstance(self.value, (int, float)):
+            return (0, self.value, "")
+        return (1, 0, str(self.value))
+
+
+def row_style(row: Row) -> str:
+    if row.broken:
+        return ROW_STYLES["broken"]
+    if row.flagged:
+        return ROW_STYLES["flagged"]
+    return ROW_STYLES["not ok"] if row.status != "ok" else ""
 
 
 class ResultsScreen(Screen):
@@ -54,10 +73,11 @@ class ResultsScreen(Screen):
         yield Header()
         yield Static(id="results-source")
         table = DataTable(id="results-table", cursor_type="row", zebra_stripes=True)
-        for column, header, _ in KEY_COLUMNS:
+        for column, header, _ in COLUMNS:
             table.add_column(header, key=column)
         yield table
-        yield Static(id="winners")
+        with VerticalScroll(id="verdicts"):
+            yield Static(id="winners")
         with Horizontal(id="plots"):
             yield PlotextPlot(id="plot-throughput")
             yield PlotextPlot(id="plot-memory")
@@ -78,16 +98,18 @@ class ResultsScreen(Screen):
         self.query_one("#results-source", Static).update(self.source)
         table = self.query_one(DataTable)
         table.clear()
-        for run_id, raw in view.rows:
-            table.add_row(*[Cell(v, spec) for v, (_, _, spec) in zip(raw, KEY_COLUMNS)], key=run_id)
+        for row in view.rows:
+            style = row_style(row)
+            table.add_row(*[Cell(v, spec, style) for v, (_, _, spec) in zip(row.cells, COLUMNS)], key=row.key)
         self._sort()
         self.query_one("#winners", Static).update(
-            "[b]Winners[/b]\n" + "\n".join(view.winners) if view.winners
-            else "[b]Winners[/b]: need at least two strategies with ok runs at the same size.")
-        self._plot("#plot-throughput", view.throughput, "tokens/s vs devices", "tokens/s")
-        self._plot("#plot-memory", view.memory, "peak memory per device vs devices", "GiB")
+            "[b]Verdicts[/b] (a winner only when 95% intervals separate)\n" + "\n".join(view.verdicts)
+            if view.verdicts else "[b]Verdicts[/b]: need at least two strategies with ok runs at the same size.")
+        self._plot("#plot-throughput", view.throughput, "tokens/s vs devices (95% bars)", "tokens/s")
+        self._plot("#plot-memory", view.memory, "model state per rank vs devices", "GiB")
 
-    def _plot(self, selector: str, series: dict[str, list[tuple[float, float]]], title: str, unit: str) -> None:
+    def _plot(self, selector: str, series: dict[str, list[tuple[float, float, float]]], title: str,
+              unit: str) -> None:
         widget = self.query_one(selector, PlotextPlot)
         plt = widget.plt
         plt.clear_figure()
@@ -95,8 +117,10 @@ class ResultsScreen(Screen):
         plt.xlabel("devices")
         plt.ylabel(unit)
         for strategy, points in series.items():
-            xs, ys = [p[0] for p in points], [p[1] for p in points]
+            xs, ys, halves = [p[0] for p in points], [p[1] for p in points], [p[2] for p in points]
             plt.plot(xs, ys, label=strategy, marker="braille")
+            if any(halves):
+                plt.error(xs, ys, yerr=halves)
         if series:
             ticks = sorted({p[0] for pts in series.values() for p in pts})
             plt.xticks(ticks, [f"{t:g}" for t in ticks])
@@ -119,12 +143,13 @@ class ResultsScreen(Screen):
         self.sort_by(str(event.column_key.value))
 
     def action_sort_next(self) -> None:
-        keys = [c for c, _, _ in KEY_COLUMNS]
+        keys = [c for c, _, _ in COLUMNS]
         self.sort_by(keys[(keys.index(self.sort_column) + 1) % len(keys)], reverse=False)
-        self.notify(f"sorted by {dict((c, h) for c, h, _ in KEY_COLUMNS)[self.sort_column]}", timeout=2)
+        self.notify(f"sorted by {dict((c, h) for c, h, _ in COLUMNS)[self.sort_column]}", timeout=2)
 
     def action_reverse(self) -> None:
         self.sort_by(self.sort_column, reverse=not self.sort_reverse)
 
     def action_open_dir(self) -> None:
-        self.app.prompt_path("Open results dir", str(self.app.results_dir), self.app.open_results)
+        ask_path(self, "Open results dir (read-only)", str(self.app.results_dir),
+                 lambda path: self.post_message(OpenResults(path)))

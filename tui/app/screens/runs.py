@@ -7,6 +7,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static
 
 from tui.app.board import RunRow
+from tui.app.messages import CancelRun, ShowLogs
 
 COLUMNS = (("#", "index"), ("run", "run"), ("state", "state"), ("tok/s", "tps"),
            ("elapsed", "elapsed"), ("ETA", "eta"))
@@ -56,6 +57,8 @@ class RunsScreen(Screen):
     def tick(self) -> None:
         for row in self.app.board.active():
             self.update_row(row)
+        if self.app.board.active():
+            self.update_progress()
 
     def redraw(self) -> None:
         table = self.query_one(DataTable)
@@ -80,7 +83,8 @@ class RunsScreen(Screen):
         for row in board.rows.values():
             counts[row.state] = counts.get(row.state, 0) + 1
         states = ", ".join(f"{n} {s}" for s, n in counts.items())
-        eta = f" · matrix ETA {duration(board.matrix_eta_s)}" if board.matrix_eta_s else ""
+        left = board.eta_s()
+        eta = f" · matrix ETA {duration(left)}" if left is not None and board.active() else ""
         self.query_one("#matrix-progress", Static).update(
             f"{board.done}/{board.total or len(board.rows)} runs done ({states}){eta}")
 
@@ -94,9 +98,9 @@ class RunsScreen(Screen):
     def action_cancel_run(self) -> None:
         run_id = self.selected_run()
         if run_id:
-            self.app.cancel_run(run_id)
+            self.post_message(CancelRun(run_id))
 
     def action_logs(self) -> None:
         run_id = self.selected_run()
         if run_id:
-            self.app.show_logs(run_id)
+            self.post_message(ShowLogs(run_id))

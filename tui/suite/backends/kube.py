@@ -65,7 +65,7 @@ def run_overrides(spec: RunSpec) -> dict[str, Any]:
         "seqLen": spec.seq_len, "microBatch": spec.micro_batch, "gradAccum": spec.grad_accum,
         "globalBatch": None, "steps": spec.steps, "warmupSteps": spec.warmup_steps,
         "precision": spec.precision, "seed": spec.seed, "device": spec.device,
-        "extraArgs": list(spec.extra_args),
+        "extraArgs": spec.option_args(),
     }
     return {"run": run, "launcher": spec.launcher, "workers": spec.nodes,
             "gpusPerWorker": spec.procs_per_node}

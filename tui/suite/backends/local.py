@@ -181,6 +181,7 @@ class LocalBackend:
         log_path = run_dir / "log.txt"
         with open(log_path, "ab") as log:
             log.write(("$ " + " ".join(cmd) + "\n").encode())
+        emit(RunLogLine(spec.run_id, "$ " + " ".join(cmd)))  # the log's first line, shown first too
         try:
             proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=run_env(spec, port, self.search_path), stdin=subprocess.DEVNULL,
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)

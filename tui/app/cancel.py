@@ -1,8 +1,6 @@
-"""Backends as the app uses them: built by name, checked for availability, cancellable per run.
-
-The suite's runner has one cancel event for the whole matrix. The Runs screen also cancels a
-single run (the current one, or a queued one before it starts), so the app hands the runner a
-`PerRunCancel` wrapper that gives each run its own event.
+"""Per-run cancel for the app: the suite's runner has one cancel event for the whole matrix;
+the Runs screen also cancels a single run (the current one, or a queued one before it starts),
+so the app hands the runner a `PerRunCancel` wrapper that gives each run its own event.
 """
 from __future__ import annotations
 
@@ -10,39 +8,6 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-BACKEND_NAMES = ("local", "kubernetes")
-
-
-@dataclass
-class ClusterOptions:
-    kubeconfig: str | None = None
-    context: str | None = None
-    namespace: str | None = None
-    keep_failed: bool = False
-
-
-def make_backend(name: str, cluster: ClusterOptions | None = None):
-    """The suite backend called `name` (imports lazily: the cluster one pulls in kubernetes)."""
-    if name == "local":
-        from tui.suite.backends.local import LocalBackend
-
-        return LocalBackend()
-    if name == "kubernetes":
-        from tui.suite.backends.kube import KubeBackend
-
-        c = cluster or ClusterOptions()
-        return KubeBackend(kubeconfig=c.kubeconfig, context=c.context, namespace=c.namespace,
-                           keep_failed=c.keep_failed)
-    raise ValueError(f"unknown backend {name!r}: use one of {', '.join(BACKEND_NAMES)}")
-
-
-def check(name: str, cluster: ClusterOptions | None = None) -> tuple[bool, str]:
-    """Availability with a one-line reason; never raises (a broken backend is just unavailable)."""
-    try:
-        return make_backend(name, cluster).availability()
-    except Exception as exc:  # noqa: BLE001
-        return False, f"{type(exc).__name__}: {exc}".splitlines()[0]
 
 
 @dataclass

@@ -1,0 +1,229 @@
+"""The run contract: every fact about a run that more than one part of shardbench needs.
+
+The trainer, the suite (matrix, runner, report), benchtui and the chart (through
+scripts/gen_chart_contract.py) all read these tables; none keeps its own copy. Torch-free, so
+argument checks, the matrix expander and the TUI read it for free at start-up.
+
+- STRATEGIES: each strategy as data (engine, ZeRO stage, default launcher, whether it needs a
+  process group alone, how many bytes of model state per parameter it holds).
+- PRECISIONS, DEVICES, LAUNCHERS, CLUSTER_LAUNCHERS, BACKENDS, STATUSES: the allowed names.
+- run ids: `config_id()` hashes every field that changes what is measured; `run_id()` puts a
+  readable prefix before it and the repeat after; `parse_run_id()` reads one back.
+- `validate()`: every rule a run must pass, one wording per rule, used by the trainer before any
+  process group starts and by the matrix for every run it expands.
+The run's knobs and their defaults are the fields of `trainer.config.RunConfig`.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+import typing
+from dataclasses import dataclass, fields
+from typing import Any
+
+from trainer.presets import PRESETS
+
+
+class ConfigError(ValueError):
+    """A bad argument: the message is one line that says what is wrong and how to fix it."""
+
+
+@dataclass(frozen=True)
+class StrategyInfo:
+    """One distributed strategy as data."""
+
+    name: str
+    engine: str
+    """Who implements it: ddp (torch DDP), fsdp (torch FSDP2) or deepspeed."""
+    zero_stage: int | None
+    """DeepSpeed ZeRO stage (1, 2, 3); None for the torch-native strategies."""
+    default_launcher: str
+    """The launcher a matrix's `launcher: auto` picks: DeepSpeed's own for ZeRO, else mpirun."""
+    group_at_world_size_1: bool
+    """Needs a process group even alone (DeepSpeed does; DDP and FSDP run the plain model)."""
+    replicated_bytes_per_param: tuple[float, float]
+    """Model-state bytes every rank holds whole, (fp32 run, bf16/fp16 run), AdamW."""
+    sharded_bytes_per_param: tuple[float, float]
+    """Model-state bytes split across the N ranks, (fp32 run, bf16/fp16 run), AdamW."""
+    summary: str
+
+    def model_state_bytes_per_param(self, precision: str, world_size: int) -> float:
+        """Bytes of parameters + gradients + optimizer state one of `world_size` ranks holds per
+        parameter after an optimizer step (AdamW: two fp32 moments, 8 B)."""
+        half = 1 if precision in ("bf16", "fp16") else 0
+        return self.replicated_bytes_per_param[half] + self.sharded_bytes_per_param[half] / world_size
+
+
+def _zero(stage: int, replicated: tuple[float, float], sharded: tuple[float, float], summary: str) -> StrategyInfo:
+    return StrategyInfo(f"zero{stage}", "deepspeed", stage, "deepspeed", True, replicated, sharded, summary)
+
+
+# Bytes per parameter: ddp keeps fp32 weights 4 + grads 4 + moments 8 on every rank (autocast
+# keeps fp32 weights and grads); fsdp shards the same 16. ZeRO-1/2 keep the model's weights whole
+# (4 B, or 2 B in bf16/fp16) and partition DeepSpeed's fp32 master 4, the reduced gradients
+# (4 or 2) and the moments 8; ZeRO-3 partitions everything.
+STRATEGIES: dict[str, StrategyInfo] = {s.name: s for s in (
+    StrategyInfo("ddp", "ddp", None, "mpirun", False, (16, 16), (0, 0),
+                 "DistributedDataParallel: everything replicated, gradients all-reduced"),
+    StrategyInfo("fsdp", "fsdp", None, "mpirun", False, (0, 0), (16, 16),
+                 "FSDP2 fully_shard per block and root: parameters, gradients, optimizer sharded"),
+    _zero(1, (4, 2), (16, 14), "DeepSpeed ZeRO-1: optimizer state partitioned"),
+    _zero(2, (4, 2), (16, 14), "DeepSpeed ZeRO-2: optimizer state and gradients partitioned"),
+    _zero(3, (0, 0), (20, 16), "DeepSpeed ZeRO-3: parameters, gradients, optimizer partitioned"),
+)}
+
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+DEVICES = ("auto", "cpu", "cuda")
+LAUNCHERS = ("mpirun", "deepspeed", "torchrun")
+CLUSTER_LAUNCHERS = ("mpirun", "deepspeed")
+"""What the chart's MPIJob launcher pod can run (torchrun needs its own rendezvous per node)."""
+BACKENDS = ("local", "kubernetes")
+STATUSES = ("ok", "failed", "oom", "timeout", "cancelled")
+"""A run's outcome. oom and ok are measurements a rerun would repeat; the rest are not."""
+
+
+def is_deepspeed(strategy: str) -> bool:
+    info = STRATEGIES.get(strategy)
+    return info is not None and info.engine == "deepspeed"
+
+
+def default_launcher(strategy: str) -> str:
+    return STRATEGIES[strategy].default_launcher
+
+
+# --- run ids -------------------------------------------------------------------------------
+
+CONFIG_ID_LEN = 8
+_RUN_ID = re.compile(r"^(?P<strategy>[a-z0-9]+)-w(?P<world_size>\d+)-s(?P<seq_len>\d+)-mb(?P<micro_batch>\d+)"
+                     r"-ga(?P<grad_accum>\d+)-(?P<config_id>[0-9a-f]{%d})-r(?P<repeat>\d+)$" % CONFIG_ID_LEN)
+
+
+def config_id(measured: dict[str, Any]) -> str:
+    """Short hash of every field that changes what a run measures (not its repeat, timeout or
+    output paths): two runs share it exactly when they are repeats of one configuration."""
+    canonical = json.dumps(measured, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:CONFIG_ID_LEN]
+
+
+def run_id(strategy: str, world_size: int, seq_len: int, micro_batch: int, grad_accum: int,
+           config: str, repeat: int) -> str:
+    """Readable and unique, e.g. zero3-w4-s2048-mb1-ga4-1f2e3d4c-r0 (results/<run id>/)."""
+    return f"{strategy}-w{world_size}-s{seq_len}-mb{micro_batch}-ga{grad_accum}-{config}-r{repeat}"
+
+
+def parse_run_id(text: str) -> dict[str, Any] | None:
+    """The fields of a run id built by run_id(), or None for any other text."""
+    m = _RUN_ID.match(text or "")
+    if not m:
+        return None
+    out: dict[str, Any] = m.groupdict()
+    for key in ("world_size", "seq_len", "micro_batch", "grad_accum", "repeat"):
+        out[key] = int(out[key])
+    return out
+
+
+# --- validation ----------------------------------------------------------------------------
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _field_rule_errors(cfg: Any) -> list[str]:
+    """Per-field rules from RunConfig's types and metadata: choices, integers and bounds."""
+    errors = []
+    hints = typing.get_type_hints(type(cfg))
+    for f in fields(cfg):
+        if f.metadata.get("recorded_only") == "argv":
+            continue
+        value, kind = getattr(cfg, f.name), hints[f.name]
+        problem = _check_value(value, kind, f.metadata)
+        if problem:
+            errors.append(f"{flag(f.name)} {problem}")
+    return errors
+
+
+def _check_value(value: Any, kind: Any, meta: dict) -> str | None:
+    args = typing.get_args(kind)
+    if value is None:
+        return None if type(None) in args else "is required"
+    if typing.get_origin(kind) is typing.Literal:
+        return None if value in args else f"got {value!r}: use one of {', '.join(map(str, args))}"
+    base = next((a for a in args if a is not type(None)), kind) if args else kind
+    if base is bool:
+        return None if isinstance(value, bool) else f"must be true or false, got {value!r}"
+    if base is int:
+        if not isinstance(value, int) or isinstance(value, bool):
+            return f"must be an integer, got {value!r}"
+    elif base is float:
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+            return f"must be a finite number, got {value!r}"
+    elif base is str:
+        return None if isinstance(value, str) else f"must be text, got {value!r}"
+    else:
+        return None
+    low, above = meta.get("min"), meta.get("above")
+    if low is not None and value < low:
+        return f"must be at least {low}, got {value}"
+    if above is not None and value <= above:
+        return f"must be above {above}, got {value}"
+    return None
+
+
+def _run_rule_errors(cfg: Any, world_size: int) -> list[str]:
+    """Rules between fields: each stated once, in the trainer's flag names."""
+    errors = []
+    if cfg.warmup_steps >= cfg.steps:
+        errors.append(f"--warmup-steps {cfg.warmup_steps} leaves no measured step out of --steps "
+                      f"{cfg.steps}: use fewer warm-up steps or more steps")
+    if cfg.grad_accum is not None and cfg.global_batch is not None:
+        errors.append("give --grad-accum or --global-batch, not both")
+    per_step = cfg.micro_batch * world_size
+    if cfg.global_batch is not None and (cfg.global_batch % per_step or cfg.global_batch < per_step):
+        errors.append(f"--global-batch {cfg.global_batch} is not a multiple of --micro-batch "
+                      f"{cfg.micro_batch} x world size {world_size} = {per_step}: pick a multiple of it")
+    mcfg = cfg.model_config()
+    if mcfg.n_embd % mcfg.n_head:
+        errors.append(f"width {mcfg.n_embd} is not divisible by {mcfg.n_head} heads: "
+                      "change --n-embd or --n-head")
+    seq = cfg.effective_seq_len()
+    if seq > mcfg.block_size:
+        errors.append(f"--seq-len {seq} exceeds the {cfg.model} preset's block size "
+                      f"{mcfg.block_size}: use at most {mcfg.block_size}")
+    if cfg.deepspeed_config and not is_deepspeed(cfg.strategy):
+        errors.append(f"--deepspeed-config applies to DeepSpeed strategies, not {cfg.strategy}")
+    if cfg.precision == "fp16" and cfg.device == "cpu":
+        errors.append("--precision fp16 needs a CUDA GPU (loss-scaled fp16 is unsupported on "
+                      "CPU): use fp32 or bf16")
+    return errors
+
+
+def validate(cfg: Any, world_size: int) -> list[str]:
+    """Every reason `cfg` (a trainer.config.RunConfig) cannot run at `world_size` ranks, one line
+    each; empty when it can. Device checks that need torch.cuda live in trainer.devices."""
+    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
+        return [f"world size must be a positive integer, got {world_size!r}"]
+    errors = _field_rule_errors(cfg)
+    if errors:  # the rules between fields need well-typed values
+        return errors
+    return _run_rule_errors(cfg, world_size)
+
+
+def model_state_bytes(cfg: Any, world_size: int) -> int:
+    """Model-state bytes one rank will hold (the strategy's formula x parameters): what must fit
+    before anything is allocated."""
+    info = STRATEGIES[cfg.strategy]
+    precision = "fp32" if cfg.precision == "auto" else cfg.precision
+    return int(cfg.model_config().n_params() * info.model_state_bytes_per_param(precision, world_size))
+
+
+def check_fits(cfg: Any, world_size: int, ranks_here: int, available_bytes: int, where: str) -> str | None:
+    """A one-line refusal when the model state of `ranks_here` ranks cannot fit in
+    `available_bytes` of `where` (host or device memory), else None."""
+    need = model_state_bytes(cfg, world_size) * ranks_here
+    if need <= available_bytes:
+        return None
+    return (f"{cfg.model} under {cfg.strategy} needs about {need / 2**30:.1f} GiB of model state "
+            f"for {ranks_here} rank(s) here but {where} has {available_bytes / 2**30:.1f} GiB "
+            "available: use a smaller --model, more ranks, or a sharding strategy")
