@@ -21,23 +21,18 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from trainer import launchers  # noqa: E402
-from trainer.config import DEVICES, PRECISIONS, STRATEGIES, RunConfig  # noqa: E402
+from trainer.config import RunConfig  # noqa: E402
+from trainer.contract import CLUSTER_LAUNCHERS, DEVICES, PRECISIONS, STRATEGIES  # noqa: E402
 from trainer.presets import PRESETS  # noqa: E402
 
 CONTRACT = REPO / "chart" / "files" / "contract.json"
 SCHEMA = REPO / "chart" / "values.schema.json"
-# The launchers the chart can render: an MPIJob's launcher pod reaches its workers over ssh.
-CLUSTER_LAUNCHERS = ("mpirun", "deepspeed")
 
 
 def strategy_facts() -> dict[str, dict]:
     """strategy -> engine and the launcher it runs under by default."""
-    out = {}
-    for name in STRATEGIES:
-        deepspeed = name.startswith("zero")
-        out[name] = {"engine": "deepspeed" if deepspeed else name, "deepspeed": deepspeed,
-                     "defaultLauncher": "deepspeed" if deepspeed else "mpirun"}
-    return out
+    return {name: {"engine": s.engine, "deepspeed": s.engine == "deepspeed", "zeroStage": s.zero_stage,
+                   "defaultLauncher": s.default_launcher} for name, s in STRATEGIES.items()}
 
 
 def contract() -> dict:

@@ -48,13 +48,13 @@ here (JSON Schema cannot compare two values).
 {{- end }}
 {{- end }}
 
-{{/* The run id, named as the benchmark suite names runs (tui/suite/matrix.py run_id). */}}
-{{- define "shardbench.runId" -}}
-{{- if .Values.run.id }}
-{{- .Values.run.id }}
-{{- else }}
-{{- printf "%s-w%s-s%d-mb%d-ga%s-r0" .Values.run.strategy (include "shardbench.worldSize" .) (int .Values.run.seqLen) (int .Values.run.microBatch) (include "shardbench.gradAccum" .) }}
-{{- end }}
+{{/*
+The name of this run's outputs (labels, the results directory): run.id when given (the suite
+passes its run ids), else the release name. Without run.id the trainer names the run itself,
+with the configuration hash only it computes (trainer.contract.run_id), so no --run-id is passed.
+*/}}
+{{- define "shardbench.runName" -}}
+{{- .Values.run.id | default .Release.Name }}
 {{- end }}
 
 {{/* Rank 0's host: worker 0, by the name the operator writes into the hostfile. */}}
@@ -94,12 +94,13 @@ writes them (tests/chart/test_launch_command.py checks they agree). One JSON lis
 */}}
 {{- define "shardbench.trainerArgs" -}}
 {{- $r := .Values.run }}
-{{- $a := list "--strategy" $r.strategy "--model" $r.model "--seq-len" (toString (int $r.seqLen)) "--micro-batch" (toString (int $r.microBatch)) "--grad-accum" (include "shardbench.gradAccum" .) "--steps" (toString (int $r.steps)) "--warmup-steps" (toString (int $r.warmupSteps)) "--precision" $r.precision "--seed" (toString (int $r.seed)) "--device" $r.device "--run-id" (include "shardbench.runId" .) }}
+{{- $a := list "--strategy" $r.strategy "--model" $r.model "--seq-len" (toString (int $r.seqLen)) "--micro-batch" (toString (int $r.microBatch)) "--grad-accum" (include "shardbench.gradAccum" .) "--steps" (toString (int $r.steps)) "--warmup-steps" (toString (int $r.warmupSteps)) "--precision" $r.precision "--seed" (toString (int $r.seed)) "--device" $r.device }}
+{{- with $r.id }}{{ $a = concat $a (list "--run-id" .) }}{{ end }}
 {{- with .Values.shape.name }}{{ $a = concat $a (list "--shape" .) }}{{ end }}
 {{- with .Values.shape.peakTflopsBf16 }}{{ $a = concat $a (list "--peak-tflops" (toString .)) }}{{ end }}
 {{- with .Values.shape.usdPerGpuHour }}{{ $a = concat $a (list "--usd-per-gpu-hour" (toString .)) }}{{ end }}
 {{- if .Values.persistence.enabled }}
-{{- $a = concat $a (list "--output-dir" (printf "%s/%s" .Values.persistence.mountPath (include "shardbench.runId" .))) }}
+{{- $a = concat $a (list "--output-dir" (printf "%s/%s" .Values.persistence.mountPath (include "shardbench.runName" .))) }}
 {{- end }}
 {{- $a = concat $a $r.extraArgs }}
 {{- if and .Values.deepspeed.config (include "shardbench.isDeepSpeed" .) }}
@@ -190,7 +191,7 @@ shardbench.io/launcher: {{ .Values.launcher | quote }}
 shardbench.io/world-size: {{ include "shardbench.worldSize" . | quote }}
 shardbench.io/shape: {{ .Values.shape.name | quote }}
 shardbench.io/seq-len: {{ int .Values.run.seqLen | quote }}
-shardbench.io/run-id: {{ include "shardbench.runId" . | trunc 63 | trimSuffix "-" | quote }}
+shardbench.io/run: {{ include "shardbench.runName" . | trunc 63 | trimSuffix "-" | quote }}
 {{- end }}
 
 {{- define "shardbench.image" -}}

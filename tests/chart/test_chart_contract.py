@@ -28,7 +28,7 @@ def test_check_mode_names_a_stale_file(tmp_path, monkeypatch, capsys):
 
 
 def test_contract_holds_the_trainer_tables():
-    from trainer.config import PRECISIONS, STRATEGIES
+    from trainer.contract import PRECISIONS, STRATEGIES
     from trainer.presets import PRESETS
 
     c = json.loads((CHART / "files" / "contract.json").read_text())

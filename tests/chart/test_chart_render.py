@@ -192,7 +192,9 @@ def test_global_batch_sets_grad_accum():
     docs = render("helm3", ("h100.yaml",), ("workers=2", "run.microBatch=2", "run.globalBatch=128"))
     cmd = launcher_argv(one(docs, "MPIJob"))
     assert cmd[cmd.index("--grad-accum") + 1] == "4"  # 128 / (2 x 16)
-    assert cmd[cmd.index("--run-id") + 1] == "ddp-w16-s2048-mb2-ga4-r0"
+    assert "--run-id" not in cmd  # the trainer names it, config hash included
+    cmd = launcher_argv(one(render("helm3", ("h100.yaml",), ("run.id=my-run",)), "MPIJob"))
+    assert cmd[cmd.index("--run-id") + 1] == "my-run"
 
 
 @pytest.mark.parametrize("helm", sorted(HELMS))

@@ -10,7 +10,7 @@ from jsonschema import Draft7Validator
 
 from chart_helpers import CHART, VALUES_DIR, VALUES_FILES
 from tui.suite.matrix import load_shape
-from tui.suite.presets import preset_max_seq_len
+from trainer.presets import PRESETS
 
 SHAPE_KEYS = ["name", "instanceType", "gpuModel", "gpusPerNode", "gpuMemoryGiB", "peakTflopsBf16",
               "usdPerGpuHour"]
@@ -83,7 +83,7 @@ def test_cpu_shape():
 def test_recommended_run(values):
     run = load(values)["run"]
     assert {"microBatch", "seqLen", "precision", "model"} <= set(run)
-    assert run["seqLen"] <= preset_max_seq_len(run["model"])
+    assert run["seqLen"] <= PRESETS[run["model"]].block_size
     if values != "cpu.yaml":
         assert run["precision"] == "bf16"  # every one of these GPUs has bf16
 
