@@ -47,6 +47,9 @@ def contract() -> dict:
         "runEnvVars": list(launchers.RUN_ENV_VARS),
         "containerEnvVars": list(launchers.CONTAINER_ENV_VARS),
         "mpirunBaseFlags": list(launchers.MPIRUN_BASE_FLAGS),
+        "unboundFlags": list(launchers.UNBOUND_FLAGS),
+        # numa_bound_flags(N) with N as a placeholder the chart fills with gpusPerWorker.
+        "numaBoundFlags": launchers.numa_bound_flags(0),
     }
 
 

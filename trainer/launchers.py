@@ -19,12 +19,20 @@ RUN_ENV_VARS = ("MASTER_ADDR", "MASTER_PORT", "PYTHONWARNINGS")
 # caches are, and the image the record names, must travel from the launcher. The chart forwards
 # these besides its nccl:/env: values (the image's ENV or the chart sets every one of them); a
 # local run's ranks inherit them anyway.
-CONTAINER_ENV_VARS = ("PATH", "LD_LIBRARY_PATH", "XDG_CACHE_HOME", "TRITON_CACHE_DIR", "SHARDBENCH_IMAGE",
-                      "SHARDBENCH_NUMA_BIND")
+CONTAINER_ENV_VARS = ("PATH", "LD_LIBRARY_PATH", "XDG_CACHE_HOME", "TRITON_CACHE_DIR", "SHARDBENCH_IMAGE")
 
 # Running MPI as root (containers, CI) needs --allow-run-as-root; --oversubscribe lets a CPU run
-# place more ranks than cores; --bind-to none keeps OpenMPI from pinning every rank to one core.
-MPIRUN_BASE_FLAGS = ("--allow-run-as-root", "--oversubscribe", "--bind-to", "none")
+# place more ranks than cores.
+MPIRUN_BASE_FLAGS = ("--allow-run-as-root", "--oversubscribe")
+# Where ranks may run. Unbound by default: OpenMPI would otherwise pin every rank to one core.
+# NUMA-bound (GPU shapes): OCI's recipe for its own NCCL tests on these shapes, `-npernode <GPUs>
+# --bind-to numa` (oci-hpc-oke manifests/nccl-tests), with NCCL_IGNORE_CPU_AFFINITY=1 in the
+# shape's values so NCCL's own threads still follow each GPU's affinity.
+UNBOUND_FLAGS = ("--bind-to", "none")
+
+
+def numa_bound_flags(procs_per_node: int) -> list[str]:
+    return ["--map-by", f"ppr:{procs_per_node}:node", "--bind-to", "numa"]
 
 
 @dataclass
@@ -52,6 +60,8 @@ class LaunchPlan:
     tcp_if_include: str | None = None
     """Network interface(s) OpenMPI's TCP transport may use (e.g. eth0, lo); None: OpenMPI picks.
     The DeepSpeed launcher otherwise forces eth0, which a laptop or a pod may not have."""
+    numa_bind: bool = False
+    """Bind each rank to a NUMA node (procs_per_node ranks per machine) instead of leaving it free."""
 
     @property
     def world_size(self) -> int:
@@ -68,6 +78,12 @@ def _mca_flags(plan: LaunchPlan) -> list[str]:
     return ["--mca", "btl_tcp_if_include", plan.tcp_if_include] if plan.tcp_if_include else []
 
 
+def _mpirun_flags(plan: LaunchPlan) -> list[str]:
+    """The mpirun options both launchers pass (the DeepSpeed runner inside --launcher_args)."""
+    binding = numa_bound_flags(plan.procs_per_node) if plan.numa_bind else list(UNBOUND_FLAGS)
+    return [*MPIRUN_BASE_FLAGS, *binding, *_mca_flags(plan)]
+
+
 def forwarded_env(plan: LaunchPlan) -> list[str]:
     """Names every rank gets from the launcher's environment, in the order they are passed."""
     return [*RUN_ENV_VARS, *sorted(set(plan.forward_env) - set(RUN_ENV_VARS))]
@@ -79,7 +95,7 @@ def _export_flags(names: list[str]) -> list[str]:
 
 
 def mpirun_command(plan: LaunchPlan) -> list[str]:
-    cmd = ["mpirun", *MPIRUN_BASE_FLAGS, *_mca_flags(plan), "-np", str(plan.world_size)]
+    cmd = ["mpirun", *_mpirun_flags(plan), "-np", str(plan.world_size)]
     if plan.hostfile:
         cmd += ["--hostfile", plan.hostfile]
     cmd += _export_flags(forwarded_env(plan))
@@ -98,8 +114,7 @@ def deepspeed_command(plan: LaunchPlan) -> list[str]:
     (multinode_runner.add_export; the openmpi runner runs mpirun without a shell), which would
     turn NCCL_SOCKET_IFNAME=^docker,lo into a name NCCL cannot match."""
     launcher_args = [
-        *MPIRUN_BASE_FLAGS,
-        *_mca_flags(plan),
+        *_mpirun_flags(plan),
         "-x", f"MASTER_ADDR={plan.master_addr}",
         "-x", f"MASTER_PORT={plan.master_port}",
         *_export_flags([n for n in forwarded_env(plan) if n not in ("MASTER_ADDR", "MASTER_PORT")]),

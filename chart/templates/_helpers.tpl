@@ -149,6 +149,11 @@ the two drift apart). Both launchers pass every forwarded name as mpirun -x NAME
 {{- define "shardbench.launchCommand" -}}
 {{- $c := include "shardbench.contract" . | fromJson }}
 {{- $base := $c.mpirunBaseFlags }}
+{{- if .Values.numaBind }}
+{{- range $c.numaBoundFlags }}{{ $base = append $base (replace "ppr:0:" (printf "ppr:%d:" (int $.Values.gpusPerWorker)) .) }}{{ end }}
+{{- else }}
+{{- $base = concat $base $c.unboundFlags }}
+{{- end }}
 {{- if .Values.tcpIfInclude }}
 {{- $base = concat $base (list "--mca" "btl_tcp_if_include" .Values.tcpIfInclude) }}
 {{- end }}
@@ -217,8 +222,6 @@ MASTER_* is the torch.distributed rendezvous on worker 0.
   value: {{ printf "/home/%s/.cache/triton" .Values.ssh.user | quote }}
 - name: SHARDBENCH_IMAGE
   value: {{ include "shardbench.image" . | quote }}
-- name: SHARDBENCH_NUMA_BIND
-  value: {{ ternary "1" "0" .Values.numaBind | quote }}
 {{- range $k := keys .Values.nccl | sortAlpha }}
 - name: {{ $k | quote }}
   value: {{ get $.Values.nccl $k | toString | quote }}

@@ -50,8 +50,8 @@ def emulation_ready():
                     pytrace=False)
 
 
-def _sets(launcher: str) -> tuple[str, ...]:
-    sets = [f"launcher={launcher}", f"workers={WORKERS}", "gpusPerWorker=1",
+def _sets(launcher: str, numa_bind: bool) -> tuple[str, ...]:
+    sets = [f"launcher={launcher}", f"workers={WORKERS}", "gpusPerWorker=1", f"numaBind={str(numa_bind).lower()}",
             "run.steps=4", "run.warmupSteps=1", "run.strategy=ddp"]
     sets += [f"nccl.{k}={v}".replace(",", "\\,") for k, v in PROBE_NCCL.items()]
     sets += [f"env.{k}={v}".replace(",", "\\,") for k, v in PROBE_ENV.items()]
@@ -113,7 +113,8 @@ def emulation_spec(job: dict, scratch: Path, launcher_args: list[str]) -> dict:
 
 
 def run_emulated(tmp_path: Path, launcher: str, probe: bool = False) -> tuple[subprocess.CompletedProcess, dict]:
-    job = one(render("helm3", ("cpu.yaml",), _sets(launcher)), "MPIJob")
+    # The benchmark runs as the GPU shapes launch (ranks NUMA-bound), the probe as the CPU default.
+    job = one(render("helm3", ("cpu.yaml",), _sets(launcher, numa_bind=not probe)), "MPIJob")
     args = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["args"]
     if probe:
         args = swap_trainer_for_env(args)

@@ -75,6 +75,7 @@ def expected_command(values_file: str | None, overrides: dict) -> list[str]:
         master_addr=f"{JOB}-worker-0.{JOB}.{NAMESPACE}.svc", master_port=v["masterPort"],
         # The chart forwards the container's variables and every nccl:/env: key to every rank.
         forward_env=[*CONTAINER_ENV_VARS, *v["nccl"], *v["env"]], tcp_if_include=v["tcpIfInclude"] or None,
+        numa_bind=v["numaBind"],
     )
     return build_command(plan)
 
