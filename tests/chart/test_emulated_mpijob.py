@@ -150,6 +150,7 @@ def test_emulated_mpijob_runs_across_two_workers(emulation_ready, tmp_path, laun
     assert rec["status"] == "ok", rec.get("error")
     assert (rec["world_size"], rec["nodes"], rec["launcher"]) == (WORKERS, WORKERS, launcher)
     assert rec["nccl_env"] == PROBE_NCCL  # the shape's NCCL settings reached the ranks
+    assert rec["nccl_env_disagreement"] == []  # ... every one of them
 
 
 @pytest.mark.parametrize("launcher", ["mpirun", "deepspeed"])
