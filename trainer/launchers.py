@@ -62,6 +62,9 @@ class LaunchPlan:
     The DeepSpeed launcher otherwise forces eth0, which a laptop or a pod may not have."""
     numa_bind: bool = False
     """Bind each rank to a NUMA node (procs_per_node ranks per machine) instead of leaving it free."""
+    program: tuple[str, ...] = ("-m", "trainer")
+    """What each rank's python runs, before trainer_args (mpirun only; the chart's pre-flight
+    runs its script this way)."""
 
     @property
     def world_size(self) -> int:
@@ -99,7 +102,7 @@ def mpirun_command(plan: LaunchPlan) -> list[str]:
     if plan.hostfile:
         cmd += ["--hostfile", plan.hostfile]
     cmd += _export_flags(forwarded_env(plan))
-    return cmd + [plan.python, "-u", "-m", "trainer", *plan.trainer_args]
+    return cmd + [plan.python, "-u", *plan.program, *plan.trainer_args]
 
 
 def deepspeed_command(plan: LaunchPlan) -> list[str]:

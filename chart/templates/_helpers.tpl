@@ -113,6 +113,16 @@ writes them (tests/chart/test_launch_command.py checks they agree). One JSON lis
 {{- toJson $a }}
 {{- end }}
 
+{{/* Arguments of files/preflight.py (mode preflight), one JSON list. */}}
+{{- define "shardbench.preflightArgs" -}}
+{{- $p := .Values.preflight }}
+{{- $a := list "--sizes-mib" }}
+{{- range $p.sizesMiB }}{{ $a = append $a (toString .) }}{{ end }}
+{{- $a = concat $a (list "--iters" (toString (int $p.iters)) "--warmup-iters" (toString (int $p.warmupIters)) "--device" (ternary "cuda" "cpu" (not (empty .Values.gpuResource))) "--min-fraction" (toString $p.minFraction)) }}
+{{- with $p.expectedBusbwGBps }}{{ $a = concat $a (list "--expected-busbw-gbps" (toString .)) }}{{ end }}
+{{- toJson $a }}
+{{- end }}
+
 {{/*
 The trainer's facts (files/contract.json, written by scripts/gen_chart_contract.py from the
 trainer's tables): which strategies run on DeepSpeed, preset block sizes, forwarded variables.
@@ -160,12 +170,17 @@ the two drift apart). Both launchers pass every forwarded name as mpirun -x NAME
 {{- $targs := include "shardbench.trainerArgs" . | fromJsonArray }}
 {{- $forward := concat $c.runEnvVars (include "shardbench.forwardEnv" . | fromJsonArray) }}
 {{- $cmd := list }}
-{{- if eq .Values.launcher "mpirun" }}
+{{- $program := list "-m" "trainer" }}
+{{- if eq .Values.mode "preflight" }}
+{{- $program = list "/etc/shardbench/preflight.py" }}
+{{- $targs = include "shardbench.preflightArgs" . | fromJsonArray }}
+{{- end }}
+{{- if or (eq .Values.launcher "mpirun") (eq .Values.mode "preflight") }}
 {{- $cmd = concat (list "mpirun") $base (list "-np" (include "shardbench.worldSize" .) "--hostfile" "/etc/mpi/hostfile") }}
 {{- range $forward }}
 {{- $cmd = concat $cmd (list "-x" .) }}
 {{- end }}
-{{- $cmd = concat $cmd (list "python" "-u" "-m" "trainer") $targs }}
+{{- $cmd = concat $cmd (list "python" "-u") $program $targs }}
 {{- else }}
 {{- /* The DeepSpeed runner starts one rank per hostfile slot: the operator's hostfile has
 workers x slotsPerWorker of them, the world size. */}}

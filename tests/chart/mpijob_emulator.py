@@ -119,6 +119,9 @@ def lay_out_operator(spec: dict, scratch: Path) -> None:
                          mode=0o644, gid=uid)
     Path("/etc/mpi").mkdir()
     atomic_writer_volume("/etc/mpi", {"hostfile": spec["hostfile"]}, mode=0o444, gid=uid)
+    for path, files in spec["config_mounts"].items():  # the chart's own ConfigMap
+        Path(path).mkdir(parents=True, exist_ok=True)
+        atomic_writer_volume(path, files, mode=0o644, gid=uid)
     with open("/etc/hosts", "a") as fh:
         for host, addr in spec["hosts"].items():
             fh.write(f"{addr} {host}\n")
@@ -175,6 +178,11 @@ def main(spec_path: str) -> int:
                                   cwd=f"/home/{spec['user']}", timeout=spec["timeout_s"],
                                   **as_user(spec))
         return launcher.returncode
+    except subprocess.TimeoutExpired:
+        # What was still running: the namespace's processes (all of them die with it).
+        print(f"emulator: the launcher ran past {spec['timeout_s']} s; processes left:", file=sys.stderr)
+        subprocess.run(["ps", "-eo", "pid,ppid,user,stat,etime,args"], stdout=sys.stderr)
+        return 124
     finally:
         for proc in workers:
             proc.terminate()

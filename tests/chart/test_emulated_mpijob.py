@@ -70,7 +70,18 @@ def _installed_trainer() -> str:
     return out.stdout.strip()
 
 
-def emulation_spec(job: dict, scratch: Path, launcher_args: list[str]) -> dict:
+def config_mounts(pod: dict, configmap: dict) -> dict[str, dict[str, str]]:
+    """mountPath -> files of every volume of `pod` that is the chart's ConfigMap."""
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    out = {}
+    for mount in pod["containers"][0]["volumeMounts"]:
+        source = volumes[mount["name"]].get("configMap")
+        if source and source["name"] == configmap["metadata"]["name"]:
+            out[mount["mountPath"]] = configmap["data"]
+    return out
+
+
+def emulation_spec(job: dict, scratch: Path, launcher_args: list[str], configmap: dict) -> dict:
     """What mpijob_emulator.py lays out, from the rendered MPIJob and the image's files."""
     name, ns = job["metadata"]["name"], job["metadata"]["namespace"]
     slots = job["spec"]["slotsPerWorker"]
@@ -109,18 +120,23 @@ def emulation_spec(job: dict, scratch: Path, launcher_args: list[str]) -> dict:
         "launcher_env": launcher_env,
         "launcher_argv": [str(REPO / "docker" / "entrypoint.sh"), *launcher_args],
         "timeout_s": 150,
+        # Launcher and workers share one filesystem here: the union of what they mount.
+        "config_mounts": {**config_mounts(replicas["Launcher"]["template"]["spec"], configmap),
+                          **config_mounts(replicas["Worker"]["template"]["spec"], configmap)},
     }
 
 
-def run_emulated(tmp_path: Path, launcher: str, probe: bool = False) -> tuple[subprocess.CompletedProcess, dict]:
+def run_emulated(tmp_path: Path, launcher: str, probe: bool = False,
+                 extra_sets: tuple[str, ...] = ()) -> tuple[subprocess.CompletedProcess, dict]:
     # The benchmark runs as the GPU shapes launch (ranks NUMA-bound), the probe as the CPU default.
-    job = one(render("helm3", ("cpu.yaml",), _sets(launcher, numa_bind=not probe)), "MPIJob")
+    docs = render("helm3", ("cpu.yaml",), _sets(launcher, numa_bind=not probe) + extra_sets)
+    job = one(docs, "MPIJob")
     args = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["args"]
     if probe:
         args = swap_trainer_for_env(args)
     scratch = tmp_path / "ns"
     scratch.mkdir()
-    spec = emulation_spec(job, scratch, args)
+    spec = emulation_spec(job, scratch, args, one(docs, "ConfigMap"))
     spec_path = tmp_path / "spec.json"
     spec_path.write_text(json.dumps(spec))
     # A PID namespace too: whatever the run leaves behind dies with the emulator.
