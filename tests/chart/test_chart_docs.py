@@ -69,3 +69,12 @@ def test_notes_tell_how_to_follow_fetch_and_uninstall(values):
     assert "BENCHMARK_RESULT_JSON_START" in notes and "result.json" in notes
     assert "helm test zero3-w16 -n bench" in notes
     assert "helm uninstall zero3-w16 -n bench" in notes
+
+
+def test_preflight_notes_say_where_the_verdict_is():
+    proc = helm_cmd("helm4", "install", "pf", str(CHART), "-f", str(VALUES_DIR / "h100.yaml"), "--namespace", "bench",
+                    "--dry-run=client", "--set", "mode=preflight", "--set", "workers=2")
+    assert proc.returncode == 0, proc.stderr
+    notes = proc.stdout.split("NOTES:", 1)[1]
+    assert "expected 400 GB/s across nodes" in notes and "preflight: FAIL" in notes
+    assert "kubectl -n bench get mpijob pf-shardbench" in notes and "helm uninstall pf -n bench" in notes
