@@ -214,6 +214,15 @@ shardbench.io/seq-len: {{ int .Values.run.seqLen | quote }}
 shardbench.io/run: {{ include "shardbench.runName" . | trunc 63 | trimSuffix "-" | quote }}
 {{- end }}
 
+{{/* The launcher's image: image.launcherTag, else the workers'. */}}
+{{- define "shardbench.launcherImage" -}}
+{{- if and .Values.image.launcherTag (not .Values.image.digest) }}
+{{- printf "%s:%s" .Values.image.repository .Values.image.launcherTag }}
+{{- else }}
+{{- include "shardbench.image" . }}
+{{- end }}
+{{- end }}
+
 {{- define "shardbench.image" -}}
 {{- if .Values.image.digest }}
 {{- printf "%s@%s" .Values.image.repository .Values.image.digest }}

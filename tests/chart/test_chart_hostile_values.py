@@ -27,7 +27,7 @@ FEATURES = {"persistence": {"enabled": True}, "image": {"pullSecrets": ["regcred
 SAMPLES = {
     ("nameOverride",): ("bench", {}), ("fullnameOverride",): ("bench-run", {}),
     ("image", "digest"): ("sha256:" + "a" * 64, {}), ("gpuResource",): ("nvidia.com/gpu", {"run": {"device": "cuda"}}),
-    ("tcpIfInclude",): ("eth0", {}), ("persistence", "existingClaim"): ("claim", {}),
+    ("tcpIfInclude",): ("eth0", {}), ("image", "launcherTag"): ("0.1.0-cpu", {}), ("persistence", "existingClaim"): ("claim", {}),
     ("persistence", "storageClass"): ("fast", {}), ("serviceAccount", "name"): ("bench-sa", {}),
     ("shape", "gpuModel"): ("NVIDIA H100", {}), ("rdma", "networks"): ("rdma-vf,rdma-vf", {"rdma": {"mode": "sriov"}}),
     ("gang", "queue"): ("gpu", {"gang": {"scheduler": "volcano"}}),

@@ -256,3 +256,11 @@ def test_gang_scheduling_and_launcher_placement():
     assert "tolerations" not in pods["Launcher"]["spec"]  # the GPU taint toleration is the workers'
     plain = one(render("helm3", ("h100.yaml",)), "MPIJob")["spec"]["runPolicy"]
     assert "schedulingPolicy" not in plain and "suspend" not in plain
+
+
+def test_launcher_can_pull_the_cpu_image():
+    pods = replica_pods(one(render("helm3", ("h100.yaml",), ("image.launcherTag=0.1.0-cpu",)), "MPIJob"))
+    assert pods["Launcher"]["spec"]["containers"][0]["image"] == "shardbench:0.1.0-cpu"
+    assert pods["Worker"]["spec"]["containers"][0]["image"] == "shardbench:0.1.0-cuda"
+    same = replica_pods(one(render("helm3", ("h100.yaml",)), "MPIJob"))
+    assert same["Launcher"]["spec"]["containers"][0]["image"] == "shardbench:0.1.0-cuda"

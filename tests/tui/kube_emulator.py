@@ -18,9 +18,16 @@ What helm 3 needs that kmock 0.8 does not do by itself, added here as small, exp
   cannot parse; `_secret_from_protobuf` decodes just those fields into the JSON object kmock keeps.
 - server-side apply (helm 4 installs with it): an apply PATCH of an object that does not exist yet
   is served as a create (POST to its collection), of one that exists as a merge PATCH. There are
-  no field managers or conflicts here: each test applies every object once.
+  no field managers or conflicts here: each install applies every object once.
 Not supported by kmock and so avoided: `--create-namespace` (kmock cannot parse /namespaces
 paths).
+
+The tests play what the cluster's controllers would, through the same objects: the MPI Operator
+(job conditions, pods with its labels, its Warning events), the kubelet (`PodLog`: a container's
+log with RFC 3339 nano timestamps, `follow`, `sinceTime` and `timestamps` answered as the kubelet
+does; the pod's phase when the container exits) and the garbage collector (`collect_garbage`:
+pods of a deleted MPIJob go). `PodLog.drop_connections()` closes open log streams mid-response,
+as a load balancer's idle timeout does.
 
 HELM_DRIVER=memory is not used for these runs: in the helm CLI that driver swaps in a printing
 fake kube client (helm.go loadReleasesInMemory), so helm would send nothing but discovery to the
@@ -32,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+from datetime import datetime, timezone
 from pathlib import Path
 
 import kmock
@@ -110,6 +118,7 @@ class Emulator(KubernetesEmulator):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.applied: list[str] = []  # paths of server-side apply requests, as sent
+        self.pod_logs: dict[tuple[str, str], "PodLog"] = {}  # the current container's log per pod
 
     async def __call__(self, raw_request):
         if raw_request.headers.get("Content-Type", "").startswith(APPLY_PATCH):
@@ -231,34 +240,156 @@ async def set_conditions(emu: Emulator, job: str, *types: str, message: str = ""
 
 
 def add_pod(emu: Emulator, job: str, role: str, phase: str, waiting: str | None = None,
-            namespace: str = NAMESPACE) -> str:
+            terminated: dict | None = None, namespace: str = NAMESPACE, release: str | None = None) -> str:
+    """A pod of `job` as the operator names and labels it; `terminated`: its container's
+    terminated state (exitCode, reason, message), as the kubelet reports a crashed container."""
     name = f"{job}-{role}" if role == "launcher" else f"{job}-{role}-0"
     status: dict = {"phase": phase}
     if waiting:
-        status["containerStatuses"] = [{"name": "main", "ready": False,
+        status["containerStatuses"] = [{"name": role, "ready": False,
                                         "state": {"waiting": {"reason": waiting, "message": f"{waiting} for image"}}}]
+    if terminated:
+        status["containerStatuses"] = [{"name": role, "ready": False, "state": {"terminated": terminated}}]
+    labels = {"training.kubeflow.org/job-name": job, "training.kubeflow.org/job-role": role,
+              # the chart's pod template labels: the release is the job name less "-shardbench"
+              "app.kubernetes.io/instance": release or job.removesuffix("-shardbench")}
     emu.objects["v1/pods", namespace, name] = {
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace,
-                     "labels": {"training.kubeflow.org/job-name": job, "training.kubeflow.org/job-role": role}},
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
         "status": status,
     }
     return name
 
 
-def add_event(emu: Emulator, pod: str, reason: str, message: str, namespace: str = NAMESPACE) -> None:
-    emu.objects["v1/events", namespace, f"{pod}.{reason.lower()}"] = {
+def set_pod_status(emu: Emulator, pod: str, status: dict, namespace: str = NAMESPACE) -> None:
+    raw = dict(emu.objects["v1/pods", namespace, pod].raw)
+    emu.objects["v1/pods", namespace, pod] = {**raw, "status": status}
+
+
+def add_event(emu: Emulator, name: str, reason: str, message: str, kind: str = "Pod",
+              namespace: str = NAMESPACE) -> None:
+    """A Warning event about object `name` (what `kubectl describe` lists under Events)."""
+    emu.objects["v1/events", namespace, f"{name}.{reason.lower()}"] = {
         "apiVersion": "v1", "kind": "Event",
-        "metadata": {"name": f"{pod}.{reason.lower()}", "namespace": namespace},
-        "involvedObject": {"kind": "Pod", "name": pod, "namespace": namespace},
+        "metadata": {"name": f"{name}.{reason.lower()}", "namespace": namespace},
+        "involvedObject": {"kind": kind, "name": name, "namespace": namespace},
         "type": "Warning", "reason": reason, "message": message, "lastTimestamp": "2026-01-01T00:00:00Z",
     }
 
 
-def serve_log(emu: Emulator, pod: str, lines: list[str], delay_s: float = 0.05,
-              namespace: str = NAMESPACE) -> None:
-    """The pod's log, streamed a line at a time (a follow=true reader sees them arrive)."""
-    chunks = []
-    for line in lines:
-        chunks += [(line + "\n").encode(), lambda: asyncio.sleep(delay_s)]
-    emu[f"get /api/v1/namespaces/{namespace}/pods/{pod}/log"] << tuple(chunks)
+async def collect_garbage(emu: Emulator, namespace: str = NAMESPACE) -> None:
+    """Kubernetes' garbage collector for the job's pods (their owner is the MPIJob, or its
+    launcher Job): when an MPIJob is deleted, its pods go too. Runs until cancelled."""
+    while True:
+        gone = {name for (res, ns, name), obj in emu.objects.items()
+                if res.plural == "mpijobs" and ns == namespace and obj.deleted}
+        for (res, ns, name), obj in list(emu.objects.items()):
+            labels = ((obj.raw.get("metadata") or {}).get("labels") or {}) if not obj.deleted else {}
+            if res.plural == "pods" and labels.get("training.kubeflow.org/job-name") in gone:
+                obj.delete()
+        await asyncio.sleep(0.05)
+
+
+def _rfc3339_nano(t: datetime) -> str:
+    """As the kubelet writes log timestamps (Go's RFC3339Nano: trailing zeros trimmed)."""
+    nanos = f"{t.microsecond * 1000:09d}".rstrip("0")
+    return t.strftime("%Y-%m-%dT%H:%M:%S") + (f".{nanos}" if nanos else "") + "Z"
+
+
+class PodLog:
+    """One container's log as the kubelet serves it at /api/v1/namespaces/<ns>/pods/<pod>/log.
+
+    Lines get the time they were written. A request gets the lines from `sinceTime` on (RFC 3339,
+    second precision; lines of that second included, as the kubelet does), each prefixed with its
+    timestamp when `timestamps=true`; with `follow=true` it stays open for new lines until the
+    container ends. `drop_connections()` closes the open follow streams without ending them.
+    """
+
+    def __init__(self, emu: Emulator, pod: str, namespace: str = NAMESPACE):
+        self.emu, self.pod, self.namespace = emu, pod, namespace
+        self.lines: list[tuple[datetime, str]] = []
+        self.ended = False
+        self.requests: list[dict] = []  # query parameters of every request, in order
+        self._changed = asyncio.Event()
+        self._open: set = set()
+        key = (namespace, pod)
+        if key not in emu.pod_logs:  # one route per pod; a pod created again gets a new log
+            emu[f"get /api/v1/namespaces/{namespace}/pods/{pod}/log"] << (
+                lambda request: emu.pod_logs[key]._serve(request))
+        emu.pod_logs[key] = self
+
+    def write(self, text: str) -> None:
+        self.lines.append((datetime.now(timezone.utc), text))
+        self._poke()
+
+    def end(self) -> None:
+        self.ended = True
+        self._poke()
+
+    def drop_connections(self) -> int:
+        """Close every open follow stream mid-response (a load balancer's idle timeout)."""
+        dropped = list(self._open)
+        for transport in dropped:
+            transport.close()
+        self._open.clear()
+        self._poke()
+        return len(dropped)
+
+    async def play(self, lines: list[str], delay_s: float = 0.05, exit_code: int = 0,
+                   drop_at: int | None = None, silence_s: float = 0.0) -> None:
+        """The container's run: a line every `delay_s`; at line `drop_at` a silence of
+        `silence_s` during which the connections are dropped; then it exits with `exit_code`
+        and the pod's phase says so."""
+        for i, line in enumerate(lines):
+            if i == drop_at:
+                await asyncio.sleep(silence_s / 2)
+                self.drop_connections()
+                await asyncio.sleep(silence_s / 2)
+            self.write(line)
+            await asyncio.sleep(delay_s)
+        self.end()
+        if any(res.plural == "pods" and (ns, name) == (self.namespace, self.pod) and not obj.deleted
+               for (res, ns, name), obj in self.emu.objects.items()):
+            done = {"exitCode": exit_code, "reason": "Completed" if exit_code == 0 else "Error"}
+            set_pod_status(self.emu, self.pod, {
+                "phase": "Succeeded" if exit_code == 0 else "Failed",
+                "containerStatuses": [{"name": "launcher", "ready": False, "state": {"terminated": done}}]},
+                self.namespace)
+
+    def _poke(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def _serve(self, request):
+        params = dict(request.params)
+        self.requests.append(params)
+        return self._stream(request, params)
+
+    async def _stream(self, request, params: dict):
+        since = params.get("sinceTime")
+        since_t = datetime.fromisoformat(since.replace("Z", "+00:00")) if since else None
+        stamps, follow = params.get("timestamps") == "true", params.get("follow") == "true"
+        transport = request._raw_request.transport
+        self._open.add(transport)
+        try:
+            yield b""  # kmock sends the headers with the first chunk; an empty log is still a 200
+            sent = 0
+            while True:
+                for t, text in self.lines[sent:]:
+                    if since_t is None or t >= since_t:
+                        yield ((_rfc3339_nano(t) + " ") if stamps else "").encode() + text.encode() + b"\n"
+                sent = len(self.lines)
+                if self.ended or not follow or transport.is_closing():
+                    return
+                await self._changed.wait()
+        finally:
+            self._open.discard(transport)
+
+
+def serve_log(emu: Emulator, pod: str, lines: list[str], delay_s: float = 0.05, exit_code: int = 0,
+              namespace: str = NAMESPACE, **play) -> PodLog:
+    """The pod's container runs now: its log is written a line at a time (a follow=true reader
+    sees them arrive), then the container exits (see PodLog.play)."""
+    log = PodLog(emu, pod, namespace)
+    log.task = asyncio.get_running_loop().create_task(log.play(lines, delay_s, exit_code, **play))
+    return log

@@ -4,7 +4,9 @@ helm 3 and helm 4 (.tools/helm{3,4}/helm, `make tools`) each install the real ch
 emulator (helm 4 with server-side apply); the test then
 plays the MPI Operator (launcher pod, job conditions, pod log) through the emulator's API, and the
 backend must watch the MPIJob, stream the launcher log, collect the record and uninstall the
-release. See tests/tui/kube_emulator.py for what the emulator does and does not do.
+release. No API server can run here: kmock is the only part that is emulated; helm, the chart,
+the kubernetes client and the backend are real. See tests/tui/kube_emulator.py for what the
+emulator does and does not do.
 """
 from __future__ import annotations
 
@@ -16,13 +18,16 @@ from pathlib import Path
 import pytest
 
 from trainer.record import END_MARKER, PROGRESS_PREFIX, START_MARKER
-from tui.suite.backends.kube import KubeBackend, job_phase, release_name, release_values
+from tui.suite.backends.kube import KubeBackend
+from tui.suite.backends.kube.diagnosis import job_phase, launcher_finished, pod_failure, pod_waiting
+from tui.suite.backends.kube.values import release_name, release_values
+from tui.suite.backends.kube.watch import LogCursor, split_stamp
 from tui.suite.events import RunLogLine, RunProgress, RunStateChanged
 from tui.suite.matrix import RunSpec
 
 from .conftest import synthetic_record
-from .kube_emulator import (NAMESPACE, Emulator, add_event, add_pod, install_shims, mpijobs, serve_log,
-                            set_conditions, wait_for_mpijob, write_kubeconfig)
+from .kube_emulator import (NAMESPACE, Emulator, PodLog, add_event, add_pod, collect_garbage, install_shims,
+                            mpijobs, serve_log, set_conditions, wait_for_mpijob, write_kubeconfig)
 
 REPO = Path(__file__).resolve().parents[2]
 HELMS = {"helm3": REPO / ".tools" / "helm3" / "helm", "helm4": REPO / ".tools" / "helm4" / "helm"}
@@ -61,7 +66,9 @@ def launcher_log(s: RunSpec, tokens_per_s: float) -> list[str]:
 async def cluster(tmp_path, helm):
     async with Emulator() as emu, emu.Server(emu) as server:
         install_shims(emu)
+        gc = asyncio.create_task(collect_garbage(emu))
         yield emu, write_kubeconfig(tmp_path / "kubeconfig", str(server.url)), helm
+        gc.cancel()
 
 
 def backend(kubeconfig: Path, helm: Path, **kw) -> KubeBackend:
@@ -79,6 +86,10 @@ async def run_in_thread(b: KubeBackend, s: RunSpec, run_dir: Path, cancel=None, 
     return record, events
 
 
+def log_lines(run_dir: Path) -> list[str]:
+    return (run_dir / "log.txt").read_text().splitlines()
+
+
 async def test_run_installs_watches_streams_collects_and_uninstalls(cluster, tmp_path):
     emu, kubeconfig, helm = cluster
     s = spec()
@@ -89,9 +100,8 @@ async def test_run_installs_watches_streams_collects_and_uninstalls(cluster, tmp
         await set_conditions(emu, name, "Created")
         add_pod(emu, name, "worker", "Running")
         pod = add_pod(emu, name, "launcher", "Running")
-        serve_log(emu, pod, launcher_log(s, 4321.5))
         await set_conditions(emu, name, "Created", "Running")
-        await asyncio.sleep(1.0)
+        await serve_log(emu, pod, launcher_log(s, 4321.5)).task
         await set_conditions(emu, name, "Created", "Running", "Succeeded")
         return job
 
@@ -107,14 +117,16 @@ async def test_run_installs_watches_streams_collects_and_uninstalls(cluster, tmp
     applied_job = [p for p in emu.applied if "/mpijobs/" in p]
     assert bool(applied_job) == (helm.parent.name == "helm4"), emu.applied
     assert s.run_id in json.dumps(job["spec"]) and "--strategy" in json.dumps(job["spec"])
-    # The MPIJob was watched, the launcher's log followed.
+    # The MPIJob was watched, the launcher's log followed with timestamps (to resume from).
     assert any(r.params.get("watch") == "true" for r in requests(emu, "GET", "/mpijobs"))
     logs = requests(emu, "GET", "/log")
-    assert logs and logs[0].params.get("follow") == "true"
-    # The record is the one the launcher printed, on disk too.
+    assert logs and logs[0].params.get("follow") == "true" and logs[0].params.get("timestamps") == "true"
+    # The record is the one the launcher printed; the log has every line once, without stamps.
     assert record["status"] == "ok" and record["tokens_per_s"] == 4321.5
-    assert json.loads((tmp_path / "run" / "result.json").read_text())["tokens_per_s"] == 4321.5
-    assert "launcher done" in (tmp_path / "run" / "log.txt").read_text()
+    lines = log_lines(tmp_path / "run")
+    assert [x for x in lines if x in launcher_log(s, 4321.5)] == launcher_log(s, 4321.5)
+    # The backend only returns the record: the runner alone writes result.json (issue 8).
+    assert not (tmp_path / "run" / "result.json").exists()
     states = [e.state for e in events if isinstance(e, RunStateChanged)]
     assert states == ["installing", "running", "collecting"]
     progress = [e for e in events if isinstance(e, RunProgress)]
@@ -126,36 +138,271 @@ async def test_run_installs_watches_streams_collects_and_uninstalls(cluster, tmp
     assert not [x for x in live if x[0] in ("secrets", "configmaps")], live
 
 
-async def test_pod_that_cannot_start_shows_events_and_release_is_kept(cluster, tmp_path):
+async def test_dropped_log_stream_is_resumed_without_losing_or_repeating_lines(cluster, tmp_path):
+    """A load balancer closes the launcher's log stream during a silent stretch (the emulator
+    closes the connection mid-response): the backend reopens it from sinceTime and drops the
+    overlap, so the run ends ok with the whole log, each line once."""
+    emu, kubeconfig, helm = cluster
+    s = spec()
+    expected = launcher_log(s, 55.5)
+    played: list[PodLog] = []
+
+    async def operator():
+        name = (await wait_for_mpijob(emu))["metadata"]["name"]
+        await set_conditions(emu, name, "Created", "Running")
+        pod = add_pod(emu, name, "launcher", "Running")
+        log = serve_log(emu, pod, expected, delay_s=0.02, drop_at=3, silence_s=1.2)
+        played.append(log)
+        await log.task
+        await set_conditions(emu, name, "Created", "Running", "Succeeded")
+
+    op = asyncio.create_task(operator())
+    record, _ = await run_in_thread(backend(kubeconfig, helm), s, tmp_path / "run")
+    await op
+    assert record["status"] == "ok" and record["tokens_per_s"] == 55.5, record.get("error")
+    lines = log_lines(tmp_path / "run")
+    assert [x for x in lines if x in expected] == expected  # each launcher line once, in order
+    assert any("launcher log stream dropped" in x for x in lines)
+    # The stream was reopened from the second of the last line seen, not from the start.
+    resumed = [q for q in played[0].requests if q.get("sinceTime")]
+    assert resumed and all(q["follow"] == "true" and q["timestamps"] == "true" for q in resumed)
+
+
+def test_log_cursor_resumes_from_the_last_second_and_drops_the_overlap():
+    cursor = LogCursor()
+    first = ["2026-01-01T10:00:00.5Z a", "2026-01-01T10:00:01.1Z b", "2026-01-01T10:00:01.2Z b"]
+    assert [cursor.accept(x) for x in first] == ["a", "b", "b"]
+    assert cursor.since_time() == "2026-01-01T10:00:01Z"
+    cursor.resume()  # the server resends that whole second, then goes on
+    again = ["2026-01-01T10:00:01.1Z b", "2026-01-01T10:00:01.2Z b", "2026-01-01T10:00:01.7Z c"]
+    assert [cursor.accept(x) for x in again] == [None, None, "c"]
+    cursor.resume()  # a server that ignores sinceTime resends the whole log
+    assert [cursor.accept(x) for x in first + again[2:]] == [None] * 4
+    assert cursor.accept("2026-01-01T10:00:02Z d") == "d"
+    assert split_stamp("2026-01-01T10:00:02.000000001+01:00 x y") == ((1767258002, 1), "x y")
+    assert split_stamp("no stamp") == (None, "no stamp")
+
+
+def test_pod_states_split_into_fatal_now_and_waiting_within_the_start_timeout():
+    def pod(phase="Pending", state=None, conditions=()):
+        return {"status": {"phase": phase, "conditions": list(conditions),
+                           "containerStatuses": [{"name": "worker", "state": state}] if state else []}}
+
+    crash = pod(state={"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 20s"}})
+    assert pod_failure(crash) == "container worker CrashLoopBackOff: back-off 20s" and pod_waiting(crash) is None
+    pull = pod(state={"waiting": {"reason": "ImagePullBackOff", "message": "pulling"}})
+    assert pod_failure(pull) is None and pod_waiting(pull) == "ImagePullBackOff: pulling"
+    unschedulable = pod(conditions=[{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                                     "message": "0/4 nodes have nvidia.com/gpu"}])
+    assert pod_failure(unschedulable) is None and pod_waiting(unschedulable).startswith("Unschedulable: 0/4")
+    exited = pod("Running", {"terminated": {"exitCode": 0}})
+    assert pod_failure(exited) is None and launcher_finished(exited)
+    assert pod_failure(pod("Failed", {"terminated": {"exitCode": 137, "reason": "OOMKilled"}})) == \
+        "container worker exited with code 137 (OOMKilled)"
+    assert pod_failure({"status": {"phase": "Failed", "reason": "Evicted", "message": "low on memory"}}) == \
+        "pod Evicted: low on memory"
+
+
+async def test_worker_crash_before_the_launcher_is_explained_at_once(cluster, tmp_path):
+    """A worker's sshd exits (restartPolicy Never: the pod fails, the launcher is never created):
+    the run fails with the pod, exit code and the container's last words, not a start timeout."""
+    emu, kubeconfig, helm = cluster
+    s = spec()
+
+    async def operator():
+        name = (await wait_for_mpijob(emu))["metadata"]["name"]
+        await set_conditions(emu, name, "Created")
+        pod = add_pod(emu, name, "worker", "Failed", terminated={"exitCode": 255, "reason": "Error"})
+        log = PodLog(emu, pod)
+        log.write("sshd: /home/shardbench/.ssh/authorized_keys: bad ownership or modes")
+        log.end()
+
+    op = asyncio.create_task(operator())
+    record, _ = await run_in_thread(backend(kubeconfig, helm, start_timeout_s=60), s, tmp_path / "run")
+    await op
+    assert record["status"] == "failed"
+    assert "worker pod" in record["error"] and "-worker-0 failed" in record["error"]
+    assert "exited with code 255 (Error)" in record["error"]
+    assert "authorized_keys: bad ownership" in record["error"]
+    assert mpijobs(emu) == {}  # uninstalled: keep_failed was not asked for
+
+
+@pytest.mark.parametrize("refused", ["worker", "launcher"])
+async def test_pod_security_rejection_is_explained_at_once(cluster, tmp_path, refused):
+    """The API server refuses the pods (Pod Security admission): they never exist. The operator
+    says so in an event on the MPIJob (workers), the Job controller on the launcher Job."""
+    emu, kubeconfig, helm = cluster
+    s = spec()
+    why = ('pods "{pod}" is forbidden: violates PodSecurity "baseline:latest": host namespaces '
+           '(hostNetwork=true)')
+
+    async def operator():
+        name = (await wait_for_mpijob(emu))["metadata"]["name"]
+        await set_conditions(emu, name, "Created")
+        if refused == "worker":
+            add_event(emu, name, "MPIJobFailed", "worker pod created failed: " + why.format(pod=f"{name}-worker-0"),
+                      kind="MPIJob")
+        else:
+            add_pod(emu, name, "worker", "Running")
+            add_event(emu, f"{name}-launcher", "FailedCreate",
+                      "Error creating: " + why.format(pod=f"{name}-launcher-x7k2p"), kind="Job")
+
+    op = asyncio.create_task(operator())
+    record, _ = await run_in_thread(backend(kubeconfig, helm, start_timeout_s=60), s, tmp_path / "run")
+    await op
+    assert record["status"] == "failed"
+    assert "refused by the cluster" in record["error"]
+    assert 'is forbidden: violates PodSecurity "baseline:latest"' in record["error"]
+
+
+async def test_mpijob_without_status_names_the_missing_operator(cluster, tmp_path):
+    """The CRD is served but no operator runs: the MPIJob never gets a status."""
+    emu, kubeconfig, helm = cluster
+    record, _ = await run_in_thread(backend(kubeconfig, helm, start_timeout_s=60, no_status_s=1.0), spec(),
+                                    tmp_path / "run")
+    assert record["status"] == "failed"
+    assert "has no status 1 s after install" in record["error"] and "MPI Operator is not running" in record["error"]
+    assert len(requests(emu, "POST", "/mpijobs")) == 1
+
+
+async def test_api_errors_while_waiting_for_the_launcher_are_retried(cluster, tmp_path):
+    """An API server that answers 500 for a moment (a control-plane upgrade) does not end a run."""
+    emu, kubeconfig, helm = cluster
+    s = spec()
+
+    async def operator():
+        name = (await wait_for_mpijob(emu))["metadata"]["name"]
+        (emu ** 1)["list v1/pods"][:2] << 500  # the next two pod listings fail
+        await asyncio.sleep(0.5)
+        pod = add_pod(emu, name, "launcher", "Running")
+        await set_conditions(emu, name, "Created", "Running")
+        await serve_log(emu, pod, launcher_log(s, 7.5), delay_s=0.01).task
+        await set_conditions(emu, name, "Created", "Running", "Succeeded")
+
+    op = asyncio.create_task(operator())
+    record, _ = await run_in_thread(backend(kubeconfig, helm), s, tmp_path / "run")
+    assert op.done() or not op.cancel(), record.get("error")
+    assert record["status"] == "ok" and record["tokens_per_s"] == 7.5, record.get("error")
+    assert any("reading the job's pods failed" in x for x in log_lines(tmp_path / "run"))
+
+
+@pytest.mark.slow  # waits out timeouts / two attempts by design
+async def test_start_timeout_is_separate_from_the_run_timeout(cluster, tmp_path):
+    """A launcher that takes longer to start (image pull on a cold node) than the whole run
+    timeout still runs: the run timeout counts from the launcher's start."""
+    emu, kubeconfig, helm = cluster
+    s = spec()
+
+    async def operator():
+        name = (await wait_for_mpijob(emu))["metadata"]["name"]
+        await set_conditions(emu, name, "Created")
+        pod = add_pod(emu, name, "launcher", "Pending", waiting="ImagePullBackOff")
+        await asyncio.sleep(2.5)  # longer than the 1.5 s run timeout below
+        add_pod(emu, name, "launcher", "Running")
+        await set_conditions(emu, name, "Created", "Running")
+        await serve_log(emu, pod, launcher_log(s, 9.5), delay_s=0.01).task
+        await set_conditions(emu, name, "Created", "Running", "Succeeded")
+
+    op = asyncio.create_task(operator())
+    record, _ = await run_in_thread(backend(kubeconfig, helm, start_timeout_s=30), s, tmp_path / "run",
+                                    timeout_s=1.5)
+    await op
+    assert record["status"] == "ok" and record["tokens_per_s"] == 9.5, record.get("error")
+    assert any("is waiting: ImagePullBackOff" in x for x in log_lines(tmp_path / "run"))
+
+
+@pytest.mark.slow  # waits out timeouts / two attempts by design
+async def test_launcher_that_never_starts_times_out_naming_both_timeouts(cluster, tmp_path):
     emu, kubeconfig, helm = cluster
     s = spec("zero2-w2-s64-mb4-ga1-r0")
 
     async def operator():
         name = (await wait_for_mpijob(emu))["metadata"]["name"]
+        await set_conditions(emu, name, "Created")
         pod = add_pod(emu, name, "launcher", "Pending", waiting="ImagePullBackOff")
         add_event(emu, pod, "Failed", 'Failed to pull image "shardbench:0.1.0-cpu": not found')
 
     op = asyncio.create_task(operator())
-    record, events = await run_in_thread(backend(kubeconfig, helm, keep_failed=True, start_timeout_s=4), s,
-                                         tmp_path / "run")
-    assert op.done() or not op.cancel(), record.get("error")
-    assert record["status"] == "failed" and "ImagePullBackOff" in record["error"]
+    record, events = await run_in_thread(backend(kubeconfig, helm, keep_failed=True, start_timeout_s=1.5), s,
+                                         tmp_path / "run", timeout_s=600)
+    await op
+    assert record["status"] == "timeout"
+    assert "not running 1.5 s after install (start timeout" in record["error"]
+    assert "the 600 s run timeout had not started" in record["error"] and "ImagePullBackOff" in record["error"]
     lines = [e.line for e in events if isinstance(e, RunLogLine)]
     assert any("[event]" in line and "Failed to pull image" in line for line in lines)
     assert any("kept release" in line for line in lines)
     assert len(mpijobs(emu)) == 1 and not requests(emu, "DELETE", "/mpijobs/")
 
 
-async def test_cancel_uninstalls_the_release(cluster, tmp_path):
+async def test_run_timeout_counts_from_the_launcher_start_and_says_so(cluster, tmp_path):
     emu, kubeconfig, helm = cluster
     s = spec()
-    cancel = threading.Event()
 
     async def operator():
         name = (await wait_for_mpijob(emu))["metadata"]["name"]
         pod = add_pod(emu, name, "launcher", "Running")
-        serve_log(emu, pod, launcher_log(s, 1.0), delay_s=2.0)  # a slow run
         await set_conditions(emu, name, "Created", "Running")
+        serve_log(emu, pod, launcher_log(s, 1.0), delay_s=1.0)  # slower than the timeout
+
+    op = asyncio.create_task(operator())
+    record, _ = await run_in_thread(backend(kubeconfig, helm, start_timeout_s=30), s, tmp_path / "run",
+                                    timeout_s=1.0)
+    await op
+    assert record["status"] == "timeout"
+    assert "longer than the 1 s run timeout (counted from the launcher's start" in record["error"]
+    assert "start timeout 30 s" in record["error"]
+    assert mpijobs(emu) == {}
+
+
+@pytest.mark.slow  # waits out timeouts / two attempts by design
+async def test_rerun_of_a_kept_failed_run_never_reads_the_old_attempt(cluster, tmp_path):
+    """keep_failed leaves attempt 1's MPIJob and launcher pod (same names as attempt 2's) in
+    place; the rerun uninstalls them and waits until they are gone, then reads only its own log."""
+    emu, kubeconfig, helm = cluster
+    s = spec()
+    b = backend(kubeconfig, helm, keep_failed=True)
+
+    async def attempt(lines: list[str], exit_code: int):
+        job = await wait_for_mpijob(emu)
+        name = job["metadata"]["name"]
+        pod = add_pod(emu, name, "launcher", "Running")
+        await set_conditions(emu, name, "Created", "Running")
+        await serve_log(emu, pod, lines, exit_code=exit_code).task
+        await set_conditions(emu, name, "Created", "Running", "Failed" if exit_code else "Succeeded")
+
+    op = asyncio.create_task(attempt(["Traceback (most recent call last):", "RuntimeError: attempt one"], 1))
+    first, _ = await run_in_thread(b, s, tmp_path / "run")
+    await op
+    assert first["status"] == "failed" and "attempt one" in first["error"]
+    assert len(mpijobs(emu)) == 1  # kept
+
+    async def second():
+        while mpijobs(emu):  # the rerun removes the kept attempt first ...
+            await asyncio.sleep(0.05)
+        await attempt(launcher_log(s, 2222.0), 0)  # ... then installs its own
+
+    op = asyncio.create_task(second())
+    record, _ = await run_in_thread(b, s, tmp_path / "run")
+    assert op.done() or not op.cancel(), f"the rerun returned without installing anew: {record.get('error')}"
+    assert record["status"] == "ok" and record["tokens_per_s"] == 2222.0, record.get("error")
+    text = (tmp_path / "run" / "log.txt").read_text()
+    assert "attempt one" not in text and "an earlier attempt of" in text
+
+
+async def test_cancel_returns_a_cancelled_record_and_uninstalls_at_once(cluster, tmp_path):
+    """Cancelled while the launcher is silent (a long init): the backend closes the log stream it
+    is blocked on instead of waiting for the launcher's next line."""
+    emu, kubeconfig, helm = cluster
+    s = spec()
+    cancel = threading.Event()
+    played: list[PodLog] = []
+
+    async def operator():
+        name = (await wait_for_mpijob(emu))["metadata"]["name"]
+        pod = add_pod(emu, name, "launcher", "Running")
+        await set_conditions(emu, name, "Created", "Running")
+        played.append(serve_log(emu, pod, launcher_log(s, 1.0), delay_s=30.0))  # silent after line 1
 
     def on_event(event):
         if isinstance(event, RunProgress):
@@ -165,9 +412,12 @@ async def test_cancel_uninstalls_the_release(cluster, tmp_path):
     b = backend(kubeconfig, helm, keep_failed=True)  # kept on failure, but a cancel always uninstalls
     events: list = []
     record = await asyncio.to_thread(b.run, s, tmp_path / "run", lambda e: (events.append(e), on_event(e)),
-                                     cancel, 60)
-    assert op.done() or not op.cancel(), record.get("error")
-    assert record["status"] == "failed" and "cancelled" in record["error"]
+                                     cancel, 600)
+    await op
+    lines_written = len(played[0].lines)
+    played[0].task.cancel()
+    assert record["status"] == "cancelled" and "cancelled" in record["error"]
+    assert lines_written == 1  # it returned before the launcher's next line, 30 s later
     assert mpijobs(emu) == {} and requests(emu, "DELETE", "/mpijobs/")
 
 
@@ -202,6 +452,15 @@ async def test_cluster_without_mpi_operator_is_unavailable(tmp_path, helm):
     assert not ok and "MPI Operator not installed" in why
 
 
+def test_start_timeout_is_a_cluster_option_of_both_clis():
+    from tui.app.main import parse_args
+    from tui.suite.backends import cluster_options, get_backend
+
+    b = get_backend("kubernetes", cluster_options(parse_args(["--start-timeout-s", "1800"])))
+    assert b.start_timeout_s == 1800.0
+    assert get_backend("kubernetes", cluster_options(parse_args([]))).start_timeout_s == 900.0
+
+
 def test_values_merge_shape_file_and_run_overrides(tmp_path):
     (tmp_path / "h100.yaml").write_text("shape: {name: h100, gpusPerNode: 8}\nrun: {extraArgs: [--compile], steps: 100}\n")
     s = RunSpec(run_id="zero3-w16-s2048-mb1-ga4-r0", strategy="zero3", world_size=16, seq_len=2048,
@@ -224,16 +483,16 @@ async def test_failed_job_seen_through_the_watch_names_the_operator_reason(clust
     async def operator():
         name = (await wait_for_mpijob(emu))["metadata"]["name"]
         # The log is served before the pod shows up: the backend may ask for it at once.
-        serve_log(emu, f"{name}-launcher", ["Traceback (most recent call last):",
-                                            "RuntimeError: NCCL timeout on rank 3"])
+        log = serve_log(emu, f"{name}-launcher", ["Traceback (most recent call last):",
+                                                  "RuntimeError: NCCL timeout on rank 3"], exit_code=1)
         add_pod(emu, name, "launcher", "Running")
         await set_conditions(emu, name, "Created", "Running")
-        await asyncio.sleep(0.3)
+        await log.task
         await set_conditions(emu, name, "Created", "Running", "Failed", message="launcher exited with code 1")
 
     op = asyncio.create_task(operator())
     record, events = await run_in_thread(backend(kubeconfig, helm), s, tmp_path / "run")
-    assert op.done() or not op.cancel(), record.get("error")
+    await op
     # The job's Failed condition (only the MPIJob watch knows it) and the log's last error line.
     assert record["status"] == "failed"
     assert "RuntimeError: NCCL timeout on rank 3" in record["error"]
@@ -252,10 +511,12 @@ async def test_helm_memory_driver_renders_the_release_but_sends_nothing(cluster,
     monkeypatch.setenv("HELM_MEMORY_DRIVER_DATA", str(empty))
     s = spec()
     b = backend(kubeconfig, helm)
-    resources = await asyncio.to_thread(b.install, s, release_name(s.run_id))
+    client = b.helm_client()
+    resources = await asyncio.to_thread(client.install, b.chart, release_name(s.run_id), release_values(s),
+                                        NAMESPACE)
     job = next(r for r in resources if r["kind"] == "MPIJob")
     assert s.run_id in json.dumps(job) and job["metadata"]["name"].startswith(release_name(s.run_id))
     assert not [r for r in list(emu) if str(r.method.value).upper() in ("POST", "PUT", "PATCH")]
     assert mpijobs(emu) == {}
     # Uninstall in another helm process cannot see a memory release: pyhelm3 treats it as gone.
-    await asyncio.to_thread(b.helm_call, "uninstall_release", release_name(s.run_id), namespace=NAMESPACE)
+    await asyncio.to_thread(client.uninstall, release_name(s.run_id), NAMESPACE)

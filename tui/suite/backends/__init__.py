@@ -24,6 +24,9 @@ class ClusterOptions:
     """namespace of the releases (default: the context's, else default)."""
     keep_failed: bool = False
     """keep a failed run's Helm release for inspection (kubectl describe, logs)."""
+    start_timeout_s: float = 900.0
+    """seconds from helm install until the launcher pod runs (scheduling, image pulls); the run's
+    own timeout starts only then."""
 
 
 def add_cluster_flags(parser: argparse.ArgumentParser) -> None:
@@ -34,6 +37,8 @@ def add_cluster_flags(parser: argparse.ArgumentParser) -> None:
         name = "--" + f.name.replace("_", "-")
         if f.type in (bool, "bool"):
             group.add_argument(name, dest=f.name, action="store_true", help=docs[f.name])
+        elif f.type in (float, "float"):
+            group.add_argument(name, dest=f.name, type=float, default=f.default, help=docs[f.name])
         else:
             group.add_argument(name, dest=f.name, default=None, help=docs[f.name])
 
@@ -53,7 +58,7 @@ def get_backend(name: str, cluster: ClusterOptions | None = None):
 
         c = cluster or ClusterOptions()
         return KubeBackend(kubeconfig=c.kubeconfig, context=c.context, namespace=c.namespace,
-                           keep_failed=c.keep_failed)
+                           keep_failed=c.keep_failed, start_timeout_s=c.start_timeout_s)
     raise ValueError(f"unknown backend {name!r}: use one of {', '.join(BACKENDS)}")
 
 

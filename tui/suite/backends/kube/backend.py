@@ -1,0 +1,368 @@
+"""The cluster backend: one Helm release of chart/ per run, followed as a Kubeflow MPIJob.
+
+A run goes: remove what a kept earlier attempt of the same run left (so its launcher log can
+never be read as this attempt's) -> `helm upgrade --install` -> wait for the launcher pod to run,
+within the start timeout (scheduling and image pulls), failing at once with the reason when a
+pod failed, was refused, or no operator answers -> stream the launcher's log into run_dir/log.txt
+(resumed when the connection drops) within the run timeout -> collect the record from the log ->
+`helm uninstall` (kept when the run failed and keep_failed is set). The backend only launches,
+streams and returns the record: the runner writes result.json.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from tui.suite.backends.kube import api as kapi
+from tui.suite.backends.kube import diagnosis as dx
+from tui.suite.backends.kube.helm import NOT_FOUND, REPO_ROOT, Helm, find_helm
+from tui.suite.backends.kube.values import release_name, release_values
+from tui.suite.backends.kube.watch import JobWatch, LauncherLog
+from tui.suite.collect import extract, failed_record, now_iso, parse_progress
+from tui.suite.events import Emit, RunLogLine, RunProgress, RunStateChanged
+from tui.suite.matrix import RunSpec
+
+
+class KubeBackend:
+    """Runs each RunSpec as a Helm release of chart/ on the cluster of a kubeconfig."""
+
+    name = "kubernetes"
+
+    def __init__(self, kubeconfig: str | None = None, context: str | None = None,
+                 namespace: str | None = None, chart: str | Path | None = None,
+                 helm: str | None = None, values_directory: Path | None = None,
+                 keep_failed: bool = False, start_timeout_s: float = 900.0,
+                 poll_s: float = 2.0, server_side: str | None = None,
+                 no_status_s: float = 60.0, log_read_timeout_s: float = 60.0,
+                 cleanup_timeout_s: float = 180.0):
+        self.kubeconfig = kubeconfig
+        self.context = context
+        self.namespace = namespace
+        """Namespace of the releases (must exist); None: the kubeconfig context's, else default."""
+        self.chart = Path(chart or os.environ.get("SHARDBENCH_CHART") or REPO_ROOT / "chart")
+        """The chart to install: the argument, $SHARDBENCH_CHART, else chart/ of this checkout."""
+        self.helm = helm
+        self.values_directory = values_directory
+        self.keep_failed = keep_failed
+        """Keep the release of a failed run for inspection (kubectl describe, logs)."""
+        self.start_timeout_s = start_timeout_s
+        """Seconds from install until the launcher pod runs (scheduling, multi-GB image pulls);
+        the run's own timeout starts only then."""
+        self.poll_s = poll_s
+        self.server_side = server_side
+        """helm 4 --server-side (None: helm's default); ignored by helm 3."""
+        self.no_status_s = no_status_s
+        """Seconds an MPIJob may go without any status before the MPI Operator is called absent."""
+        self.log_read_timeout_s = log_read_timeout_s
+        """A launcher log connection silent this long is reopened (a dead connection looks silent)."""
+        self.cleanup_timeout_s = cleanup_timeout_s
+        """Seconds a kept earlier attempt's MPIJob and pods may take to go before a rerun gives up."""
+        self._api = None
+
+    # -- availability -------------------------------------------------------------------------
+    def availability(self) -> tuple[bool, str]:
+        if find_helm(self.helm) is None:
+            return False, NOT_FOUND
+        if not (self.chart / "Chart.yaml").is_file():
+            return False, (f"no chart at {self.chart}: run from a shardbench checkout or set "
+                           "SHARDBENCH_CHART to its chart/ directory")
+        try:
+            api = self.api()
+        except Exception as exc:  # noqa: BLE001 - any config problem means "not available"
+            return False, str(exc).splitlines()[0]
+        from kubernetes import client
+
+        try:
+            client.VersionApi(api).get_code(_request_timeout=5, _preload_content=False).release_conn()
+        except Exception as exc:  # noqa: BLE001
+            return False, f"cluster at {api.configuration.host} unreachable: {type(exc).__name__}: {kapi.short(exc)}"
+        try:
+            group, version, plural = kapi.MPIJOB
+            found = client.CustomObjectsApi(api).get_api_resources(group, version, _request_timeout=5)
+            names = [r.name for r in (found.resources or [])]
+        except Exception:  # noqa: BLE001 - 404: the group is not served
+            names = []
+        if plural not in names:
+            return False, "MPI Operator not installed: the cluster serves no kubeflow.org/v2beta1 mpijobs"
+        return True, ""
+
+    def api(self):
+        """A Kubernetes ApiClient for this backend's kubeconfig (raises with a one-line reason)."""
+        if self._api is None:
+            self._api, context_ns = kapi.load_client(self.kubeconfig, self.context)
+            if self.namespace is None:
+                self.namespace = context_ns
+        return self._api
+
+    def helm_client(self) -> Helm:
+        helm = find_helm(self.helm)
+        if helm is None:
+            raise RuntimeError(NOT_FOUND)
+        self.api()  # resolves the namespace and fails early without a kubeconfig
+        return Helm(helm, self.kubeconfig or kapi.default_kubeconfig(), self.context, self.server_side)
+
+    # -- one run ------------------------------------------------------------------------------
+    def run(self, spec: RunSpec, run_dir: Path, emit: Emit, cancel: threading.Event,
+            timeout_s: float | None) -> dict[str, Any]:
+        run_dir = Path(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        log = RunLog(run_dir / "log.txt", spec.run_id, emit)
+        started = now_iso()
+        release = release_name(spec.run_id)
+        try:
+            record = Attempt(self, spec, release, log, emit, cancel, timeout_s).execute()
+        except Exception as exc:  # noqa: BLE001 - a run's failure, never the matrix's
+            log.line(f"[shardbench] {type(exc).__name__}: {kapi.short(exc)}")
+            record = failed_record(spec, f"kubernetes backend: {type(exc).__name__}: {kapi.short(exc)}")
+            self.cleanup(release, record, log)
+        finally:
+            log.close()  # an abandoned log stream writes nothing after this
+        record["started_at"] = record.get("started_at") or started
+        if not record.get("run_id"):
+            record["run_id"] = spec.run_id
+        return record
+
+    def cleanup(self, release: str, record: dict, log: "RunLog") -> None:
+        # A cancelled run is always uninstalled: the person asked for it to stop, not to debug it.
+        if record.get("status") not in ("ok", "cancelled") and self.keep_failed:
+            log.line(f"[shardbench] kept release {release} (keep_failed): `helm uninstall {release}` when done")
+            return
+        try:
+            self.helm_client().uninstall(release, self.namespace or "default")
+            log.line(f"[shardbench] uninstalled release {release}")
+        except Exception as exc:  # noqa: BLE001
+            log.line(f"[shardbench] could not uninstall {release}: {kapi.short(exc)}")
+
+
+class RunLog:
+    """run_dir/log.txt plus the RunLogLine / RunProgress events of every line written to it."""
+
+    def __init__(self, path: Path, run_id: str, emit: Emit):
+        self.path, self.run_id, self.emit = path, run_id, emit
+        # Line-buffered: the file is complete up to the last line whenever someone reads it.
+        self._fh = open(path, "w", encoding="utf-8", errors="replace", buffering=1)
+        self._lock = threading.Lock()
+
+    def line(self, text: str) -> None:
+        with self._lock:
+            if self._fh.closed:
+                return
+            self._fh.write(text + "\n")
+        self.emit(RunLogLine(self.run_id, text))
+        prog = progress_event(self.run_id, text)
+        if prog is not None:
+            self.emit(prog)
+
+    def text(self) -> bytes:
+        with self._lock:
+            self._fh.flush()
+        return self.path.read_bytes()
+
+    def close(self) -> None:
+        with self._lock:
+            self._fh.close()
+
+
+def progress_event(run_id: str, line: str) -> RunProgress | None:
+    p = parse_progress(line)
+    if p is None:
+        return None
+
+    def num(key):
+        v = p.get(key)
+        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+    return RunProgress(run_id, p["step"], p.get("steps") if isinstance(p.get("steps"), int) else 0,
+                       num("tokens_per_s"), num("loss"), num("elapsed_s"), num("eta_s"),
+                       str(p.get("phase") or ""))
+
+
+class Attempt:
+    """One attempt at a run: clear the old one, install, wait for the launcher, stream, collect."""
+
+    def __init__(self, backend: KubeBackend, spec: RunSpec, release: str, log: RunLog, emit: Emit,
+                 cancel: threading.Event, timeout_s: float | None):
+        self.b, self.spec, self.release, self.log = backend, spec, release, log
+        self.emit, self.cancel, self.timeout_s = emit, cancel, timeout_s
+        self.api = backend.api()  # also resolves the namespace from the kubeconfig context
+        self.namespace = backend.namespace or "default"
+        self.job_name = release
+        self.watch: JobWatch | None = None
+        self.installed_at = time.monotonic()
+        self.start_s: float | None = None  # install -> launcher running
+
+    def execute(self) -> dict[str, Any]:
+        self.emit(RunStateChanged(self.spec.run_id, "installing", f"helm release {self.release}"))
+        ended = self._clear_previous_attempt()
+        if ended:
+            return ended
+        self.log.line(f"[shardbench] helm upgrade --install {self.release} {self.b.chart} "
+                      f"(namespace {self.namespace}, shape {self.spec.shape})")
+        values = release_values(self.spec, self.b.values_directory)
+        resources = self.b.helm_client().install(self.b.chart, self.release, values, self.namespace)
+        self.installed_at = time.monotonic()
+        self.job_name = next((r["metadata"]["name"] for r in resources if r and r.get("kind") == "MPIJob"),
+                             self.release)
+        self.watch = JobWatch(self.api, self.namespace, self.job_name, self.b.poll_s)
+        self.watch.start()
+        try:
+            record = self._follow()
+        finally:
+            self.watch.stop()
+        self.b.cleanup(self.release, record, self.log)
+        return record
+
+    # -- a rerun never reads an old attempt ---------------------------------------------------
+    def _leftovers(self) -> list[str]:
+        selector = {dx.INSTANCE_LABEL: self.release}
+        jobs = kapi.list_mpijobs(self.api, self.namespace, selector)
+        pods = kapi.list_pods(self.api, self.namespace, selector)
+        return [f"mpijob/{dx.name_of(j)}" for j in jobs] + [f"pod/{dx.name_of(p)}" for p in pods]
+
+    def _clear_previous_attempt(self) -> dict[str, Any] | None:
+        """Uninstall a kept attempt of this run and wait until its MPIJob and pods are gone.
+
+        Pod names are fixed by the job name (<job>-launcher-..., <job>-worker-i), so an old
+        launcher pod left in place would be found, and its log read, as this attempt's. Waiting
+        for the deletion (not only asking for it) is what makes every pod found later this one's.
+        """
+        left = self._leftovers()
+        if not left:
+            return None
+        self.log.line(f"[shardbench] an earlier attempt of {self.spec.run_id} is still installed "
+                      f"({', '.join(left)}): uninstalling it first")
+        self.b.helm_client().uninstall(self.release, self.namespace)
+        until = time.monotonic() + self.b.cleanup_timeout_s
+        while left and time.monotonic() < until and not self.cancel.wait(self.b.poll_s):
+            left = self._leftovers()
+        if self.cancel.is_set():
+            return self._cancelled()
+        if left:
+            return failed_record(self.spec, f"the earlier attempt of release {self.release} was not deleted "
+                                            f"within {self.b.cleanup_timeout_s:g} s ({', '.join(left)}); "
+                                            "delete it and run again")
+        return None
+
+    # -- waiting for the launcher (start timeout) ---------------------------------------------
+    def _pods(self) -> list[dict]:
+        return kapi.list_pods(self.api, self.namespace, {dx.JOB_LABEL: self.job_name})
+
+    def _wait_for_launcher(self) -> tuple[dict | None, dict | None]:
+        """(the launcher pod once it runs, None) or (None, the record of a run that never will)."""
+        deadline = self.installed_at + self.b.start_timeout_s
+        shown: dict[str, str] = {}
+        while True:
+            if self.cancel.is_set():
+                return None, self._cancelled()
+            try:
+                pods = self._pods()
+                launcher = next((p for p in pods if dx.role(p) == "launcher"), None)
+                if dx.launcher_started(launcher):
+                    return launcher, None
+                why = self._cannot_start(pods)
+                if why:
+                    return None, failed_record(self.spec, why)
+                self._show_waiting(pods, shown)
+            except Exception as exc:  # noqa: BLE001 - an API hiccup is no reason to end the run
+                self.log.line(f"[shardbench] reading the job's pods failed ({kapi.short(exc)}); retrying")
+            if time.monotonic() > deadline:
+                waiting = "; ".join(f"{k}: {v}" for k, v in sorted(shown.items()))
+                return None, failed_record(self.spec, self._start_timeout_reason(waiting), status="timeout")
+            self.cancel.wait(self.b.poll_s)
+
+    def _cannot_start(self, pods: list[dict]) -> str | None:
+        """Why this attempt will never get a running launcher, judged from what the API shows now."""
+        job = self.watch.job if self.watch else None
+        if dx.job_phase(job) == "Failed":
+            return f"MPIJob failed before its launcher started ({dx.job_message(job)})"
+        for pod in pods:
+            failure = dx.pod_failure(pod)
+            if failure:
+                name = dx.name_of(pod)
+                self._show_events(name)
+                tail = kapi.log_tail(self.api, self.namespace, name, 3)  # e.g. what sshd said
+                said = f"; its log ends: {' | '.join(tail)}" if tail else ""
+                return f"{dx.role(pod) or 'pod'} pod {name} failed before the run started: {failure}{said}"
+        names = [self.job_name, f"{self.job_name}-launcher"]
+        refused = dx.rejection(kapi.list_events(self.api, self.namespace, names), names)
+        if refused:
+            return f"a pod of the run was refused by the cluster: {refused}"
+        if not dx.has_status(job) and time.monotonic() - self.installed_at > self.b.no_status_s:
+            return (f"MPIJob {self.job_name} has no status {self.b.no_status_s:g} s after install: the MPI "
+                    f"Operator is not running or does not watch namespace {self.namespace} "
+                    "(kubectl get pods -A -l app.kubernetes.io/name=mpi-operator)")
+        return None
+
+    def _show_waiting(self, pods: list[dict], shown: dict[str, str]) -> None:
+        """Copy each newly seen reason a pod is waiting, and its events, into the log."""
+        for pod in pods:
+            name, reason = dx.name_of(pod), dx.pod_waiting(pod)
+            if reason and shown.get(name) != reason:
+                shown[name] = reason
+                self.log.line(f"[shardbench] pod {name} is waiting: {reason}")
+                self._show_events(name)
+
+    def _show_events(self, name: str) -> None:
+        try:
+            for text in dx.event_lines(kapi.list_events(self.api, self.namespace, [name]), name):
+                self.log.line(text)
+        except Exception as exc:  # noqa: BLE001
+            self.log.line(f"[shardbench] no events for {name}: {kapi.short(exc)}")
+
+    def _start_timeout_reason(self, waiting: str) -> str:
+        run = "no run timeout" if self.timeout_s is None else f"the {self.timeout_s:g} s run timeout"
+        text = (f"timed out: the launcher pod was not running {self.b.start_timeout_s:g} s after install "
+                f"(start timeout: scheduling and image pulls; {run} had not started)")
+        return f"{text}; pods waiting: {waiting}" if waiting else text
+
+    # -- the run (run timeout) ----------------------------------------------------------------
+    def _follow(self) -> dict[str, Any]:
+        launcher, ended = self._wait_for_launcher()
+        if launcher is None:
+            return ended
+        self.start_s = time.monotonic() - self.installed_at
+        name = dx.name_of(launcher)
+        self.emit(RunStateChanged(self.spec.run_id, "running", f"launcher pod {name}"))
+        self.log.line(f"[shardbench] launcher pod {name} started {self.start_s:.0f} s after install; "
+                      "streaming its log")
+        deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
+        stream = LauncherLog(self.api, self.namespace, name, self.log.line, self.b.poll_s,
+                             self.b.log_read_timeout_s)
+        stream.start()
+        while stream.is_alive():
+            if self.cancel.is_set() or (deadline is not None and time.monotonic() > deadline):
+                stream.abandon()
+                return self._cancelled() if self.cancel.is_set() else self._run_timed_out()
+            stream.join(self.b.poll_s)
+        self._wait_final_phase()
+        self.emit(RunStateChanged(self.spec.run_id, "collecting", "reading the record from the launcher log"))
+        return self._collect()
+
+    def _wait_final_phase(self) -> None:
+        """Give the operator a moment to mark the job done after the launcher's log ended."""
+        until = time.monotonic() + max(3 * self.b.poll_s, 5)
+        while dx.job_phase(self.watch.job) not in ("Succeeded", "Failed") and time.monotonic() < until:
+            if self.cancel.wait(0.2):
+                return
+
+    def _collect(self) -> dict[str, Any]:
+        found = extract(self.log.text(), self.spec.run_id)
+        if found.record is not None:
+            return found.record
+        job = self.watch.job
+        error = found.error or "no result record in the launcher log"
+        if dx.job_phase(job) == "Failed":
+            error += f" (MPIJob {dx.job_message(job) or 'Failed'})"
+        return failed_record(self.spec, error)
+
+    def _cancelled(self) -> dict[str, Any]:
+        return failed_record(self.spec, "cancelled by the user before the run finished", status="cancelled")
+
+    def _run_timed_out(self) -> dict[str, Any]:
+        return failed_record(
+            self.spec, f"timed out: the run took longer than the {self.timeout_s:g} s run timeout (counted "
+                       f"from the launcher's start, {self.start_s:.0f} s after install; start timeout "
+                       f"{self.b.start_timeout_s:g} s)", status="timeout")

@@ -1,0 +1,50 @@
+"""Pure helpers: a run's Helm release name and the chart values that make the release run it."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tui.suite.matrix import RunSpec, values_dir
+
+
+def release_name(run_id: str) -> str:
+    """A Helm release name for a run id: DNS-1123 label, at most 53 characters."""
+    name = re.sub(r"[^a-z0-9-]+", "-", run_id.lower()).strip("-")[:53].rstrip("-")
+    return name or "shardbench-run"
+
+
+def deep_merge(base: dict, override: dict) -> dict:
+    """Merge two values trees; lists and scalars of `override` replace (Helm's own rule)."""
+    out = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def run_overrides(spec: RunSpec) -> dict[str, Any]:
+    """The chart values that make the release run exactly `spec` (what `--set run.x=...` would)."""
+    run = {
+        "id": spec.run_id, "strategy": spec.strategy, "model": spec.model,
+        "seqLen": spec.seq_len, "microBatch": spec.micro_batch, "gradAccum": spec.grad_accum,
+        "globalBatch": None, "steps": spec.steps, "warmupSteps": spec.warmup_steps,
+        "precision": spec.precision, "seed": spec.seed, "device": spec.device,
+        "extraArgs": spec.option_args(),
+    }
+    return {"run": run, "launcher": spec.launcher, "workers": spec.nodes,
+            "gpusPerWorker": spec.procs_per_node}
+
+
+def release_values(spec: RunSpec, directory: Path | None = None) -> dict[str, Any]:
+    """values/<shape>.yaml (when the run names a shape that has one) overlaid by the run's values."""
+    base: dict[str, Any] = {}
+    if spec.shape:
+        path = (directory or values_dir()) / f"{spec.shape}.yaml"
+        if path.is_file():
+            base = yaml.safe_load(path.read_text()) or {}
+    return deep_merge(base, run_overrides(spec))
