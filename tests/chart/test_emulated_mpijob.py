@@ -169,6 +169,7 @@ def test_emulated_mpijob_runs_across_two_workers(emulation_ready, tmp_path, laun
     assert (rec["world_size"], rec["nodes"], rec["launcher"]) == (WORKERS, WORKERS, launcher)
     assert rec["nccl_env"] == PROBE_NCCL  # the shape's NCCL settings reached the ranks
     assert rec["nccl_env_disagreement"] == []  # ... every one of them
+    assert rec["versions"]["image"] == "shardbench:0.1.0-cpu"  # SHARDBENCH_IMAGE reached rank 0
 
 
 @pytest.mark.parametrize("launcher", ["mpirun", "deepspeed"])
