@@ -22,8 +22,21 @@ SCHEMA = json.loads((REPO / "trainer/schema/result.schema.json").read_text())
 PRICE = 0.5
 MATRIX = ["--strategies", "ddp,zero2", "--world-sizes", "1,2", "--seq-lens", "64", "--steps", "6",
           "--warmup-steps", "2", "--micro-batch", "4", "--device", "cpu", "--precision", "fp32",
-          "--usd-per-gpu-hour", str(PRICE), "--timeout-s", "180", "--quiet"]
-RUN_IDS = ["ddp-w1-s64-mb4-ga1-r0", "ddp-w2-s64-mb4-ga1-r0", "zero2-w1-s64-mb4-ga1-r0", "zero2-w2-s64-mb4-ga1-r0"]
+          "--usd-per-gpu-hour", str(PRICE), "--timeout-s", "180", "--repeats", "1", "--quiet"]
+
+
+def _specs():
+    from tui.suite.cli import build_parser, effective_matrix
+    from tui.suite.matrix import expand
+
+    specs, errors = expand(effective_matrix(build_parser().parse_args(["run", *MATRIX])))
+    assert not errors
+    return specs
+
+
+SPECS = _specs()
+RUN_IDS = [s.run_id for s in SPECS]  # ddp w1, ddp w2, zero2 w1, zero2 w2
+RID = {(s.strategy, s.world_size): s.run_id for s in SPECS}
 
 
 def cli(*args):
@@ -120,17 +133,18 @@ def test_records_are_valid_and_comparable(records):
 
 def test_csv_rows_match_the_records(report, records):
     df = pd.read_csv(report / "metrics.csv")
-    assert sorted(df["run_id"]) == RUN_IDS
+    assert sorted(df["run_id"]) == sorted(RUN_IDS)
     for rid, rec in records.items():
         row = df[df["run_id"] == rid].iloc[0]
         assert row["status"] == "ok" and row["world_size"] == rec["world_size"]
         assert row["tokens_per_s"] == pytest.approx(rec["tokens_per_s"])
         assert row["step_time_mean_s"] == pytest.approx(rec["step_time_s"]["mean"])
-        rss = (rec.get("memory") or {}).get("rss_peak_bytes") or max(m["rss_bytes"] for m in rec["peak_memory"])
+        rss = (max(m["rss_peak_bytes"] for m in rec["memory"]) if rec.get("memory")  # schema 2
+               else max(m["rss_bytes"] for m in rec["peak_memory"]))
         assert row["rss_footprint_gib"] == pytest.approx(rss / 2 ** 30)
         assert row["model_state_gib_per_rank"] == pytest.approx(rec["model_state_bytes_per_rank"] / 2 ** 30)
         assert row["cost_usd_per_mtok"] == pytest.approx(PRICE * rec["world_size"] / 3600 / rec["tokens_per_s"] * 1e6)
-        base = records[rid.replace("-w2-", "-w1-")]["tokens_per_s"]
+        base = records[RID[(rec["strategy"], 1)]]["tokens_per_s"]
         assert row["scaling_efficiency"] == pytest.approx(rec["tokens_per_s"] / (base * rec["world_size"]))
 
 
@@ -157,7 +171,7 @@ def test_report_tables_match_the_records(report, records):
         assert row[6] == f"{rec['step_time_s']['mean']:.4f} (n=1)"
     scaling = {r[0]: r for r in table_rows(md, "Scaling efficiency")}
     for strategy in ("ddp", "zero2"):
-        w1, w2 = records[f"{strategy}-w1-s64-mb4-ga1-r0"], records[f"{strategy}-w2-s64-mb4-ga1-r0"]
+        w1, w2 = records[RID[(strategy, 1)]], records[RID[(strategy, 2)]]
         assert scaling[strategy][1:] == ["1.00 (n=1)", f"{w2['tokens_per_s'] / (2 * w1['tokens_per_s']):.2f} (n=1)"]
     # One repeat per configuration: no winner anywhere, and the report says why.
     verdicts = table_rows(md, "Verdicts")

@@ -104,7 +104,10 @@ def test_cost_per_million_tokens_from_record_or_values_file(tmp_path, monkeypatc
 def test_schema_2_fields_are_read_and_missing_ones_are_unknown():
     v2 = record("zero3", 2, 1000.0, schema_version=2, repeat=1, config_id="zero3-w2-abc123",
                 run_id="zero3-w2-s64-r1-abc123",
-                memory={"setup_peak_bytes": 1, "train_peak_bytes": 3 * 2 ** 30, "rss_peak_bytes": 5 * 2 ** 30},
+                memory=[{"rank": 0, "setup_peak_bytes": 1, "train_peak_bytes": 3 * 2 ** 30, "rss_peak_bytes": 5 * 2 ** 30,
+                         "num_alloc_retries": 0},
+                        {"rank": 1, "setup_peak_bytes": 1, "train_peak_bytes": 2 ** 30, "rss_peak_bytes": 2 ** 30,
+                         "num_alloc_retries": 2}],
                 model_state=[{"rank": 0, "params_bytes": 2 ** 20, "grads_bytes": 2 ** 20, "optimizer_bytes": 2 ** 21,
                               "master_bytes": 2 ** 20, "comm_buffer_bytes": 0, "total_bytes": 5 * 2 ** 20},
                              {"rank": 1, "params_bytes": 1, "grads_bytes": 1, "optimizer_bytes": 1,
@@ -114,7 +117,7 @@ def test_schema_2_fields_are_read_and_missing_ones_are_unknown():
                 load_avg_1m_start=0.5, load_avg_1m_end=1.5, grad_reduce_dtype="fp32")
     r = metrics.flatten(v2)
     assert (r["repeat"], r["config_id"]) == (1, "zero3-w2-abc123")
-    assert r["train_peak_gib"] == 3.0 and r["rss_footprint_gib"] == 5.0
+    assert r["train_peak_gib"] == 3.0 and r["rss_footprint_gib"] == 5.0 and r["gpu_alloc_retries"] == 2
     assert r["model_state_optimizer_gib"] == pytest.approx(2 / 1024) and r["model_state_master_gib"] == pytest.approx(1 / 1024)
     assert r["comm_bytes_per_step"] == 6e6 and r["comm_calls_per_step"] == 6.0
     assert r["comm_per_step"].startswith("all_gather 4 x 977 KiB")
@@ -131,14 +134,15 @@ def test_schema_2_fields_are_read_and_missing_ones_are_unknown():
 def test_load_records_turns_every_bad_file_into_a_row(tmp_path):
     good = record("ddp", 1, 100.0)
     files = {"good": json.dumps(good), "half": "{half", "deep": "[" * 100000 + "]" * 100000, "num": "3",
-             "v3": json.dumps({**good, "schema_version": 3}), "nan": json.dumps({**good, "tokens_per_s": float("nan")})}
+             "v3": json.dumps({**good, "schema_version": 3}), "nan": json.dumps({**good, "tokens_per_s": float("nan")}),
+             "status": json.dumps({**good, "status": "great"})}
     for name, text in files.items():
         (tmp_path / name).mkdir()
         (tmp_path / name / "result.json").write_text(text)
     rows = {r["_source"].split("/")[-2]: r for r in metrics.load_records(tmp_path)}
     assert set(rows) == set(files)  # the old loader kept only "good" (and "v3", shown as ok)
     assert rows["good"]["status"] == "ok"
-    for name in ("half", "deep", "num", "v3", "nan"):
+    for name in ("half", "deep", "num", "v3", "nan", "status"):
         assert rows[name]["status"] == metrics.UNREADABLE and rows[name]["error"], name
 
 
@@ -163,3 +167,13 @@ def test_csv_has_one_row_per_record_and_every_documented_column(tmp_path):
     summary = pd.read_csv(tmp_path / "summary.csv")
     assert {"tokens_per_s_n", "tokens_per_s_mean", "tokens_per_s_sd", "tokens_per_s_ci_low",
             "tokens_per_s_ci_high", "scaling_efficiency_ci_high", "speedup_mean"} <= set(summary.columns)
+
+
+def test_loss_tolerance_follows_precision_and_gradient_reduction():
+    assert analysis.loss_tolerance("fp32") == 1e-4 and analysis.loss_tolerance("fp32", "fp32") == 1e-4
+    assert analysis.loss_tolerance("bf16", "fp32") == 1e-2 and analysis.loss_tolerance("fp32", "bf16") == 1e-2
+    # a bf16-reduced fp32 run is its own trajectory group, not a broken member of the fp32 one
+    fp32 = [record("ddp", 2, 1000.0, repeat=i, loss_per_step=[9.0, 8.5], grad_reduce_dtype="fp32") for i in range(2)]
+    bf16 = [record("zero2", 2, 1000.0, loss_per_step=[9.0, 8.51], grad_reduce_dtype="bf16")]
+    an = analysis.analyze(fp32 + bf16)
+    assert not an.runs["loss_check"].eq("broken").any() and len(an.loss_groups) == 1

@@ -264,3 +264,32 @@ def test_end_to_end_real_runs_loss_check(tmp_path):
     loss = section(md, "Loss check")
     assert "1 of 3 runs BROKEN" in loss and "**broken** `ddp-half-lr-r0`" in loss
     assert "`ddp-w1-r0`" not in loss and "`fsdp-w1-r0`" not in loss
+
+
+def test_plot_error_bars_are_the_95_intervals(tmp_path):
+    from tui.suite import analysis, plots
+
+    an = analysis.analyze(reps("ddp", 1, [900.0, 1000.0, 1100.0]) + reps("ddp", 2, [1900.0, 2000.0, 2100.0])
+                          + [record("zero3", 2, 1500.0)])
+    points = plots.series(an, "tokens_per_s")
+    # ddp at 1 device: 1000 +- 4.303 x 100 / sqrt(3) (the old plots drew +- 1 sd = 100)
+    assert points["ddp"][0] == (1, 1000.0, pytest.approx(248.43, abs=0.01))
+    assert points["zero3"] == [(2, 1500.0, 0.0)]  # one run: a point without a bar
+    eff = plots.series(an, "scaling_efficiency")["ddp"][1]
+    assert eff[1] == pytest.approx(1.0) and eff[2] > 0  # both spreads propagated
+    written, skipped = plots.write_plots(an, tmp_path)
+    assert tmp_path / "tokens_per_s.png" in written and any("model_state.png" in s for s in skipped)
+
+
+def test_results_screen_rows_have_unique_keys_when_names_repeat(tmp_path):
+    from tui.app.results_model import compute
+    from tui.suite.metrics import load_records
+
+    same = record("ddp", 1, 1000.0, run_id="my-run")  # hand-named runs, no repeat suffix
+    write(tmp_path, [same])
+    (tmp_path / "copy").mkdir()
+    (tmp_path / "copy" / "result.json").write_text(json.dumps({**same, "status": "failed", "error": "boom"}))
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "result.json").write_text(json.dumps({**same, "seq_len": 128, "config_id": "other"}))
+    keys = [row.key for row in compute(load_records(tmp_path)).rows]
+    assert len(keys) == len(set(keys)) == 3

@@ -89,15 +89,27 @@ def compute(records: list[dict]) -> ResultsView:
     for _, r in an.not_ok.iterrows():
         values = {"name": r["run_id"], "status": r["status"], "strategy": _plain(r["strategy"]),
                   "world_size": _plain(r["world_size"]), "seq_len": _plain(r["seq_len"]),
-                  "detail": str(r["error"] or "")}
-        key = str(r["source"] or r["run_id"]).removesuffix("/result.json").rsplit("/", 1)[-1]
+                  "detail": " ".join(str(r["error"] or "").split())[:300]}  # one table line
+        key = r["source"].removesuffix("/result.json").rsplit("/", 1)[-1] if isinstance(r["source"], str) \
+            else str(r["run_id"])
         view.rows.append(Row(key, str(r["status"]), [values.get(k) for k, _, _ in COLUMNS], values["detail"]))
+    _unique_keys(view.rows)
     # Winners and flagged candidates first: the lines a reader acts on, before the ties.
     order = {"winner": 0, "flagged": 1, "one repeat": 2}
     view.verdicts = [_verdict_line(v) for v in sorted(an.verdicts, key=lambda v: order.get(v.kind, 3))]
     view.throughput = plots.series(an, "tokens_per_s")
     view.memory = plots.series(an, "model_state_gib_per_rank")
     return view
+
+
+def _unique_keys(rows: list[Row]) -> None:
+    """Table row keys must differ: a copied or hand-named result can repeat a name."""
+    seen: dict[str, int] = {}
+    for row in rows:
+        n = seen.get(row.key, 0)
+        seen[row.key] = n + 1
+        if n:
+            row.key = f"{row.key}#{n + 1}"
 
 
 def _plain(value: Any) -> Any:

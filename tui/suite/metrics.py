@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterable
 
 import pandas as pd
 
+from trainer.contract import STATUSES
 from tui.suite.matrix import load_shape
 from tui.suite.stats import finite
 
@@ -81,22 +82,29 @@ def _state_part(part: str) -> Callable[[dict], Any]:
     return get
 
 
-def _train_peak(record: dict) -> Any:
-    """GPU training peak: memory.train_peak_bytes (schema 2), else a schema-1 GPU peak."""
+def _rank_max(record: dict, key: str) -> Any:
+    """Largest `key` over the record's per-rank `memory` list (schema 2; a single dict is read too)."""
     memory = record.get("memory")
-    if isinstance(memory, dict) and memory.get("train_peak_bytes") is not None:
-        return _gib(memory["train_peak_bytes"])
-    return _gib(record.get("peak_memory_bytes")) if record.get("device") == "cuda" else None
+    ranks = [memory] if isinstance(memory, dict) else memory if isinstance(memory, list) else []
+    values = [m.get(key) for m in ranks if isinstance(m, dict) and _number(m.get(key))]
+    return max(values) if values else None
+
+
+def _train_peak(record: dict) -> Any:
+    """GPU training peak, max over ranks: memory[].train_peak_bytes (schema 2), else a schema-1 GPU peak."""
+    peak = _rank_max(record, "train_peak_bytes")
+    if peak is None and record.get("schema_version") == 1 and record.get("device") == "cuda":
+        peak = record.get("peak_memory_bytes")
+    return _gib(peak)
 
 
 def _rss(record: dict) -> Any:
-    """Process RSS: memory.rss_peak_bytes (schema 2), else the largest rank's peak RSS."""
-    memory = record.get("memory")
-    if isinstance(memory, dict) and memory.get("rss_peak_bytes") is not None:
-        return _gib(memory["rss_peak_bytes"])
-    rss = [m.get("rss_bytes") for m in record.get("peak_memory") or [] if isinstance(m, dict)]
-    rss = [v for v in rss if _number(v)]
-    return _gib(max(rss)) if rss else None
+    """Process RSS, max over ranks: memory[].rss_peak_bytes (schema 2), else peak_memory[].rss_bytes."""
+    rss = _rank_max(record, "rss_peak_bytes")
+    if rss is None:
+        old = [m.get("rss_bytes") for m in record.get("peak_memory") or [] if isinstance(m, dict)]
+        rss = max([v for v in old if _number(v)], default=None)
+    return _gib(rss)
 
 
 def _comm_ops(record: dict) -> dict[str, dict]:
@@ -185,7 +193,9 @@ COLUMNS: list[tuple[str, str, Callable[[dict], Any]]] = [
     ("model_state_optimizer_gib", "optimizer moments held by that rank, GiB", _state_part("optimizer")),
     ("model_state_master_gib", "fp32 master weights held by that rank, GiB (schema 2)", _state_part("master")),
     ("model_state_comm_buffer_gib", "communication buffers held by that rank, GiB (schema 2)", _state_part("comm_buffer")),
-    ("train_peak_gib", "GPU peak allocated during training (after set-up), GiB; empty on CPU", _train_peak),
+    ("train_peak_gib", "GPU peak allocated during training (after set-up), max over ranks, GiB; empty on CPU", _train_peak),
+    ("gpu_alloc_retries", "GPU allocator retries during the run, max over ranks (memory pressure; schema 2)",
+     lambda r: _rank_max(r, "num_alloc_retries")),
     ("rss_footprint_gib", "process peak RSS of the largest rank, GiB: a footprint, never compared", _rss),
     ("comm_bytes_per_step", "bytes moved by collectives per optimizer step, all operations (schema 2)", _comm_total("bytes")),
     ("comm_calls_per_step", "collective calls per optimizer step, all operations (schema 2)", _comm_total("calls")),
@@ -222,7 +232,7 @@ NUMERIC = {"world_size", "nodes", "devices_per_node", "n_params", "seq_len", "mi
            "tokens_per_s", "tokens_per_s_per_device", "step_time_mean_s", "step_time_p50_s", "step_time_p90_s",
            "final_loss", "model_state_gib_per_rank", "model_state_params_gib", "model_state_grads_gib",
            "model_state_optimizer_gib", "model_state_master_gib", "model_state_comm_buffer_gib",
-           "train_peak_gib", "rss_footprint_gib", "comm_bytes_per_step", "comm_calls_per_step",
+           "train_peak_gib", "gpu_alloc_retries", "rss_footprint_gib", "comm_bytes_per_step", "comm_calls_per_step",
            "flops_per_token", "mfu", "peak_tflops", "h2d_gbps", "time_to_first_step_s", "wall_time_s",
            "threads_per_rank", "host_cpus", "load_avg_1m_start", "load_avg_1m_end", "usd_per_gpu_hour",
            "n_layer", "n_embd", "n_head", "vocab_size"}
@@ -262,6 +272,9 @@ def problem(record: dict[str, Any]) -> str | None:
     if version not in KNOWN_SCHEMA_VERSIONS or isinstance(version, bool):
         return (f"schema_version {version!r} is not one this report reads "
                 f"({', '.join(map(str, KNOWN_SCHEMA_VERSIONS))}): update shardbench or rerun")
+    status = record.get("status")
+    if status not in STATUSES:
+        return f"status {status!r} is not one of {', '.join(STATUSES)}"
     world = record.get("world_size")
     if not isinstance(world, int) or isinstance(world, bool) or world < 1:
         return f"world_size {world!r} is not a positive integer"

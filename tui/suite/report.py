@@ -45,12 +45,12 @@ RULES = f"""\
 - Flagged, never crowned: efficiency above {an_mod.EFFICIENCY_LIMIT}; throughput spread
   (max - min) / mean above {an_mod.SPREAD_LIMIT:.0%} across repeats; a host overloaded during a run
   (1-minute load average at start plus the run's own threads, or at end, above the host's CPUs
-  + {an_mod.OVERLOAD_SLACK:g});
-  a broken loss curve.
-- Loss check: runs with the same model, seq len, precision, global batch, steps, lr and seed must
-  follow one trajectory. Each run's loss at every step is compared with the group's per-step
-  median; more than {an_mod.LOSS_TOLERANCE['fp32']:g} relative (fp32; {an_mod.OTHER_LOSS_TOLERANCE:g} in bf16/fp16)
-  at any step marks the run broken.
+  + {an_mod.OVERLOAD_SLACK:g}); a broken loss curve.
+- Loss check: runs with the same model, seq len, precision, gradient-reduction dtype, global
+  batch, steps, lr and seed must follow one trajectory. Each run's loss at every step is compared
+  with the group's per-step median; more than {an_mod.LOSS_TOLERANCE['fp32']:g} relative (fp32;
+  {an_mod.OTHER_LOSS_TOLERANCE:g} when compute or gradient reduction is bf16/fp16) at any step marks
+  the run broken.
 - Memory compares model state (tensors each rank holds) and, on GPU, the training peak; process
   RSS is only a footprint column."""
 
@@ -209,8 +209,11 @@ def host_section(df: pd.DataFrame) -> str:
     rows = [[r["run_id"], fmt(r["load_avg_1m_start"], "{:.2f}"), fmt(r["load_avg_1m_end"], "{:.2f}"),
              fmt(r["host_cpus"], "{:.0f}"), fmt(r["threads_per_rank"], "{:.0f}"), r["cpu_affinity"] or "-",
              r["host_overloaded"] or "unknown"] for _, r in runs.iterrows()]
-    return "## Host load\n\n" + md_table(["run", "load 1m start", "load 1m end", "CPUs", "threads/rank",
-                                          "cores per rank", "overloaded"], rows)
+    note = ("" if runs["host_cpus"].notna().any() else
+            "The records carry no host CPU count (`cpu_count`), so whether the host was overloaded is "
+            "unknown: no run is flagged for it.\n\n")
+    return "## Host load\n\n" + note + md_table(["run", "load 1m start", "load 1m end", "CPUs", "threads/rank",
+                                                 "cores per rank", "overloaded"], rows)
 
 
 def failed_section(an: Analysis) -> str:
