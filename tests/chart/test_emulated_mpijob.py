@@ -176,7 +176,7 @@ def test_emulated_mpijob_runs_across_two_workers(emulation_ready, tmp_path, laun
 def test_every_rank_sees_the_rendered_env(emulation_ready, tmp_path, launcher):
     proc, spec = run_emulated(tmp_path, launcher, probe=True)
     lines = proc.stdout.splitlines()
-    # OpenMPI 5.0's prterun now and then (about 1 in 15 here, DeepSpeed launcher) hangs in its
+    # OpenMPI 5.0's mpirun now and then (about 1 in 15 here, either launcher) hangs in its
     # teardown when every rank exits at once, after all output is in: a timeout counts only then.
     finished = sum(l.startswith("OMPI_COMM_WORLD_RANK=") for l in lines) == WORKERS
     assert proc.returncode == 0 or (proc.returncode == 124 and finished), proc.stdout[-4000:] + proc.stderr[-4000:]
