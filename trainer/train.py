@@ -36,7 +36,8 @@ class Trainer:
         self.cfg, self.dist = cfg, denv
         self.device, self.device_error = usable_device(cfg, denv.local_rank)
         self.precision = resolve_precision(cfg, self.device)
-        check_memory(cfg, self.device, denv.world_size, denv.local_world_size)
+        if not self.device_error:  # sized for the GPU that is not there: skip, the record says why
+            check_memory(cfg, self.device, denv.world_size, denv.local_world_size)
         self.grad_accum = cfg.effective_grad_accum(denv.world_size)
         self.seq_len = cfg.effective_seq_len()
         self.mcfg = cfg.model_config()

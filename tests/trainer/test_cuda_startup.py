@@ -73,3 +73,10 @@ def test_nccl_env_disagreement_is_named():
     assert env == ranks[0]
     assert disagree == ["NCCL_IB_HCA differs between ranks (rank 0: '=mlx5_0', rank 1: unset)"]
     assert env_info.nccl_env_across_ranks(lambda mine: [mine, mine])[1] == []
+
+
+def test_an_unusable_gpu_is_not_sized_against_the_host(tmp_path):
+    """A model too big for this host's memory still gets the CUDA reason, not a memory refusal."""
+    run = run_trainer(["--strategy", "ddp", "--device", "cuda", "--model", "llama-7b-shape"], tmp_path, timeout=120)
+    assert run.returncode == 1, run.stderr
+    assert _record(run.stdout)["error"].startswith("CudaUnusable: --device cuda: ")
