@@ -60,10 +60,9 @@ def read_only(target: str) -> None:
 def make_traversable(path: str, scratch: Path) -> None:
     """The non-root user must reach the interpreter (pyenv installs under /root, mode 0700):
     every ancestor it cannot enter gets a private overlay with an enterable mode."""
-    parts = Path(path).resolve().parents
-    for i, parent in enumerate(reversed(list(parts))):
+    for parent in reversed(list(Path(path).parents)):
         if str(parent) != "/" and not os.stat(parent).st_mode & 0o001:
-            overlay(str(parent), scratch / f"traverse{i}")
+            overlay(str(parent), scratch / f"traverse-{len(list(scratch.glob('traverse-*')))}")
 
 
 def atomic_writer_volume(target: str, files: dict[str, str], mode: int, gid: int) -> None:
@@ -95,7 +94,10 @@ def lay_out_image(spec: dict, scratch: Path) -> None:
     tmpfs("/opt")
     Path("/opt/venv").mkdir()
     mount("--bind", spec["venv"], "/opt/venv")
-    make_traversable(os.path.realpath(spec["python"]), scratch)
+    # Scripts' shebangs name the venv's real path, and the launcher runs this checkout's
+    # docker/entrypoint.sh: both must be reachable too (a clone under /root, say).
+    for path in (os.path.realpath(spec["python"]), spec["python"], spec["launcher_argv"][0]):
+        make_traversable(path, scratch)
     # The image installs this checkout's trainer: shadow whatever copy the venv would import.
     if spec["installed_trainer"] != spec["repo_trainer"]:
         mount("--bind", spec["repo_trainer"], spec["installed_trainer"])
