@@ -92,7 +92,7 @@ def _install_examples() -> list[tuple[str, list[str]]]:
     for doc in (REPO / "README.md", CHART / "README.md"):
         text = doc.read_text().replace("\\\n", " ").replace("$IMG", "--set image.repository=r/shardbench")
         for m in re.finditer(r"helm install ([a-z0-9-]+) \./chart([^`\n]*)", text):
-            found.append((f"{doc.name}: {m.group(0)[:60]}", [m.group(1), *shlex.split(m.group(2))]))
+            found.append((f"{doc.relative_to(REPO)}: {m.group(0)[:60]}", [m.group(1), *shlex.split(m.group(2))]))
     return found
 
 
