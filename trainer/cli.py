@@ -3,6 +3,10 @@ A run ends with os._exit (see _exit_now): main returns only for a bad argument.
 
 Exit codes: 0 ok; 2 a bad argument (one line on stderr, before any process group starts);
 1 the run failed (rank 0 still prints a record with status failed or oom and the error).
+
+Nothing measured is lost: rank 0 writes result.json before it prints the record (a closed
+stdout cannot lose it), SIGTERM/SIGINT become a failed record, and every rank stops when its
+launcher dies (trainer/lifeline.py).
 """
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ import importlib.util
 import os
 import signal
 import sys
+import tempfile
 import time
 import traceback
 from typing import NoReturn
@@ -17,6 +22,7 @@ from typing import NoReturn
 from trainer import contract
 from trainer.config import ConfigError, RunConfig, parse_args
 from trainer.dist_env import detect
+from trainer.lifeline import tie_to_launcher
 from trainer.record import emit, write_atomic
 
 
@@ -28,12 +34,57 @@ def _on_signal(signum, _frame):
     raise Terminated(f"terminated by signal {signal.Signals(signum).name}")
 
 
-def check(cfg: RunConfig, world_size: int) -> None:
+class _TolerantStream:
+    """stdout that survives its reader going away (`| head`): progress lines and the record are
+    for watchers; the run and its result.json must not die with them."""
+
+    def __init__(self, inner):
+        self._inner, self.broken = inner, False
+
+    def write(self, text: str) -> int:
+        if not self.broken:
+            try:
+                return self._inner.write(text)
+            except (OSError, ValueError):
+                self.broken = True
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.broken:
+            try:
+                self._inner.flush()
+            except (OSError, ValueError):
+                self.broken = True
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+def check_output_dir(path: str) -> None:
+    """The result must be writable before anything is measured: create the directory and write
+    (then remove) a probe the size of a large record."""
+    try:
+        os.makedirs(path, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=path, prefix=".probe-")
+        try:
+            os.write(fd, b"\0" * 65536)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+            os.unlink(probe)
+    except OSError as exc:
+        raise ConfigError(f"--output-dir {path} is not writable ({exc.strerror or exc}): "
+                          "give a directory this user can write, with free space") from None
+
+
+def check(cfg: RunConfig, world_size: int, rank: int = 0) -> None:
     """The contract's rules, then DeepSpeed installed where needed (memory that must fit is
     checked by trainer.devices once the device is known)."""
     errors = contract.validate(cfg, world_size)
     if errors:
         raise ConfigError(errors[0])
+    if cfg.output_dir and rank == 0:
+        check_output_dir(cfg.output_dir)
     if contract.is_deepspeed(cfg.strategy) and importlib.util.find_spec("deepspeed") is None:
         raise ConfigError(f"--strategy {cfg.strategy} needs DeepSpeed, which is not installed: "
                           "run scripts/bootstrap.sh (or pip install deepspeed after torch)")
@@ -58,10 +109,12 @@ def describe(exc: BaseException) -> str:
 def main(argv: list[str] | None = None) -> int:
     process_start = time.time()
     argv = sys.argv[1:] if argv is None else argv
+    tie_to_launcher()  # first: a rank must not outlive a launcher that dies while torch imports
+    sys.stdout = _TolerantStream(sys.stdout)
     cfg = parse_args(argv)
     denv = detect()
     try:
-        check(cfg, denv.world_size)
+        check(cfg, denv.world_size, denv.rank)
         from trainer.env_info import process_start_time
         from trainer.train import Trainer  # torch is imported only after the cheap checks
 
@@ -86,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
         _report(record, cfg, denv.rank)
         # A broken process group can hang in its destructors: skip them.
         _exit_now(1)
-    _report(record, cfg, denv.rank)
+    if not _report(record, cfg, denv.rank):
+        _exit_now(1)
     _shutdown()
     # Even a clean group can abort in interpreter teardown: gloo's C++ threads are destroyed
     # after Python is gone ("terminate called without an active exception", about 1 run in 12
@@ -94,12 +148,21 @@ def main(argv: list[str] | None = None) -> int:
     _exit_now(0)
 
 
-def _report(record, cfg: RunConfig, rank: int) -> None:
+def _report(record, cfg: RunConfig, rank: int) -> bool:
+    """Rank 0: result.json first (the durable copy), then the record on stdout. False when the
+    file could not be written (the printed record is then the only copy)."""
     if rank != 0:
-        return
-    emit(record)
+        return True
+    saved = True
     if cfg.output_dir:
-        write_atomic(record, os.path.join(cfg.output_dir, "result.json"))
+        path = os.path.join(cfg.output_dir, "result.json")
+        try:
+            write_atomic(record, path)
+        except OSError as exc:
+            saved = False
+            print(f"rank 0: could not write {path}: {exc.strerror or exc}", file=sys.stderr, flush=True)
+    emit(record)
+    return saved
 
 
 def _shutdown() -> None:
@@ -112,8 +175,11 @@ def _shutdown() -> None:
 def _exit_now(code: int) -> NoReturn:
     """Flush, finalize MPI if the rendezvous started it (prterun counts a rank that skips
     MPI_Finalize as failed), and leave without running C++ static destructors."""
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a reader that went away
+            pass
     mpi = sys.modules.get("mpi4py.MPI")
     if code == 0 and mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
         mpi.Finalize()

@@ -211,23 +211,46 @@ class ResultRecord:
         return json.dumps(self.to_dict(), sort_keys=False)
 
 
-def emit(record: ResultRecord | dict[str, Any], stream=None) -> None:
-    """Print the record between its markers as one JSON line (what collectors look for)."""
+def emit(record: ResultRecord | dict[str, Any], stream=None) -> bool:
+    """Print the record between its markers as one JSON line (what collectors look for).
+
+    Returns False when the stream is gone (a closed pipe, `| head`): the caller has already
+    written result.json, so a reader that went away must not turn the run into a failure.
+    """
     import sys
 
     out = stream or sys.stdout
     data = record.to_dict() if isinstance(record, ResultRecord) else record
-    out.write(f"\n{START_MARKER}\n{json.dumps(data)}\n{END_MARKER}\n")
-    out.flush()
+    try:
+        out.write(f"\n{START_MARKER}\n{json.dumps(data)}\n{END_MARKER}\n")
+        out.flush()
+    except (OSError, ValueError):  # EPIPE, EBADF, or "I/O operation on closed file"
+        return False
+    return True
 
 
 def write_atomic(record: ResultRecord | dict[str, Any], path: str) -> None:
-    """Write JSON to `path` through a temp file + rename, so readers never see half a record."""
+    """Write JSON to `path` through a temp file + rename, so readers never see half a record.
+
+    The file is world-readable (0644, like any result a report reads) and synced before the
+    rename. On any error (ENOSPC, EACCES) the temp file is removed and the error raised: no
+    `.result-*` debris is left behind.
+    """
     data = record.to_dict() if isinstance(record, ResultRecord) else record
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".result-", suffix=".json")
-    with os.fdopen(fd, "w") as fh:
-        json.dump(data, fh, indent=2)
-        fh.write("\n")
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(data, fh, indent=2)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+            os.fchmod(fh.fileno(), 0o644)  # mkstemp makes it 0600
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise

@@ -12,10 +12,11 @@ import pytest
 
 from trainer.record import END_MARKER, START_MARKER
 from tui.suite import synthetic
-from tui.suite.collect import collect_record, extract, failed_record, parse_progress
+from tui.suite.collect import extract, extract_file, failed_record, parse_progress
 from tui.suite.matrix import MatrixSpec, expand
 
-SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "trainer/schema/result.schema.json").read_text())
+REPO = Path(__file__).resolve().parents[2]
+SCHEMA = json.loads((REPO / "trainer/schema/result.schema.json").read_text())
 
 
 def rec(**kw):
@@ -69,7 +70,7 @@ def test_truncated_record_becomes_failed_with_reason():
     text = json.dumps(rec())
     log = f"step 5\n{START_MARKER}\n{text[: len(text) // 2]}"
     run = spec()
-    record, _ = collect_record(log, run)
+    record = failed_record(run, extract(log, run.run_id).error)
     assert record["status"] == "failed" and "truncated" in record["error"]
     assert record["run_id"] == run.run_id and record["world_size"] == 2
     jsonschema.validate(record, SCHEMA)
@@ -90,7 +91,7 @@ def test_good_record_survives_an_earlier_corrupt_one():
 
 def test_no_record_reports_last_error_line():
     log = "Traceback (most recent call last):\n  File x\nRuntimeError: Connection reset by peer\n"
-    record, _ = collect_record(log, spec())
+    record = failed_record(spec(), extract(log).error)
     assert record["status"] == "failed"
     assert record["error"] == "no result record in the log; last error line: RuntimeError: Connection reset by peer"
     jsonschema.validate(record, SCHEMA)
@@ -151,3 +152,77 @@ def test_cli_collect(tmp_path):
     written = json.loads(out.read_text())
     assert written["status"] == "failed" and written["run_id"] == "zero3-w2"
     assert run_cli("collect", str(tmp_path / "missing.log")).returncode == 2
+
+
+def test_deeply_nested_json_is_an_error_not_an_exception(tmp_path):
+    deep = "{\"a\": " * 10_000 + "1" + "}" * 10_000
+    found = extract(f"{START_MARKER}\n{deep}\n{END_MARKER}\n")
+    assert found.record is None and "nested too deep" in found.error
+    path = tmp_path / "result.json"
+    path.write_text("[" * 100_000 + "]" * 100_000)
+    found = extract_file(path)
+    assert found.record is None and found.error == "no result record in the log"
+
+
+def test_record_cut_mid_line_by_another_ranks_output():
+    """Rank 1's line lands inside rank 0's record line (a write larger than the pipe's atomic
+    size): the record's first piece ends in rank 1's text, its rest is on a later line."""
+    r = rec(error=None)
+    text = json.dumps(r)
+    mid_number = text.index('"tokens_per_s": ') + len('"tokens_per_s": ') + 2
+    after_comma = text.index(', "loss_per_step"') + 2
+    for cut in (17, mid_number, after_comma, len(text) - 3):
+        log = (f"{START_MARKER}\n{text[:cut]}[rank1] step 3 loss 9.1\n"
+               f"[rank1] another line\n{text[cut:]}\n{END_MARKER}\n")
+        assert extract(log).record == r, cut
+    # Inside a JSON string the foreign text cannot be told apart from the string: it stays in
+    # that string, and the record (its numbers) is still recovered.
+    cut = text.index('"Test CPU"') + 5
+    found = extract(f"{START_MARKER}\n{text[:cut]}[rank1] x\n{text[cut:]}\n{END_MARKER}\n").record
+    assert found["tokens_per_s"] == r["tokens_per_s"] and found["device_name"] == "Test[rank1] xCPU"
+
+
+def test_json_line_from_another_rank_does_not_hide_the_record():
+    r = rec()
+    text = json.dumps(r)
+    log = f'{START_MARKER}\n{{"rank": 1, "event": "done"}}\n{text[:300]}\n{text[300:]}\n{END_MARKER}\n'
+    assert extract(log).record == r
+
+
+def test_end_marker_inside_the_error_message_keeps_the_record():
+    r = rec(status="failed", error=f"RuntimeError: child printed {END_MARKER} and {START_MARKER}\nthen died")
+    found = extract(block(r) + "noise\n")
+    assert found.record == r, found.error
+
+
+def test_collector_streams_a_large_log_in_bounded_memory(tmp_path):
+    """40 MB of noise then the record: peak memory grows by far less than the log's size (the
+    old reader held about nine copies of it)."""
+    log = tmp_path / "big.log"
+    line = ("[rank1] " + "noise " * 160 + "\n").encode()
+    with open(log, "wb") as fh:
+        for _ in range(40_000_000 // len(line)):
+            fh.write(line)
+        fh.write(block(rec()).encode())
+    code = (f"import resource; from tui.suite.collect import extract_file; "
+            f"before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss; "
+            f"found = extract_file({str(log)!r}); assert found.record is not None, found.error; "
+            f"print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    assert int(proc.stdout) < 10_000, f"grew {int(proc.stdout)} KiB reading a 40 MB log"
+
+
+def test_cli_collect_on_a_file_without_record_prints_one_line():
+    proc = run_cli("collect", "/etc/hostname")
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr.count("\n") == 1 and "no valid record in /etc/hostname" in proc.stderr
+
+
+def test_a_record_of_several_megabytes_is_read_whole_from_a_file(tmp_path):
+    """100,000 steps make a record line of megabytes: streaming must not cut it (a cut at a space
+    inside a string would change the string)."""
+    r = rec(loss_per_step=[9.123456] * 300_000, device_name="Test CPU " * 1000)
+    log = tmp_path / "big.log"
+    log.write_text(synthetic.log_with(r))
+    assert extract_file(log).record == r

@@ -1,6 +1,7 @@
 """End to end on CPU: `shardbench run` (real trainer, mpirun and the DeepSpeed launcher), Ctrl-C
 mid-matrix, resume, then `shardbench report`; the CSV, plots and report are checked against the
-result records the runs wrote."""
+result records the runs wrote. The run order is shuffled with a fixed --order-seed, so the test
+knows which runs finish first."""
 from __future__ import annotations
 
 import json
@@ -15,6 +16,8 @@ import jsonschema
 import pandas as pd
 import pytest
 
+from tui.suite.runner import interleaved
+
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
@@ -22,7 +25,7 @@ SCHEMA = json.loads((REPO / "trainer/schema/result.schema.json").read_text())
 PRICE = 0.5
 MATRIX = ["--strategies", "ddp,zero2", "--world-sizes", "1,2", "--seq-lens", "64", "--steps", "6",
           "--warmup-steps", "2", "--micro-batch", "4", "--device", "cpu", "--precision", "fp32",
-          "--usd-per-gpu-hour", str(PRICE), "--timeout-s", "180", "--repeats", "1", "--quiet"]
+          "--usd-per-gpu-hour", str(PRICE), "--timeout-s", "180", "--repeats", "1", "--quiet", "--order-seed", "5"]
 
 
 def _specs():
@@ -37,6 +40,7 @@ def _specs():
 SPECS = _specs()
 RUN_IDS = [s.run_id for s in SPECS]  # ddp w1, ddp w2, zero2 w1, zero2 w2
 RID = {(s.strategy, s.world_size): s.run_id for s in SPECS}
+ORDER = [s.run_id for s in interleaved(SPECS, 5)]
 
 
 def cli(*args):
@@ -62,7 +66,8 @@ def results(tmp_path_factory):
     root = tmp_path_factory.mktemp("e2e")
     res = root / "results"
     env = dict(os.environ, PYTHONWARNINGS="ignore::FutureWarning")
-    # 1. Ctrl-C once two runs have finished: those stay, the running one stops, no rank survives.
+    # 1. Ctrl-C once two runs have finished: those stay, the running one stops (cancelled), no
+    #    rank survives.
     proc = subprocess.Popen(cli("run", "--results", str(res), *MATRIX), cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 150
@@ -105,16 +110,20 @@ def test_interrupt_keeps_finished_runs_and_leaves_no_ranks(results):
     it = results["interrupted"]
     assert it["rc"] == 130, it["out"]
     assert it["leftovers"] == []
-    ok = [rid for rid, status in it["kept"].items() if status == "ok"]
-    assert ok[:2] == RUN_IDS[:2], it["kept"]
-    assert all(status == "ok" or rid == RUN_IDS[2] for rid, status in it["kept"].items())
+    assert {rid: it["kept"][rid] for rid in ORDER[:2]} == {rid: "ok" for rid in ORDER[:2]}, it["kept"]
+    assert set(it["kept"]) <= set(ORDER[:3])
+    assert it["kept"].get(ORDER[2], "cancelled") in ("ok", "cancelled")
+    assert f"2 ok" in it["out"] or "3 ok" in it["out"]  # the summary lists every run it has
 
 
 def test_resume_runs_only_the_rest_and_then_nothing(results, records):
     assert results["resumed"].returncode == 0, results["resumed"].stdout + results["resumed"].stderr
-    for rid in RUN_IDS[:2]:  # finished before Ctrl-C: untouched by the resume
+    for rid in ORDER[:2]:  # finished before Ctrl-C: untouched by the resume
         assert results["after_resume"][rid] == results["before"][rid]
     assert all(records[rid]["status"] == "ok" for rid in RUN_IDS), {r: records[r].get("error") for r in RUN_IDS}
+    if results["interrupted"]["kept"].get(ORDER[2]) == "cancelled":  # the stopped attempt is kept aside
+        old = json.loads((results["res"] / ORDER[2] / "attempts" / "1" / "result.json").read_text())
+        assert old["status"] == "cancelled"
     assert results["again"].returncode == 0
     assert mtimes(results["res"]) == results["after_resume"]  # the third invocation ran nothing
     assert results["again_s"] < 30

@@ -1,132 +1,254 @@
-"""Runner mechanics (order, failure isolation, resume, cancel, events) with an in-process backend.
+"""The runner with the real local backend, real files and real filesystem faults.
 
-The backend here is a small Python object following the Backend protocol: these tests are about
-what the runner does with whatever a backend returns. The real launchers are exercised in
-test_local_backend.py and test_e2e.py.
+Fast tests give the backend an empty launcher search path: every run then really goes through
+the runner and the backend and fails in a second with "mpirun not found" (no trainer starts),
+which is all the runner's lifecycle needs. The test at the end runs the real trainer.
 """
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
-from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
+from tests.fsfaults import fill, tmpfs
 from trainer.record import write_atomic
 from tui.suite import events as ev
-from tui.suite.backends.base import Backend
-from tui.suite.collect import failed_record
+from tui.suite import synthetic
+from tui.suite.backends.local import LocalBackend
 from tui.suite.matrix import MatrixSpec, expand
-from tui.suite.runner import run_matrix
-from tui.suite.synthetic import record
+from tui.suite.runner import Runner, interleaved, run_matrix
+from tui.suite.store import LOCK_NAME, ResultsDir, ResultsDirError
+
+REPO = Path(__file__).resolve().parents[2]
 
 
-class ScriptedBackend:
-    """Returns a synthetic record per run; `fail` ids return failed ones, `boom` ids raise."""
-
-    name = "scripted"
-
-    def __init__(self, fail=(), boom=(), cancel_after=None):
-        self.calls: list[str] = []
-        self.fail, self.boom, self.cancel_after = set(fail), set(boom), cancel_after
-
-    def availability(self):
-        return True, ""
-
-    def run(self, spec, run_dir: Path, emit, cancel: threading.Event, timeout_s):
-        self.calls.append(spec.run_id)
-        if spec.run_id in self.boom:
-            raise RuntimeError("backend bug")
-        emit(ev.RunStateChanged(spec.run_id, "running"))
-        (run_dir / "log.txt").write_text("log\n")
-        if spec.run_id in self.fail:
-            rec = failed_record(spec, "exploded")
-        else:
-            rec = record(spec.strategy, spec.world_size, 100.0 * spec.world_size)
-        if self.cancel_after and len(self.calls) == self.cancel_after:
-            cancel.set()
-        write_atomic(rec, str(run_dir / "result.json"))
-        return rec
-
-
-def specs(**kw):
-    out, errors = expand(MatrixSpec(strategies=["ddp", "zero2"], world_sizes=[1, 2], shape=None, **kw))
-    assert not errors
+def specs(repeats=1, **kw):
+    out, errors = expand(MatrixSpec(strategies=kw.pop("strategies", ["ddp", "zero2"]),
+                                    world_sizes=kw.pop("world_sizes", [1, 2]), shape=None, repeats=repeats, **kw))
+    assert not errors, errors
     return out
 
 
-def test_protocol_is_satisfied():
-    assert isinstance(ScriptedBackend(), Backend)
+def no_launchers(tmp_path) -> LocalBackend:
+    return LocalBackend(search_path=str(tmp_path / "no-bin"))
 
 
-def test_failed_and_raising_runs_are_rows_and_the_matrix_goes_on(tmp_path):
-    s = specs()
-    backend = ScriptedBackend(fail={s[1].run_id}, boom={s[2].run_id})
+def ok_record_for(spec) -> dict:
+    """A valid ok record that belongs to `spec` (what a finished run leaves)."""
+    rec = synthetic.record(spec.strategy, spec.world_size, 1000.0, seq_len=spec.seq_len,
+                           micro_batch=spec.micro_batch, grad_accum=spec.grad_accum, repeat=spec.repeat)
+    rec.update(run_id=spec.run_id, config_id=spec.config_id, steps=spec.steps,
+               warmup_steps=spec.warmup_steps, seed=spec.seed)
+    return rec
+
+
+def finish(results: Path, spec, record: dict | None = None) -> dict:
+    """Leave `spec` finished in `results` as an earlier suite would have."""
+    record = record or ok_record_for(spec)
+    run_dir = results / spec.run_id
+    write_atomic(spec.to_dict(), str(run_dir / "spec.json"))
+    write_atomic(record, str(run_dir / "result.json"))
+    return record
+
+
+# -- order ------------------------------------------------------------------------------------
+
+def test_repeats_are_interleaved_in_a_seeded_shuffle(tmp_path):
+    s = specs(repeats=3, strategies=["ddp", "fsdp", "zero1", "zero2", "zero3"])
+    order = interleaved(s, seed=7)
+    assert [x.repeat for x in order] == [0] * 10 + [1] * 10 + [2] * 10
+    rounds = [[x.config_id for x in order[i:i + 10]] for i in (0, 10, 20)]
+    assert all(sorted(r) == sorted(rounds[0]) for r in rounds)  # every configuration once per round
+    assert len({tuple(r) for r in rounds}) > 1  # shuffled, not the same order each round
+    assert [x.run_id for x in interleaved(s, seed=7)] == [x.run_id for x in order]
+    assert [x.run_id for x in interleaved(s, seed=8)] != [x.run_id for x in order]
     seen = []
-    records = run_matrix(s, backend, tmp_path, seen.append)
-    assert backend.calls == [x.run_id for x in s]
-    assert [r["status"] for r in records] == ["ok", "failed", "failed", "ok"]
-    assert "RuntimeError: backend bug" in records[2]["error"]
-    on_disk = json.loads((tmp_path / s[2].run_id / "result.json").read_text())
-    assert on_disk["status"] == "failed" and on_disk["run_id"] == s[2].run_id
-    finals = {e.run_id: e.state for e in seen if isinstance(e, ev.RunStateChanged) and e.state in ev.FINAL_STATES}
-    assert finals == {s[0].run_id: "ok", s[1].run_id: "failed", s[2].run_id: "failed", s[3].run_id: "ok"}
-    progress = [e for e in seen if isinstance(e, ev.MatrixProgress)]
-    assert [p.done for p in progress] == [1, 2, 3, 4] and progress[-1].eta_s == 0
-    assert progress[0].eta_s is not None and progress[0].total == 4
+    records = Runner(s[:4], no_launchers(tmp_path), tmp_path, seen.append, order_seed=7).run()
+    logged = json.loads((tmp_path / "order.jsonl").read_text().splitlines()[-1])
+    assert logged["order_seed"] == 7 and logged["order"] == [r["run_id"] for r in records]
+    assert [e.run_id for e in seen if isinstance(e, ev.RunQueued)] == logged["order"]
+    assert all(isinstance(e, ev.SuiteEvent) for e in seen)
 
 
-def test_resume_skips_finished_reruns_failed_and_changed(tmp_path):
+# -- the results directory --------------------------------------------------------------------
+
+def test_unusable_results_dir_is_one_line_at_once(tmp_path):
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    with pytest.raises(ResultsDirError, match=r"^results directory .*file is unusable \(File exists\)"):
+        Runner(specs(), no_launchers(tmp_path), a_file).run()
+    with tmpfs(tmp_path / "ro", readonly=True) as ro:
+        with pytest.raises(ResultsDirError, match="Read-only file system"):
+            Runner(specs(), no_launchers(tmp_path), ro / "results").run()
+    with tmpfs(tmp_path / "full", size="64k") as full:
+        fill(full)
+        with pytest.raises(ResultsDirError, match="No space left on device"):
+            Runner(specs(), no_launchers(tmp_path), full).run()
+
+
+def test_cli_exit_2_with_one_line_for_an_unusable_results_dir(tmp_path):
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    proc = subprocess.run([sys.executable, "-m", "tui.suite.cli", "run", "--results", str(a_file),
+                           "--strategies", "ddp", "--world-sizes", "1", "--quiet"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.count("\n") == 1 and "is unusable" in proc.stderr
+    assert "run(s)" not in proc.stdout
+
+
+def test_a_locked_results_dir_is_refused_naming_its_owner(tmp_path):
+    with ResultsDir(tmp_path):  # this test process is the owner
+        with pytest.raises(ResultsDirError, match=rf"in use by another shardbench \(pid {os.getpid()} on "):
+            Runner(specs(), no_launchers(tmp_path), tmp_path).run()
+        proc = subprocess.run([sys.executable, "-m", "tui.suite.cli", "run", "--results", str(tmp_path),
+                               "--strategies", "ddp", "--world-sizes", "1", "--quiet"],
+                              cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+        assert f"pid {os.getpid()} on" in proc.stderr
+        assert not any(p.is_dir() for p in tmp_path.iterdir())  # it ran nothing
+    # released when the owner is done: the next suite gets it
+    assert len(Runner(specs(), no_launchers(tmp_path), tmp_path).run()) == 4
+    assert (tmp_path / LOCK_NAME).exists()
+
+
+# -- run files: every error is that run's failed row -------------------------------------------
+
+def test_bad_result_files_are_failed_rows_and_the_matrix_goes_on(tmp_path):
     s = specs()
-    first = ScriptedBackend(fail={s[3].run_id})
-    run_matrix(s, first, tmp_path)
-    second = ScriptedBackend()
-    seen = []
-    records = run_matrix(s, second, tmp_path, seen.append)
-    assert second.calls == [s[3].run_id]  # only the failed one runs again
-    assert [r["status"] for r in records] == ["ok"] * 4
-    assert sum(isinstance(e, ev.RunStateChanged) and e.state == "skipped" for e in seen) == 3
-    third = ScriptedBackend()
-    run_matrix(s, third, tmp_path)
-    assert third.calls == []  # nothing new
-    changed = [replace(x, steps=x.steps + 1) for x in s[:1]] + s[1:]
-    fourth = ScriptedBackend()
-    run_matrix(changed, fourth, tmp_path)
-    assert fourth.calls == [s[0].run_id]  # a changed spec is not the same run
-    fifth = ScriptedBackend()
-    run_matrix(s, fifth, tmp_path, force=True)
-    assert fifth.calls == [x.run_id for x in s]
-    sixth = ScriptedBackend()
-    run_matrix([replace(x, timeout_s=5.0) for x in s], sixth, tmp_path)
-    assert sixth.calls == []  # a new timeout does not change what was measured
+    nested = tmp_path / s[0].run_id
+    nested.mkdir()
+    (nested / "result.json").write_text("[" * 100_000 + "]" * 100_000)
+    (nested / "spec.json").write_text(json.dumps(s[0].to_dict()))
+    not_a_dir = tmp_path / s[1].run_id
+    not_a_dir.write_text("a file where the run's directory goes")
+    records = Runner(s, no_launchers(tmp_path), tmp_path, order_seed=1).run()
+    by_id = {r["run_id"]: r for r in records}
+    assert sorted(by_id) == sorted(x.run_id for x in s)
+    assert all(r["status"] == "failed" for r in records)
+    assert "mpirun not found" in by_id[s[0].run_id]["error"] or "deepspeed not found" in by_id[s[0].run_id]["error"]
+    assert by_id[s[1].run_id]["error"].startswith(f"cannot prepare {tmp_path / s[1].run_id}")
+    # the unreadable file of the earlier attempt is kept aside, not overwritten
+    assert (nested / "attempts" / "1" / "result.json").stat().st_size == 200_000
 
 
-def test_cancel_keeps_finished_results_and_starts_nothing_new(tmp_path):
+def test_a_disk_that_fills_mid_matrix_fails_the_runs_not_the_matrix(tmp_path):
     s = specs()
-    backend = ScriptedBackend(cancel_after=2)
     seen = []
-    cancel = threading.Event()
-    records = run_matrix(s, backend, tmp_path, seen.append, cancel)
-    assert backend.calls == [s[0].run_id, s[1].run_id]
-    assert len(records) == 2
-    assert [p.name for p in sorted(tmp_path.iterdir()) if (p / "result.json").exists()] == sorted(
-        [s[0].run_id, s[1].run_id])
-    cancelled = [e.run_id for e in seen if isinstance(e, ev.RunStateChanged) and e.state == "cancelled"]
-    assert cancelled == [s[2].run_id, s[3].run_id]
-    resumed = ScriptedBackend()
-    run_matrix(s, resumed, tmp_path)
-    assert resumed.calls == [s[2].run_id, s[3].run_id]
+
+    def fill_after_first(event):
+        seen.append(event)
+        if isinstance(event, ev.RunFinished) and sum(isinstance(e, ev.RunFinished) for e in seen) == 1:
+            fill(results)
+
+    with tmpfs(tmp_path / "small", size="256k") as results:
+        records = Runner(s, no_launchers(tmp_path), results, fill_after_first).run()
+        assert len(records) == 4 and all(r["status"] == "failed" for r in records)
+        assert all("No space left on device" in r["error"] for r in records[1:]), [r["error"] for r in records]
+        on_disk = json.loads((results / records[0]["run_id"] / "result.json").read_text())
+        assert on_disk["status"] == "failed" and on_disk["run_id"] == records[0]["run_id"]
 
 
-def test_stale_result_is_removed_before_a_rerun(tmp_path):
+# -- resume and --force -----------------------------------------------------------------------
+
+def test_resume_trusts_only_this_runs_result(tmp_path):
+    s = specs()
+    kept = finish(tmp_path, s[0])
+    finish(tmp_path, s[1], ok_record_for(s[2]))  # a result copied from another run
+    (tmp_path / s[1].run_id / "spec.json").write_text(json.dumps(s[1].to_dict()))
+    finish(tmp_path, s[2], {**ok_record_for(s[2]), "schema_version": 99})  # a schema it does not know
+    seen = []
+    records = {r["run_id"]: r for r in Runner(s, no_launchers(tmp_path), tmp_path, seen.append).run()}
+    assert records[s[0].run_id] == kept
+    skipped = [e.run_id for e in seen if isinstance(e, ev.RunStateChanged) and e.state == "skipped"]
+    assert skipped == [s[0].run_id]
+    for other in s[1:]:
+        assert records[other.run_id]["status"] == "failed", other.run_id  # ran again (no launcher here)
+    assert (tmp_path / s[1].run_id / "attempts" / "1" / "result.json").exists()
+
+
+def test_force_keeps_the_previous_ok_attempt(tmp_path):
     s = specs()[:1]
-    run_dir = tmp_path / s[0].run_id
-    run_dir.mkdir()
-    write_atomic(failed_record(s[0], "old failure"), str(run_dir / "result.json"))
+    old = finish(tmp_path, s[0])
+    (tmp_path / s[0].run_id / "log.txt").write_text("the old log\n")
+    records = Runner(s, no_launchers(tmp_path), tmp_path, force=True).run()
+    assert records[0]["status"] == "failed"
+    attempt = tmp_path / s[0].run_id / "attempts" / "1"
+    assert json.loads((attempt / "result.json").read_text()) == old
+    assert (attempt / "log.txt").read_text() == "the old log\n"
+    Runner(s, no_launchers(tmp_path), tmp_path, force=True).run()
+    assert json.loads((tmp_path / s[0].run_id / "attempts" / "2" / "result.json").read_text())["status"] == "failed"
+    assert json.loads((attempt / "result.json").read_text()) == old
 
-    class Broken(ScriptedBackend):
-        def run(self, spec, run_dir, emit, cancel, timeout_s):
-            return {"not": "a record"}
 
-    records = run_matrix(s, Broken(), tmp_path)
-    assert "invalid record" in records[0]["error"]
-    assert json.loads((run_dir / "result.json").read_text())["error"] == records[0]["error"]
+# -- cancel -----------------------------------------------------------------------------------
+
+def test_cancel_one_queued_run_and_then_all(tmp_path):
+    s = specs()
+    seen = []
+    runner = Runner(s, no_launchers(tmp_path), tmp_path, seen.append, order_seed=3)
+    first, second = runner.order[0].run_id, runner.order[1].run_id
+    runner.cancel(second)
+
+    def stop_all_after_third(event):
+        seen.append(event)
+        if isinstance(event, ev.RunFinished) and event.run_id == runner.order[2].run_id:
+            runner.cancel_all()
+
+    runner.emit = ev.guarded(stop_all_after_third)
+    records = {r["run_id"]: r for r in runner.run()}
+    assert records[first]["status"] == "failed" and records[runner.order[2].run_id]["status"] == "failed"
+    assert records[second]["status"] == "cancelled" and records[runner.order[3].run_id]["status"] == "cancelled"
+    assert not (tmp_path / second).exists()  # never started: no files
+    states = {e.run_id: e.state for e in seen if isinstance(e, ev.RunStateChanged)}
+    assert states[second] == "cancelled" and states[runner.order[3].run_id] == "cancelled"
+
+
+def test_run_matrix_stops_on_the_cancel_event(tmp_path):
+    cancel = threading.Event()
+    cancel.set()
+    records = run_matrix(specs(), no_launchers(tmp_path), tmp_path, cancel=cancel)
+    assert len(records) == 4 and {r["status"] for r in records} == {"cancelled"}
+
+
+@pytest.mark.slow
+def test_real_run_is_written_by_the_runner_and_cancel_marks_it_cancelled(tmp_path):
+    ok_spec, long_spec = (specs(strategies=["ddp"], world_sizes=[1], steps=steps, warmup_steps=2,
+                                device="cpu", precision="fp32", launcher="mpirun")[0] for steps in (5, 100_000))
+    runner: Runner | None = None
+
+    def emit(event):
+        if isinstance(event, ev.RunProgress) and event.run_id == long_spec.run_id and event.step >= 3:
+            runner.cancel(long_spec.run_id)
+
+    runner = Runner([ok_spec, long_spec], LocalBackend(kill_grace_s=3), tmp_path, emit)
+    records = {r["run_id"]: r for r in runner.run()}
+    assert records[ok_spec.run_id]["status"] == "ok", records[ok_spec.run_id]["error"]
+    cancelled = records[long_spec.run_id]
+    assert cancelled["status"] == "cancelled" and cancelled["error"].startswith("cancelled by the user at step")
+    assert cancelled["measured_steps"] >= 1  # what the trainer measured before SIGTERM is kept
+    for rid, rec in records.items():
+        assert json.loads((tmp_path / rid / "result.json").read_text()) == rec
+
+
+def test_cli_exit_1_when_some_run_failed_and_the_summary_lists_every_run(tmp_path):
+    """One run already finished ok (kept by resume), the other's directory is a file: exit 1,
+    and both are in the summary (kept runs used to be left out when the matrix died)."""
+    args = ["--strategies", "ddp", "--world-sizes", "1,2", "--repeats", "1", "--device", "cpu",
+            "--precision", "fp32", "--launcher", "mpirun"]
+    from tui.suite.cli import build_parser, effective_matrix
+
+    s, errors = expand(effective_matrix(build_parser().parse_args(["run", "--results", str(tmp_path), *args])))
+    assert not errors and len(s) == 2
+    finish(tmp_path, s[0])
+    (tmp_path / s[1].run_id).write_text("not a directory")
+    proc = subprocess.run([sys.executable, "-m", "tui.suite.cli", "run", "--results", str(tmp_path), *args,
+                           "--quiet"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "2 run(s): 1 ok, 1 failed" in proc.stdout
+    assert s[0].run_id in proc.stdout and s[1].run_id in proc.stdout

@@ -85,3 +85,47 @@ def test_schema_file_is_generated_from_the_record(result_schema):
     from trainer.record_schema import json_schema
 
     assert result_schema == json_schema(), "regenerate: python -m trainer.record_schema > trainer/schema/result.schema.json"
+
+
+def test_unwritable_output_dir_is_refused_before_training(tmp_path):
+    from tests.fsfaults import fill, tmpfs
+
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("x")
+    run = run_trainer(["--strategy", "ddp", "--output-dir", str(not_a_dir / "out")], tmp_path, timeout=60)
+    assert run.returncode == 2 and "BENCHMARK_RESULT_JSON_START" not in run.stdout
+    assert run.stderr.strip().splitlines() == [
+        f"error: --output-dir {not_a_dir / 'out'} is not writable (Not a directory): "
+        "give a directory this user can write, with free space"]
+    with tmpfs(tmp_path / "full", size="64k") as full:
+        fill(full)
+        run = run_trainer(["--strategy", "ddp", "--output-dir", str(full)], tmp_path, timeout=60)
+        assert run.returncode == 2 and "No space left on device" in run.stderr, run.stderr
+        assert sorted(p.name for p in full.iterdir()) == ["filler"]  # the probe was removed
+
+
+def test_write_atomic_is_0644_and_leaves_no_temp_file_when_the_disk_is_full(tmp_path):
+    from tests.fsfaults import fill, tmpfs
+    from trainer.record import write_atomic
+
+    write_atomic({"a": 1}, str(tmp_path / "result.json"))
+    assert (tmp_path / "result.json").stat().st_mode & 0o777 == 0o644
+    with tmpfs(tmp_path / "full", size="64k") as full:
+        fill(full)
+        with pytest.raises(OSError):
+            write_atomic({"big": "x" * 100_000}, str(full / "result.json"))
+        assert sorted(p.name for p in full.iterdir()) == ["filler"]
+
+
+def test_closed_stdout_does_not_lose_the_result(tmp_path):
+    """`python -m trainer ... | head -c 50`: the reader goes away after the first line; the run
+    still finishes ok and result.json holds its record."""
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        f"{sys.executable} -m trainer --strategy ddp --steps 12 --warmup-steps 2 --seq-len 32 "
+        f"--output-dir {out} | head -c 50; exit ${{PIPESTATUS[0]}}",
+        shell=True, executable="/bin/bash", cwd=REPO, env=cpu_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert len(proc.stdout) == 50
+    saved = json.loads((out / "result.json").read_text())
+    assert saved["status"] == "ok" and saved["measured_steps"] == 10

@@ -13,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.trainer.conftest import REPO, command, cpu_env, free_port
 from trainer.record import END_MARKER, START_MARKER
 
@@ -127,3 +129,69 @@ def test_out_of_memory_is_a_record_with_status_oom(tmp_path):
     assert record["status"] == "oom", record["error"]
     assert json.loads((out / "result.json").read_text())["status"] == "oom"
     assert record["model"]["preset"] == "gpt2-1.3b" and record["measured_steps"] == 0
+
+
+def _alive(pids) -> list[int]:
+    alive = []
+    for pid in pids:
+        try:
+            if "zombie" not in Path(f"/proc/{pid}/status").read_text():
+                alive.append(pid)
+        except OSError:
+            pass
+    return alive
+
+
+def _descendants(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher,strategy", [("mpirun", "ddp"), ("deepspeed", "zero2")])
+def test_sigterm_to_the_launcher_gives_a_failed_record_and_no_orphans(tmp_path, launcher, strategy):
+    """Only the launcher gets SIGTERM (as a scheduler or `kill` would send it). Rank 0 still
+    leaves a failed record in result.json, and no rank outlives the launcher: mpirun dies at
+    once (its stdout goes with it, hence the file), the DeepSpeed launcher leaves mpirun and the
+    ranks behind unless they watch it (trainer/lifeline.py)."""
+    out = tmp_path / "out"
+    args = [*LONG_RUN, "--strategy", strategy, "--output-dir", str(out)]
+    env = cpu_env() | {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    proc = subprocess.Popen(command(args, launcher, 2, tmp_path), cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        wait_for_step(proc, 3, time.time() + 180)
+        tree = _descendants(proc.pid)
+        assert len(tree) >= 2, tree
+        proc.send_signal(signal.SIGTERM)
+        try:  # orphaned ranks would hold the pipe open: do not wait for its end for ever
+            proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            pass
+        deadline = time.time() + 45
+        while _alive(tree) and time.time() < deadline:
+            time.sleep(0.5)
+        left = _alive(tree)
+    finally:
+        for pid in [proc.pid, *_alive(_descendants(proc.pid))]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert left == [], f"orphaned ranks: {left}"
+    record = json.loads((out / "result.json").read_text())
+    # Rank 0 reports SIGTERM, or the broken collective when the other rank stopped first.
+    assert record["status"] == "failed" and record["error"]
+    assert record["measured_steps"] >= 2 and record["tokens_per_s"] > 0

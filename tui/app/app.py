@@ -1,7 +1,7 @@
 """benchtui: the Textual app. State lives in `RunBoard`; slow work runs in thread workers.
 
-Data flow: the Matrix screen builds a MatrixSpec -> `run_matrix` (tui.suite.runner) runs in a
-thread worker with a backend wrapped for per-run cancel -> each suite event is posted into the
+Data flow: the Matrix screen builds a MatrixSpec -> a `Runner` (tui.suite.runner) runs it in a
+thread worker; the Runs screen cancels through the runner's cancel(run_id) / cancel_all() -> each suite event is posted into the
 app as a typed Message (tui.app.messages) -> handlers fold it into the board and update the
 screens that show it. Results are read back from results/<run-id>/result.json in a worker.
 """
@@ -19,7 +19,6 @@ from textual.worker import Worker, WorkerState
 from tui.app import messages as msg
 from tui.suite import events as ev
 from trainer.contract import BACKENDS
-from tui.app.cancel import PerRunCancel
 from tui.app.board import RunBoard
 from tui.app.screens.dialogs import Confirm, HelpScreen
 from tui.app.screens.logs import LogsScreen
@@ -61,7 +60,8 @@ class BenchApp(App):
         """Backend availability given by the caller (tests, snapshots) instead of checked."""
         self.backend_status: dict[str, tuple[bool, str]] = dict(availability or {})
         self.board = RunBoard()
-        self.runner: PerRunCancel | None = None
+        self.runner = None
+        """The tui.suite.runner.Runner of the matrix running now (cancel goes through it)."""
         self.matrix_worker: Worker | None = None
         self.views: dict[str, Screen] = {
             "matrix": MatrixScreen(matrix), "runs": RunsScreen(), "logs": LogsScreen(),
@@ -153,17 +153,17 @@ class BenchApp(App):
 
     @work(thread=True, exclusive=True, group="matrix", exit_on_error=False)
     def run_specs(self, specs: list, backend_name: str, results_dir: Path) -> None:
-        from tui.suite.runner import run_matrix
+        from tui.suite.runner import Runner
 
         try:
-            self.runner = PerRunCancel(get_backend(backend_name, self.cluster))
-            ok, why = self.runner.availability()  # the start-up check may be stale or not done
+            backend = get_backend(backend_name, self.cluster)
+            ok, why = backend.availability()  # the start-up check may be stale or not done
             if not ok:
                 self.post_message(msg.MatrixDone([], f"backend {backend_name} unavailable: {why}"))
                 return
-            records = run_matrix(specs, self.runner, results_dir,
-                                 emit=lambda event: self.post_message(msg.SuiteEvent(event)),
-                                 cancel=self.runner.matrix_cancel)
+            self.runner = Runner(specs, backend, results_dir,
+                                 emit=lambda event: self.post_message(msg.SuiteEvent(event)))
+            records = self.runner.run()  # a locked or unusable results dir raises ResultsDirError
         except Exception as exc:  # noqa: BLE001 - shown to the user, the app goes on
             self.post_message(msg.MatrixDone([], f"{type(exc).__name__}: {exc}"))
             return
@@ -174,7 +174,7 @@ class BenchApp(App):
         if self.runner is None or row is None or row.final:
             self.notify(f"{run_id} is not running or queued", severity="warning")
             return
-        self.runner.cancel_run(run_id)
+        self.runner.cancel(run_id)
         self.notify(f"cancelling {run_id}")
 
     def action_cancel_all(self) -> None:

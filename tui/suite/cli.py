@@ -1,9 +1,10 @@
 """`shardbench`: the headless suite. run (matrix -> results), report (results -> csv, plots, md),
 collect (a saved log -> result.json).
 
-Exit codes: 0 done (run: the matrix ran to the end; failed runs are rows of the report, so
-`make bench` still writes it); 1 run: no run finished ok / collect: no valid record in the log;
-2 bad input (one line on stderr, nothing run); 130 interrupted (what finished is kept).
+Exit codes: 0 every run ok (collect: a valid record); 1 some run not ok (the summary and the
+report still cover every run) / collect: no valid record in the log; 2 bad input, an unusable
+or locked results directory (one line on stderr, nothing run); 130 interrupted (what finished
+is kept).
 """
 from __future__ import annotations
 
@@ -76,7 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--matrix", type=Path, help=f"matrix YAML (default: {DEFAULT_MATRIX.name}); flags override it")
     _add_matrix_flags(run)
     add_cluster_flags(run)
-    run.add_argument("--force", action="store_true", help="rerun runs whose result is already there")
+    run.add_argument("--force", action="store_true",
+                     help="rerun runs whose result is already there (the old attempt moves to <run>/attempts/)")
+    run.add_argument("--order-seed", type=int, default=None,
+                     help="seed of the shuffled run order (default: random; logged in RESULTS/order.jsonl)")
     run.add_argument("--yes", action="store_true", help="run a matrix of more than 1,000 runs")
     run.add_argument("--dry-run", action="store_true", help="print the runs and exit")
     run.add_argument("--save-matrix", type=Path, help="write the effective matrix YAML here")
@@ -139,34 +143,54 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(s.run_id, s.launcher, " ".join(s.trainer_args()))
         return 0
     from tui.suite.backends import get_backend
+    from tui.suite.runner import Runner
+    from tui.suite.store import ResultsDirError
 
     backend = get_backend(matrix.backend, cluster_options(args))
     ok, why = backend.availability()
     if not ok:
         return fail(f"backend {matrix.backend} unavailable: {why}")
-    records, interrupted = _run_with_progress(specs, backend, matrix.results, args)
-    failed = [r for r in records if r.get("status") != "ok"]
+    view = _QuietView() if args.quiet else _RichView(len(specs))
+    runner = Runner(specs, backend, matrix.results, view.emit, args.force, args.order_seed)
+    try:
+        runner.open()  # refuse at once, before any progress display, when the dir is unusable or taken
+    except ResultsDirError as exc:
+        return fail(str(exc))
+    records, crash = _run_with_progress(runner, view)
     _print_summary(records)
     if args.report and records:
-        from tui.suite.report import build_report
-
-        rep = build_report(matrix.results, args.report)
-        print(f"report: {rep.markdown}")
-    if interrupted:
-        print(f"interrupted: kept {len(records)} finished run(s) under {matrix.results}", file=sys.stderr)
+        _report(matrix.results, args.report)
+    if runner.cancelled:
+        print(f"interrupted: kept {sum(r.get('status') == 'ok' for r in records)} ok run(s) under "
+              f"{matrix.results}", file=sys.stderr)
         return 130
-    return 1 if records and len(failed) == len(records) else 0
+    if crash:
+        print(f"shardbench: the matrix stopped early: {crash}", file=sys.stderr)
+        return 1
+    return 0 if all(r.get("status") == "ok" for r in records) else 1
 
 
-def _run_with_progress(specs, backend, results_dir, args) -> tuple[list[dict], bool]:
-    from tui.suite.runner import run_matrix
+def _report(results, out) -> None:
+    from tui.suite.report import build_report
 
-    cancel = threading.Event()
+    try:
+        rep = build_report(results, out)
+    except Exception as exc:  # noqa: BLE001 - the runs are done and kept; say why there is no report
+        print(f"shardbench: report not written: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return
+    print(f"report: {rep.markdown}")
+
+
+def _run_with_progress(runner, view) -> tuple[list[dict], str | None]:
+    """Run the matrix in a worker thread while this one waits for signals; returns the records
+    and, if the runner itself broke (a bug), why."""
     result: dict = {}
-    view = _QuietView() if args.quiet else _RichView(len(specs))
 
     def work():
-        result["records"] = run_matrix(specs, backend, results_dir, view.emit, cancel, args.force)
+        try:
+            result["records"] = runner.run()
+        except BaseException as exc:  # noqa: BLE001 - reported, never a silent exit 0
+            result["crash"] = f"{type(exc).__name__}: {exc}"
 
     worker = threading.Thread(target=work, name="matrix", daemon=True)
 
@@ -174,8 +198,8 @@ def _run_with_progress(specs, backend, results_dir, args) -> tuple[list[dict], b
         # Ctrl-C / SIGTERM: the backend ends the current run's whole process tree, the runner
         # starts nothing new, finished results stay on disk. A handler (not KeyboardInterrupt)
         # so the signal can never land outside a try and leave the worker's ranks running.
-        # Only set the flag here: printing from a signal handler can deadlock on the console lock.
-        cancel.set()
+        # Only set flags here: printing from a signal handler can deadlock on the console lock.
+        runner.cancel_all()
 
     old = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -184,13 +208,13 @@ def _run_with_progress(specs, backend, results_dir, args) -> tuple[list[dict], b
             noted = False
             while worker.is_alive():
                 worker.join(0.2)
-                if cancel.is_set() and not noted:
+                if runner.cancelled and not noted:
                     noted = True
                     view.note("stopping: ending the current run's processes...")
     finally:
         for sig, handler in old.items():
             signal.signal(sig, handler)
-    return result.get("records", []), cancel.is_set()
+    return result.get("records", []), result.get("crash")
 
 
 class _QuietView:
@@ -279,14 +303,18 @@ def _print_summary(records: list[dict]) -> None:
         return spec.format(value) if isinstance(value, (int, float)) else "-"
 
     if records:
-        print(f"{'run':<34} {'status':<8} {'tok/s':>10} {'step s':>8} {'peak GiB':>9}")
+        print(f"{'run':<44} {'status':<9} {'tok/s':>10} {'step s':>8} {'peak GiB':>9}")
     for r in records:
         step = (r.get("step_time_s") or {}).get("mean")
         mem = r.get("peak_memory_bytes")
-        print(f"{r.get('run_id', '?'):<34} {r.get('status', '?'):<8} {num(r.get('tokens_per_s'), '{:,.0f}'):>10} "
+        print(f"{r.get('run_id', '?'):<44} {r.get('status', '?'):<9} {num(r.get('tokens_per_s'), '{:,.0f}'):>10} "
               f"{num(step, '{:.4f}'):>8} {num(mem / 2 ** 30 if isinstance(mem, int) else None, '{:.3f}'):>9}")
-    ok = sum(r.get("status") == "ok" for r in records)
-    print(f"{len(records)} run(s): {ok} ok, {len(records) - ok} not ok")
+    counts = {}
+    for r in records:
+        counts[r.get("status", "?")] = counts.get(r.get("status", "?"), 0) + 1
+    ok = counts.pop("ok", 0)
+    rest = "".join(f", {n} {status}" for status, n in sorted(counts.items()))
+    print(f"{len(records)} run(s): {ok} ok{rest}")
 
 
 # --- report / collect ----------------------------------------------------------------------
@@ -316,23 +344,24 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_collect(args: argparse.Namespace) -> int:
-    """0 when the log held a valid record (whatever its status); 1 when it did not: then the
-    output is a failed record saying why."""
+    """0 when the log held a valid record (whatever its status), printed or written to -o; 1 when
+    it did not: one line on stderr says why (and -o gets a failed record saying the same)."""
     from trainer.record import write_atomic
-    from tui.suite.collect import extract, failed_record
+    from tui.suite.collect import extract_file, failed_record
 
-    try:
-        data = args.log.read_bytes()
-    except OSError as exc:
-        return fail(f"{args.log}: {exc.strerror}")
-    found = extract(data, args.run_id)
+    if not args.log.is_file():
+        return fail(f"{args.log}: no such log file")
+    found = extract_file(args.log, args.run_id)
     for note in found.notes:
         print(f"note: {note}", file=sys.stderr)
     record = found.record or failed_record(None, found.error or "no result record", run_id=args.run_id)
-    if args.output:
-        write_atomic(record, str(args.output))
-    else:
-        print(json.dumps(record, indent=2))
+    try:
+        if args.output:
+            write_atomic(record, str(args.output))
+        elif found.record is not None:
+            print(json.dumps(record, indent=2))
+    except OSError as exc:
+        return fail(f"cannot write {args.output}: {exc.strerror or exc}")
     if found.record is None:
         print(f"shardbench: no valid record in {args.log}: {found.error}", file=sys.stderr)
         return 1

@@ -6,7 +6,7 @@ not block in it (the TUI posts them to its own loop).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Union
+from typing import Any, Callable
 
 RUN_STATES = ("queued", "installing", "running", "collecting", "ok", "failed", "skipped", "cancelled")
 """Life of one run: queued -> (installing, kubernetes only) -> running -> collecting -> a final
@@ -16,12 +16,18 @@ FINAL_STATES = ("ok", "failed", "skipped", "cancelled")
 
 
 @dataclass(frozen=True)
-class RunQueued:
+class SuiteEvent:
+    """Base of every event below: a consumer handles this one type (the TUI posts it as one
+    message) and dispatches on the subclass."""
+
+
+@dataclass(frozen=True)
+class RunQueued(SuiteEvent):
     """A run entered the queue (emitted for every run before the first starts)."""
 
     run_id: str
     index: int
-    """0-based position in the matrix."""
+    """0-based position in the order the runs will start (repeats interleaved, shuffled)."""
     total: int
     """Runs in the matrix."""
     spec: dict[str, Any] = field(default_factory=dict)
@@ -29,7 +35,7 @@ class RunQueued:
 
 
 @dataclass(frozen=True)
-class RunStateChanged:
+class RunStateChanged(SuiteEvent):
     run_id: str
     state: str
     """One of RUN_STATES."""
@@ -38,7 +44,7 @@ class RunStateChanged:
 
 
 @dataclass(frozen=True)
-class RunProgress:
+class RunProgress(SuiteEvent):
     """One `SHARDBENCH_PROGRESS` line of the trainer's rank 0."""
 
     run_id: str
@@ -53,7 +59,7 @@ class RunProgress:
 
 
 @dataclass(frozen=True)
-class RunLogLine:
+class RunLogLine(SuiteEvent):
     """One line of the run's combined stdout/stderr (all ranks), without the newline."""
 
     run_id: str
@@ -61,14 +67,14 @@ class RunLogLine:
 
 
 @dataclass(frozen=True)
-class RunFinished:
+class RunFinished(SuiteEvent):
     run_id: str
     record: dict[str, Any]
     """The result record (trainer/record.py fields); status says how it ended."""
 
 
 @dataclass(frozen=True)
-class MatrixProgress:
+class MatrixProgress(SuiteEvent):
     done: int
     """Runs finished (any final state, skipped included)."""
     total: int
@@ -77,9 +83,20 @@ class MatrixProgress:
     """Estimated seconds left from the mean time of the runs that actually ran; None before one has."""
 
 
-Event = Union[RunQueued, RunStateChanged, RunProgress, RunLogLine, RunFinished, MatrixProgress]
-Emit = Callable[[Event], None]
+Event = SuiteEvent
+Emit = Callable[[SuiteEvent], None]
 
 
 def ignore(_event: Event) -> None:
     """An emit that drops everything (headless callers that only want the records)."""
+
+
+def guarded(emit: Emit) -> Emit:
+    """emit that swallows the consumer's exceptions: a display bug must not end a run or the
+    matrix, and in a log pump it must not stop the draining (a full pipe would block every rank)."""
+    def safe(event: SuiteEvent) -> None:
+        try:
+            emit(event)
+        except Exception:  # noqa: BLE001
+            pass
+    return safe

@@ -1,10 +1,16 @@
 """Process-tree control for launcher runs: find and end every process a launcher started.
 
-A launcher (mpirun, deepspeed -> mpirun, torchrun) is started in a new session
-(start_new_session=True), so its whole tree shares that session id even when a launcher moves
-ranks into process groups of their own. Ending a run therefore signals the process group and
-then every process left in the session, SIGTERM first, SIGKILL after a grace period. Linux /proc
-only (the local backend's platform).
+A launcher (mpirun, deepspeed -> mpirun, torchrun) is started in a new session. Its ranks do not
+all stay there: torchrun starts each rank in a session of its own, and a rank whose parent died is
+re-parented to init. So a `ProcessTree` remembers every process it has ever seen under the
+launcher (its session, and the descendants of every process it knows, by parent pid), each with
+its start time so a recycled pid is never signalled. `refresh()` is called while the run is
+watched, and again before every signal, so a rank that was orphaned is still known.
+
+`kill()` ends them all, ranks first: SIGTERM plus SIGCONT (a SIGSTOPped rank acts on nothing until
+continued) to the ranks so they can report, then to the launchers, then SIGKILL to whatever is left
+after the grace periods. SIGKILL also ends stopped processes.
+Linux /proc only (the local backend's platform).
 """
 from __future__ import annotations
 
@@ -23,39 +29,85 @@ def _stat_fields(pid: int) -> list[str] | None:
     return raw[raw.rfind(")") + 2:].split()
 
 
-def session_pids(sid: int) -> list[int]:
-    """Live (non-zombie) processes whose session id is `sid`."""
-    pids = []
+def _snapshot() -> dict[int, tuple[int, int, str, str]]:
+    """pid -> (ppid, session id, state, start time) of every process now."""
+    procs = {}
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        fields = _stat_fields(int(entry))
-        # fields[0] = state, fields[3] = session id (stat fields 3 and 6).
-        if fields and len(fields) > 3 and fields[0] != "Z" and fields[3] == str(sid):
-            pids.append(int(entry))
-    return pids
+        if entry.isdigit():
+            f = _stat_fields(int(entry))
+            # fields[0] state, [1] ppid, [3] session (stat fields 3, 4, 6), [19] starttime (22)
+            if f and len(f) > 19:
+                procs[int(entry)] = (int(f[1]), int(f[3]), f[0], f[19])
+    return procs
 
 
-def _signal_all(sid: int, sig: int) -> None:
-    try:
-        os.killpg(sid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-    for pid in session_pids(sid):
-        try:
-            os.kill(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
+class ProcessTree:
+    """Every process started under one launcher, remembered across re-parenting."""
 
+    def __init__(self, root: int):
+        self.root = root
+        self.known: dict[int, str] = {}
+        """pid -> start time of every process seen in the tree."""
+        self.refresh()
 
-def kill_session(sid: int, grace_s: float = 5.0) -> None:
-    """SIGTERM the session started by `sid`, then SIGKILL whatever is left after `grace_s`."""
-    _signal_all(sid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while session_pids(sid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    if session_pids(sid):
-        _signal_all(sid, signal.SIGKILL)
-        deadline = time.monotonic() + 5.0
-        while session_pids(sid) and time.monotonic() < deadline:
+    def refresh(self) -> None:
+        procs = _snapshot()
+        if self.root in procs:
+            self.known.setdefault(self.root, procs[self.root][3])
+        for pid, (_, sid, _, start) in procs.items():
+            if sid == self.root:
+                self.known.setdefault(pid, start)
+        changed = True
+        while changed:  # descendants of anything known, however deep
+            changed = False
+            for pid, (ppid, _, _, start) in procs.items():
+                if pid not in self.known and ppid in self.known and procs.get(ppid, (0, 0, "", ""))[3] == self.known[ppid]:
+                    self.known[pid] = start
+                    changed = True
+
+    def alive(self) -> list[int]:
+        """Known processes still running (not zombies), the same process as when first seen."""
+        procs = _snapshot()
+        return [pid for pid, start in self.known.items()
+                if pid in procs and procs[pid][3] == start and procs[pid][2] != "Z"]
+
+    def leaves(self) -> list[int]:
+        """Known live processes with no live known child: the ranks (launchers have children)."""
+        procs = _snapshot()
+        alive = set(self.alive())
+        parents = {procs[pid][0] for pid in alive if pid in procs}
+        return [pid for pid in alive if pid not in parents]
+
+    def signal(self, sig: int, pids: list[int] | None = None) -> None:
+        self.refresh()
+        for pid in self.alive() if pids is None else pids:
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def kill(self, grace_s: float = 5.0, launcher_grace_s: float = 2.0) -> list[int]:
+        """End the tree; returns the pids still alive at the end (empty unless unkillable).
+
+        The ranks first: SIGTERM + SIGCONT to the leaves, so each rank writes its failed record
+        before a launcher that is signalled too can SIGKILL it (mpirun does, quickly); up to
+        `grace_s` for them. Then SIGTERM to everything left, `launcher_grace_s`, then SIGKILL."""
+        self.refresh()
+        ranks = self.leaves()
+        self.signal(signal.SIGTERM, ranks)
+        self.signal(signal.SIGCONT, ranks)
+        self._wait_for(lambda: set(ranks) & set(self.alive()), grace_s)
+        self.signal(signal.SIGTERM)
+        self.signal(signal.SIGCONT)
+        self._wait_for(self.alive, launcher_grace_s)
+        deadline = time.monotonic() + 10.0
+        while self.alive() and time.monotonic() < deadline:
+            self.signal(signal.SIGKILL)
             time.sleep(0.05)
+        return self.alive()
+
+    def _wait_for(self, pending, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while pending() and time.monotonic() < deadline:
+            time.sleep(0.1)
+            self.refresh()

@@ -24,13 +24,14 @@ class Backend(Protocol):
             timeout_s: float | None) -> dict[str, Any]:
         """Run `spec` and return its result record; never raises for a failed run.
 
-        Contract: streams the run's log to run_dir/log.txt line by line (emitting RunLogLine and,
-        for progress lines, RunProgress), emits RunStateChanged as the run moves on
-        (installing/running/collecting), and writes run_dir/result.json (atomically) before
-        returning. Any failure (launch error, crash, bad or missing record) returns a record with
-        status failed/oom/timeout and `error` set. When `cancel` is set it stops the run promptly,
-        leaves no process or release behind, and returns a failed record whose error says
-        "cancelled". `timeout_s` (None: no limit) bounds the run's wall time: past it the run is
-        stopped and the record's status is timeout.
+        Contract: launches, streams and returns; the runner (tui.suite.runner) owns the rest of
+        the run's life and alone writes run_dir/result.json. The backend streams the run's log to
+        run_dir/log.txt line by line (emitting RunLogLine and, for progress lines, RunProgress)
+        and emits RunStateChanged as the run moves on (installing/running/collecting). Any
+        failure (launch error, crash, bad or missing record) returns a record with status
+        failed/oom/timeout and `error` set, keeping whatever the trainer measured. When `cancel`
+        is set it stops the run promptly and leaves no process or release behind (the runner
+        then marks the record cancelled). `timeout_s` (None: no limit) bounds the run's wall
+        time: past it the run is stopped and the record's status is timeout.
         """
         ...

@@ -3,12 +3,16 @@
 The command line comes from trainer.launchers.build_command (the same one the chart renders).
 CPU-only machines run the ranks with gloo; a machine with GPUs runs them with NCCL (the trainer
 decides from --device). The combined stdout/stderr of all ranks is streamed line by line into
-run_dir/log.txt and turned into RunLogLine / RunProgress events; the record is then collected
-from that log (tui.suite.collect), falling back to the trainer's own result.json.
+run_dir/log.txt and turned into RunLogLine / RunProgress events, and fed to a streaming
+collector (tui.suite.collect): the record is taken from the stream itself, so a log file that
+could not be written (disk full) loses nothing; the trainer's own result.json is the fallback.
+The runner writes the run's result.json; this backend only launches, streams and returns.
+
+Ending a run (cancel, timeout, or leftovers after the launcher exits) ends every process the
+launcher ever started, wherever it moved (tui.suite.procs.ProcessTree).
 """
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import socket
@@ -20,11 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from trainer.launchers import LaunchPlan, build_command, nccl_env_names
-from trainer.record import write_atomic
-from tui.suite.collect import extract, failed_record, now_iso, parse_progress, validate
-from tui.suite.events import Emit, RunLogLine, RunProgress, RunStateChanged
+from tui.suite.collect import Collector, failed_record, iter_lines, now_iso, parse_progress, validate
+from tui.suite.events import Emit, RunLogLine, RunProgress, RunStateChanged, guarded
 from tui.suite.matrix import RunSpec
-from tui.suite.procs import kill_session, session_pids
+from tui.suite.procs import ProcessTree
+from tui.suite.store import read_json
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 TRAINER_OUT = "trainer-output"
@@ -87,25 +91,51 @@ def command_for(spec: RunSpec, run_dir: Path, port: int) -> list[str]:
 
 
 class _LogPump(threading.Thread):
-    """Copies the launcher's output into log.txt line by line and emits events for each line."""
+    """Drains the launcher's output to its end, whatever happens: each line goes to log.txt (while
+    the disk takes it), to the collector and to the event consumer. A full pipe would block every
+    rank, so nothing here may stop the draining: a log write error is remembered and the log is
+    given up, a bad line or a consumer error is skipped."""
 
     def __init__(self, stream, log_path: Path, run_id: str, emit: Emit):
         super().__init__(daemon=True, name=f"log-{run_id}")
         self.stream, self.log_path, self.run_id, self.emit = stream, log_path, run_id, emit
+        self.collector = Collector(run_id)
         self.last_progress: dict | None = None
+        self.log_error: str | None = None
+        """Why log.txt stopped being written (None: it holds everything)."""
 
     def run(self) -> None:
-        with open(self.log_path, "ab") as log:
-            for raw in iter(self.stream.readline, b""):
-                log.write(raw)
-                log.flush()
-                line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
-                prog = parse_progress(line)
-                if prog is not None:
-                    self.last_progress = prog
-                self.emit(RunLogLine(self.run_id, line))
-                if prog is not None:
-                    self.emit(_progress_event(self.run_id, prog))
+        log = self._open_log()
+        for raw in iter_lines(self.stream):
+            if log is not None:
+                try:
+                    log.write(raw)
+                    log.flush()
+                except OSError as exc:
+                    self.log_error = f"log.txt incomplete: {exc.strerror or exc}"
+                    log = _close_quietly(log)
+            try:
+                self._handle(raw)
+            except Exception:  # noqa: BLE001 - never stop draining
+                pass
+        _close_quietly(log)
+
+    def _open_log(self):
+        try:
+            return open(self.log_path, "ab")
+        except OSError as exc:
+            self.log_error = f"log.txt not written: {exc.strerror or exc}"
+            return None
+
+    def _handle(self, raw: bytes) -> None:
+        self.collector.feed(raw)
+        line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+        prog = parse_progress(line)
+        if prog is not None:
+            self.last_progress = prog
+        self.emit(RunLogLine(self.run_id, line))
+        if prog is not None:
+            self.emit(_progress_event(self.run_id, prog))
 
     def where(self) -> str:
         """'at step 40/100' from the last progress line, or '' before the first."""
@@ -113,15 +143,13 @@ class _LogPump(threading.Thread):
         return f" at step {p['step']}/{p.get('steps', '?')}" if p else " before the first step"
 
 
-def _guarded(emit: Emit) -> Emit:
-    """emit that swallows the consumer's exceptions: a display bug must not end a run, and in the
-    log pump it must not stop the draining (a full pipe would block every rank)."""
-    def safe(event) -> None:
+def _close_quietly(fh) -> None:
+    if fh is not None:
         try:
-            emit(event)
-        except Exception:  # noqa: BLE001
+            fh.close()
+        except OSError:
             pass
-    return safe
+    return None
 
 
 def _progress_event(run_id: str, p: dict) -> RunProgress:
@@ -157,21 +185,15 @@ class LocalBackend:
 
     def run(self, spec: RunSpec, run_dir: Path, emit: Emit, cancel: threading.Event,
             timeout_s: float | None) -> dict[str, Any]:
+        """Launch, stream, stop when asked or timed out, and return the record (see Backend)."""
         run_dir = Path(run_dir)
-        emit = _guarded(emit)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "log.txt").write_bytes(b"")
-        # An earlier attempt's files must not stand in for this one's (the record fallback).
-        shutil.rmtree(run_dir / TRAINER_OUT, ignore_errors=True)
-        (run_dir / "collect-notes.txt").unlink(missing_ok=True)
+        emit = guarded(emit)
         started = now_iso()
         if self.launcher_path(spec.launcher) is None:
             record = failed_record(spec, f"{spec.launcher} not found (searched {self.search_path}): run `make setup`")
         else:
             record = self._launch(spec, run_dir, emit, cancel, timeout_s)
         record["started_at"] = record.get("started_at") or started
-        _fill_from_spec(record, spec)
-        write_atomic(record, str(run_dir / "result.json"))
         return record
 
     def _launch(self, spec, run_dir, emit, cancel, timeout_s) -> dict[str, Any]:
@@ -179,45 +201,52 @@ class LocalBackend:
         cmd = command_for(spec, run_dir, port)
         cmd[0] = self.launcher_path(cmd[0]) or cmd[0]  # the one availability() found
         log_path = run_dir / "log.txt"
-        with open(log_path, "ab") as log:
-            log.write(("$ " + " ".join(cmd) + "\n").encode())
+        log_path.write_bytes(("$ " + " ".join(cmd) + "\n").encode())
         emit(RunLogLine(spec.run_id, "$ " + " ".join(cmd)))  # the log's first line, shown first too
+        # Through trainer.lifeline: the launcher gets SIGTERM if this process dies outright.
+        tied = [sys.executable, "-m", "trainer.lifeline", *cmd]
         try:
-            proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=run_env(spec, port, self.search_path), stdin=subprocess.DEVNULL,
+            proc = subprocess.Popen(tied, cwd=REPO_ROOT, env=run_env(spec, port, self.search_path), stdin=subprocess.DEVNULL,
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
         except OSError as exc:
             return failed_record(spec, f"could not start {spec.launcher}: {exc}")
+        tree = ProcessTree(proc.pid)
         emit(RunStateChanged(spec.run_id, "running", spec.launcher))
         pump = _LogPump(proc.stdout, log_path, spec.run_id, emit)
         pump.start()
+        stopped = None
         try:
-            stopped = self._wait(proc, cancel, timeout_s)
+            stopped = self._wait(proc, tree, cancel, timeout_s)
         finally:
             # Whatever happened (done, stopped, an exception here), nothing of this run may
-            # outlive it: anything left in the launcher's session is an orphan rank.
-            if proc.poll() is None or session_pids(proc.pid):
-                kill_session(proc.pid, self.kill_grace_s)
+            # outlive it: anything left of the tree is an orphan rank.
+            if proc.poll() is None or tree.alive():
+                tree.kill(self.kill_grace_s)
             proc.wait()
-        pump.join(timeout=3)  # all writers are gone by now: EOF is immediate
+        pump.join(timeout=10)  # every writer is gone by now: EOF comes at once
         emit(RunStateChanged(spec.run_id, "collecting"))
-        return self._record(spec, run_dir, proc.returncode, stopped, timeout_s, pump.where())
+        return self._record(spec, run_dir, proc.returncode, stopped, timeout_s, pump)
 
-    def _wait(self, proc: subprocess.Popen, cancel: threading.Event, timeout_s: float | None) -> str | None:
+    def _wait(self, proc: subprocess.Popen, tree: ProcessTree, cancel: threading.Event,
+              timeout_s: float | None) -> str | None:
         """Wait for the launcher; returns 'cancelled' or 'timeout' when it had to be stopped."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while proc.poll() is None:
+            tree.refresh()  # learn every rank while its parent still lives
             if cancel.is_set():
-                kill_session(proc.pid, self.kill_grace_s)
+                tree.kill(self.kill_grace_s)
                 return "cancelled"
             if deadline is not None and time.monotonic() > deadline:
-                kill_session(proc.pid, self.kill_grace_s)
+                tree.kill(self.kill_grace_s)
                 return "timeout"
-            cancel.wait(0.2)
+            cancel.wait(0.25)
         return None
 
-    def _record(self, spec, run_dir, returncode, stopped, timeout_s, where) -> dict[str, Any]:
-        found = extract((run_dir / "log.txt").read_bytes(), spec.run_id)
-        record, notes = found.record, list(found.notes)
+    def _record(self, spec, run_dir, returncode, stopped, timeout_s, pump: _LogPump) -> dict[str, Any]:
+        found = pump.collector.result()
+        record, notes, where = found.record, list(found.notes), pump.where()
+        if pump.log_error:
+            notes.append(pump.log_error)
         if record is None:
             record = _trainer_file_record(run_dir)
             if record is not None:
@@ -226,10 +255,9 @@ class LocalBackend:
             # The measurement was complete; only the launcher's teardown was still running.
             notes.append(f"stopped ({stopped}) after the record was printed; kept the record")
         elif stopped == "cancelled":
-            record = failed_record(spec, f"cancelled by the user{where}")
+            record = _stopped(record, spec, f"cancelled by the user{where}", "failed")
         elif stopped == "timeout":
-            record = failed_record(spec, f"timed out after {timeout_s:g} s (per-run timeout){where}",
-                                   status="timeout")
+            record = _stopped(record, spec, f"timed out after {timeout_s:g} s (per-run timeout){where}", "timeout")
         elif record is None:
             error = found.error or "no result record in the log"
             if returncode:
@@ -238,22 +266,28 @@ class LocalBackend:
         elif returncode:
             notes.append(f"launcher exited {returncode} after the record was printed; kept the record")
         if notes:
-            (run_dir / "collect-notes.txt").write_text("\n".join(notes) + "\n")
+            try:
+                (run_dir / "collect-notes.txt").write_text("\n".join(notes) + "\n")
+            except OSError:
+                pass  # the notes explain; the record itself is what must not be lost
         return record
+
+
+def _stopped(record: dict | None, spec: RunSpec, why: str, status: str) -> dict[str, Any]:
+    """A stopped run's record: the trainer's own failed record when it wrote one on SIGTERM
+    (it holds what was measured up to then), relabelled; else one built from the spec."""
+    if record is None:
+        return failed_record(spec, why, status=status)
+    record = dict(record)
+    record["status"] = status
+    record["error"] = why + (f"; trainer: {record['error'].splitlines()[0]}" if record.get("error") else "")
+    return record
 
 
 def _trainer_file_record(run_dir: Path) -> dict | None:
     """The trainer's own --output-dir result.json when it is a valid record."""
     try:
-        record = json.loads((run_dir / TRAINER_OUT / "result.json").read_text())
-    except (OSError, ValueError):
+        record = read_json(run_dir / TRAINER_OUT / "result.json")
+    except ValueError:
         return None
     return record if validate(record) is None else None
-
-
-def _fill_from_spec(record: dict, spec: RunSpec) -> None:
-    """Fields the trainer may not know but the matrix does (only where the record has none)."""
-    for key, value in (("run_id", spec.run_id), ("gpu_shape", spec.shape),
-                       ("usd_per_gpu_hour", spec.usd_per_gpu_hour), ("launcher", spec.launcher)):
-        if record.get(key) in (None, "", "none") and value is not None:
-            record[key] = value
