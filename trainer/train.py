@@ -23,7 +23,7 @@ from trainer import contract
 from trainer.comm import COUNTER as COMM
 from trainer.config import RunConfig, measured_fields
 from trainer.data import SyntheticBatches
-from trainer.devices import check_memory, device_name, resolve_device, resolve_precision
+from trainer.devices import check_memory, device_name, resolve_precision, usable_device
 from trainer.dist_env import DistEnv, resolve_rendezvous
 from trainer.metrics import (end_setup_memory, load_avg_1m, peak_flops_for, peak_model_state, rank_memory,
                              step_time_stats)
@@ -40,9 +40,10 @@ def _now() -> str:
 class Trainer:
     def __init__(self, cfg: RunConfig, denv: DistEnv):
         self.cfg, self.dist = cfg, denv
-        self.device = resolve_device(cfg, denv.local_rank)
+        self.device, self.device_error = usable_device(cfg, denv.local_rank)
         self.precision = resolve_precision(cfg, self.device)
-        check_memory(cfg, self.device, denv.world_size, denv.local_world_size)
+        if not self.device_error:  # sized for the GPU that is not there: skip, the record says why
+            check_memory(cfg, self.device, denv.world_size, denv.local_world_size)
         self.grad_accum = cfg.effective_grad_accum(denv.world_size)
         self.seq_len = cfg.effective_seq_len()
         self.mcfg = cfg.model_config()
@@ -101,6 +102,8 @@ class Trainer:
     def init_process_group(self) -> None:
         """A process group whenever there is more than one rank, and for DeepSpeed always (it
         needs one even alone: a one-rank gloo group on loopback, no launcher required)."""
+        if self.device_error:  # --device cuda that cannot run here: fail with the record
+            raise self.device_error
         d = self.dist
         self.distributed = d.world_size > 1
         if not (self.distributed or contract.STRATEGIES[self.cfg.strategy].group_at_world_size_1):
@@ -326,6 +329,7 @@ class Trainer:
             losses = (losses / self.dist.world_size).cpu()
         r.loss_per_step = [float(v) for v in losses]
         r.final_loss = r.loss_per_step[-1] if r.loss_per_step else None
+        r.nccl_env, r.nccl_env_disagreement = env_info.nccl_env_across_ranks(self._gather)
         self.fill_timings(r)
         mine = (rank_memory(self.dist.rank, self.device, self.setup_peak), self.state, self.affinity)
         everyone = self._gather(mine)

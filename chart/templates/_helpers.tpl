@@ -48,13 +48,13 @@ here (JSON Schema cannot compare two values).
 {{- end }}
 {{- end }}
 
-{{/* The run id, named as the benchmark suite names runs (tui/suite/matrix.py run_id). */}}
-{{- define "shardbench.runId" -}}
-{{- if .Values.run.id }}
-{{- .Values.run.id }}
-{{- else }}
-{{- printf "%s-w%s-s%d-mb%d-ga%s-r0" .Values.run.strategy (include "shardbench.worldSize" .) (int .Values.run.seqLen) (int .Values.run.microBatch) (include "shardbench.gradAccum" .) }}
-{{- end }}
+{{/*
+The name of this run's outputs (labels, the results directory): run.id when given (the suite
+passes its run ids), else the release name. Without run.id the trainer names the run itself,
+with the configuration hash only it computes (trainer.contract.run_id), so no --run-id is passed.
+*/}}
+{{- define "shardbench.runName" -}}
+{{- .Values.run.id | default .Release.Name }}
 {{- end }}
 
 {{/* Rank 0's host: worker 0, by the name the operator writes into the hostfile. */}}
@@ -65,6 +65,10 @@ here (JSON Schema cannot compare two values).
 
 {{/* Cross-field checks the JSON schema cannot express; each fails with one line. */}}
 {{- define "shardbench.validate" -}}
+{{- $preset := get (include "shardbench.contract" . | fromJson).presets .Values.run.model }}
+{{- if and $preset (gt (int .Values.run.seqLen) (int $preset.blockSize)) }}
+{{- fail (printf "run.seqLen %d is above model %s's block size %d: lower run.seqLen (the trainer would exit 2)" (int .Values.run.seqLen) .Values.run.model (int $preset.blockSize)) }}
+{{- end }}
 {{- if ge (int .Values.run.warmupSteps) (int .Values.run.steps) }}
 {{- fail (printf "run.warmupSteps %d must be below run.steps %d: nothing would be measured" (int .Values.run.warmupSteps) (int .Values.run.steps)) }}
 {{- end }}
@@ -81,6 +85,9 @@ here (JSON Schema cannot compare two values).
 {{- if and .Values.checkpoint.enabled (not .Values.persistence.enabled) }}
 {{- fail "checkpoint.enabled needs persistence.enabled: checkpoints live on the results volume" }}
 {{- end }}
+{{- if and (eq .Values.rdma.mode "sriov") (not .Values.rdma.networks) }}
+{{- fail "rdma.mode sriov needs rdma.networks: the Multus network(s) of the VFs, e.g. rdma-vf,rdma-vf (k8s.v1.cni.cncf.io/networks)" }}
+{{- end }}
 {{- $_ := include "shardbench.gradAccum" . }}
 {{- end }}
 
@@ -90,19 +97,20 @@ writes them (tests/chart/test_launch_command.py checks they agree). One JSON lis
 */}}
 {{- define "shardbench.trainerArgs" -}}
 {{- $r := .Values.run }}
-{{- $a := list "--strategy" $r.strategy "--model" $r.model "--seq-len" (toString (int $r.seqLen)) "--micro-batch" (toString (int $r.microBatch)) "--grad-accum" (include "shardbench.gradAccum" .) "--steps" (toString (int $r.steps)) "--warmup-steps" (toString (int $r.warmupSteps)) "--precision" $r.precision "--seed" (toString (int $r.seed)) "--device" $r.device "--run-id" (include "shardbench.runId" .) }}
+{{- $a := list "--strategy" $r.strategy "--model" $r.model "--seq-len" (toString (int $r.seqLen)) "--micro-batch" (toString (int $r.microBatch)) "--grad-accum" (include "shardbench.gradAccum" .) "--steps" (toString (int $r.steps)) "--warmup-steps" (toString (int $r.warmupSteps)) "--precision" $r.precision "--seed" (toString (int $r.seed)) "--device" $r.device }}
+{{- with $r.id }}{{ $a = concat $a (list "--run-id" .) }}{{ end }}
 {{- with .Values.shape.name }}{{ $a = concat $a (list "--shape" .) }}{{ end }}
 {{- with .Values.shape.peakTflopsBf16 }}{{ $a = concat $a (list "--peak-tflops" (toString .)) }}{{ end }}
 {{- with .Values.shape.usdPerGpuHour }}{{ $a = concat $a (list "--usd-per-gpu-hour" (toString .)) }}{{ end }}
 {{- if .Values.persistence.enabled }}
-{{- $a = concat $a (list "--output-dir" (printf "%s/%s" .Values.persistence.mountPath (include "shardbench.runId" .))) }}
+{{- $a = concat $a (list "--output-dir" (printf "%s/%s" .Values.persistence.mountPath (include "shardbench.runName" .))) }}
 {{- end }}
 {{- if .Values.checkpoint.enabled }}
 {{- /* --resume auto is the trainer's default: a retried launcher continues from here. */}}
 {{- $a = concat $a (list "--checkpoint-dir" (printf "%s/%s/checkpoints" .Values.persistence.mountPath (include "shardbench.runId" .)) "--checkpoint-every" (toString (int .Values.checkpoint.every)) "--keep-checkpoints" (toString (int .Values.checkpoint.keep))) }}
 {{- end }}
 {{- $a = concat $a $r.extraArgs }}
-{{- if and .Values.deepspeed.config (hasPrefix "zero" $r.strategy) }}
+{{- if and .Values.deepspeed.config (include "shardbench.isDeepSpeed" .) }}
 {{- $a = concat $a (list "--deepspeed-config" "/etc/shardbench/deepspeed.json") }}
 {{- end }}
 {{- /* build_command tells the trainer which launcher started it, unless the args already do. */}}
@@ -112,36 +120,81 @@ writes them (tests/chart/test_launch_command.py checks they agree). One JSON lis
 {{- toJson $a }}
 {{- end }}
 
-{{/* Names mpirun forwards with -x besides MASTER_ADDR, MASTER_PORT, PYTHONWARNINGS (trainer/launchers.py RUN_ENV_VARS). */}}
+{{/* Arguments of files/preflight.py (mode preflight), one JSON list. */}}
+{{- define "shardbench.preflightArgs" -}}
+{{- $p := .Values.preflight }}
+{{- $a := list "--sizes-mib" }}
+{{- range $p.sizesMiB }}{{ $a = append $a (toString .) }}{{ end }}
+{{- $a = concat $a (list "--iters" (toString (int $p.iters)) "--warmup-iters" (toString (int $p.warmupIters)) "--device" (ternary "cuda" "cpu" (not (empty .Values.gpuResource))) "--min-fraction" (toString $p.minFraction)) }}
+{{- with $p.expectedBusbwGBps }}{{ $a = concat $a (list "--expected-busbw-gbps" (toString .)) }}{{ end }}
+{{- toJson $a }}
+{{- end }}
+
+{{/*
+The trainer's facts (files/contract.json, written by scripts/gen_chart_contract.py from the
+trainer's tables): which strategies run on DeepSpeed, preset block sizes, forwarded variables.
+*/}}
+{{- define "shardbench.contract" -}}
+{{- .Files.Get "files/contract.json" }}
+{{- end }}
+
+{{/* "true" when run.strategy runs on DeepSpeed (zero1/2/3), else "". */}}
+{{- define "shardbench.isDeepSpeed" -}}
+{{- $c := include "shardbench.contract" . | fromJson }}
+{{- if (get (get $c.strategies .Values.run.strategy | default dict) "deepspeed") }}true{{ end }}
+{{- end }}
+
+{{/*
+Names every rank gets from the launcher's environment (mpirun -x NAME), after runEnvVars: the
+container's (PATH, LD_LIBRARY_PATH, caches, image) and every nccl:/env: key, sorted
+(trainer/launchers.py forwarded_env).
+*/}}
 {{- define "shardbench.forwardEnv" -}}
-{{- $names := concat (keys .Values.nccl) (keys .Values.env) | uniq | sortAlpha }}
+{{- $c := include "shardbench.contract" . | fromJson }}
+{{- $names := concat $c.containerEnvVars (keys .Values.nccl) (keys .Values.env) | uniq | sortAlpha }}
 {{- $out := list }}
-{{- range $names }}{{ if not (has . (list "MASTER_ADDR" "MASTER_PORT" "PYTHONWARNINGS")) }}{{ $out = append $out . }}{{ end }}{{ end }}
+{{- range $names }}{{ if not (has . $c.runEnvVars) }}{{ $out = append $out . }}{{ end }}{{ end }}
 {{- toJson $out }}
 {{- end }}
 
 {{/*
 The launcher's argv: trainer/launchers.py build_command() for this run, flag for flag
-(MPIRUN_BASE_FLAGS, the DeepSpeed runner's flags and the trailing --launcher are mirrored from
-there; tests/chart/test_launch_command.py fails when the two drift apart).
+(the mpirun flags and forwarded names come from contract.json; the DeepSpeed runner's flags and
+the trailing --launcher are mirrored from there; tests/chart/test_launch_command.py fails when
+the two drift apart). Both launchers pass every forwarded name as mpirun -x NAME.
 */}}
 {{- define "shardbench.launchCommand" -}}
-{{- $base := list "--allow-run-as-root" "--oversubscribe" "--bind-to" "none" }}
+{{- $c := include "shardbench.contract" . | fromJson }}
+{{- $base := $c.mpirunBaseFlags }}
+{{- if .Values.numaBind }}
+{{- range $c.numaBoundFlags }}{{ $base = append $base (replace "ppr:0:" (printf "ppr:%d:" (int $.Values.gpusPerWorker)) .) }}{{ end }}
+{{- else }}
+{{- $base = concat $base $c.unboundFlags }}
+{{- end }}
 {{- if .Values.tcpIfInclude }}
 {{- $base = concat $base (list "--mca" "btl_tcp_if_include" .Values.tcpIfInclude) }}
 {{- end }}
 {{- $targs := include "shardbench.trainerArgs" . | fromJsonArray }}
+{{- $forward := concat $c.runEnvVars (include "shardbench.forwardEnv" . | fromJsonArray) }}
 {{- $cmd := list }}
-{{- if eq .Values.launcher "mpirun" }}
+{{- $program := list "-m" "trainer" }}
+{{- if eq .Values.mode "preflight" }}
+{{- $program = list "/etc/shardbench/preflight.py" }}
+{{- $targs = include "shardbench.preflightArgs" . | fromJsonArray }}
+{{- end }}
+{{- if or (eq .Values.launcher "mpirun") (eq .Values.mode "preflight") }}
 {{- $cmd = concat (list "mpirun") $base (list "-np" (include "shardbench.worldSize" .) "--hostfile" "/etc/mpi/hostfile") }}
-{{- range concat (list "MASTER_ADDR" "MASTER_PORT" "PYTHONWARNINGS") (include "shardbench.forwardEnv" . | fromJsonArray) }}
+{{- range $forward }}
 {{- $cmd = concat $cmd (list "-x" .) }}
 {{- end }}
-{{- $cmd = concat $cmd (list "python" "-u" "-m" "trainer") $targs }}
+{{- $cmd = concat $cmd (list "python" "-u") $program $targs }}
 {{- else }}
 {{- /* The DeepSpeed runner starts one rank per hostfile slot: the operator's hostfile has
-workers x slotsPerWorker of them, the world size. It forwards NCCL_* and PYTHON* itself. */}}
+workers x slotsPerWorker of them, the world size. */}}
 {{- $largs := concat $base (list "-x" (printf "MASTER_ADDR=%s" (include "shardbench.masterAddr" .)) "-x" (printf "MASTER_PORT=%d" (int .Values.masterPort))) }}
+{{- range $forward }}
+{{- if not (has . (list "MASTER_ADDR" "MASTER_PORT")) }}{{ $largs = concat $largs (list "-x" .) }}{{ end }}
+{{- end }}
 {{- $cmd = list "deepspeed" "--hostfile" "/etc/mpi/hostfile" "--launcher" "openmpi" "--force_multi" "--no_ssh_check" "--master_addr" (include "shardbench.masterAddr" .) "--master_port" (toString (int .Values.masterPort)) "--launcher_args" (join " " $largs) "--module" "trainer" }}
 {{- $cmd = concat $cmd $targs }}
 {{- end }}
@@ -150,22 +203,31 @@ workers x slotsPerWorker of them, the world size. It forwards NCCL_* and PYTHON*
 
 {{/* Labels. The shardbench.io/* ones carry the run's coordinates so runs can be selected by them. */}}
 {{- define "shardbench.selectorLabels" -}}
-app.kubernetes.io/name: {{ include "shardbench.name" . }}
-app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/name: {{ include "shardbench.name" . | quote }}
+app.kubernetes.io/instance: {{ .Release.Name | quote }}
 {{- end }}
 
 {{- define "shardbench.labels" -}}
-helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" | quote }}
 {{ include "shardbench.selectorLabels" . }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
-app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/managed-by: {{ .Release.Service | quote }}
 app.kubernetes.io/part-of: shardbench
-shardbench.io/strategy: {{ .Values.run.strategy }}
-shardbench.io/launcher: {{ .Values.launcher }}
+shardbench.io/strategy: {{ .Values.run.strategy | quote }}
+shardbench.io/launcher: {{ .Values.launcher | quote }}
 shardbench.io/world-size: {{ include "shardbench.worldSize" . | quote }}
-shardbench.io/shape: {{ .Values.shape.name }}
+shardbench.io/shape: {{ .Values.shape.name | quote }}
 shardbench.io/seq-len: {{ int .Values.run.seqLen | quote }}
-shardbench.io/run-id: {{ include "shardbench.runId" . | trunc 63 | trimSuffix "-" | quote }}
+shardbench.io/run: {{ include "shardbench.runName" . | trunc 63 | trimSuffix "-" | quote }}
+{{- end }}
+
+{{/* The launcher's image: image.launcherTag, else the workers'. */}}
+{{- define "shardbench.launcherImage" -}}
+{{- if and .Values.image.launcherTag (not .Values.image.digest) }}
+{{- printf "%s:%s" .Values.image.repository .Values.image.launcherTag }}
+{{- else }}
+{{- include "shardbench.image" . }}
+{{- end }}
 {{- end }}
 
 {{- define "shardbench.image" -}}
@@ -186,37 +248,39 @@ MASTER_* is the torch.distributed rendezvous on worker 0.
 - name: MASTER_PORT
   value: {{ int .Values.masterPort | quote }}
 - name: XDG_CACHE_HOME
-  value: /home/{{ .Values.ssh.user }}/.cache
+  value: {{ printf "/home/%s/.cache" .Values.ssh.user | quote }}
 - name: TRITON_CACHE_DIR
-  value: /home/{{ .Values.ssh.user }}/.cache/triton
+  value: {{ printf "/home/%s/.cache/triton" .Values.ssh.user | quote }}
+- name: SHARDBENCH_IMAGE
+  value: {{ include "shardbench.image" . | quote }}
 {{- range $k := keys .Values.nccl | sortAlpha }}
-- name: {{ $k }}
+- name: {{ $k | quote }}
   value: {{ get $.Values.nccl $k | toString | quote }}
 {{- end }}
 {{- range $k := keys .Values.env | sortAlpha }}
-- name: {{ $k }}
+- name: {{ $k | quote }}
   value: {{ get $.Values.env $k | toString | quote }}
 {{- end }}
 {{- end }}
 
 {{/*
 Container securityContext: non-root, no privilege escalation, every capability dropped. Called
-with (dict "root" $ "ipcLock" bool): RDMA workers add back IPC_LOCK, which the verbs library
-needs to pin (mlock) the buffers it registers with the NIC.
+with (dict "root" $ "privileged" bool): rdma.mode host-network workers are privileged (the only
+way a container may open the host's /dev/infiniband devices) but still run as the non-root user.
+No IPC_LOCK: a non-root process gets no added capability (Kubernetes has no ambient
+capabilities), so RDMA memory registration relies on the runtime's RLIMIT_MEMLOCK (unlimited
+under containerd's default unit; check `ulimit -l` in a worker).
 */}}
 {{- define "shardbench.containerSecurityContext" -}}
 {{- $v := .root.Values -}}
-allowPrivilegeEscalation: false
-privileged: false
-readOnlyRootFilesystem: {{ $v.readOnlyRootFilesystem }}
+allowPrivilegeEscalation: {{ .privileged | toJson }}
+privileged: {{ .privileged | toJson }}
+readOnlyRootFilesystem: {{ $v.readOnlyRootFilesystem | toJson }}
 runAsNonRoot: true
 runAsUser: {{ int $v.ssh.uid }}
 runAsGroup: {{ int $v.ssh.uid }}
 capabilities:
   drop: [ALL]
-  {{- if .ipcLock }}
-  add: [IPC_LOCK]
-  {{- end }}
 {{- end }}
 
 {{/* Pod securityContext. fsGroup makes the operator's SSH key Secret readable by the non-root user. */}}
@@ -251,6 +315,6 @@ One per line, quoted; callers pipe it through trim | nindent.
 {{- $_ := set $m (printf "checkov.io/skip%d" (add1 $i)) $s }}
 {{- end }}
 {{- range $k := keys $m | sortAlpha }}
-{{ $k }}: {{ get $m $k | toString | quote }}
+{{ $k | quote }}: {{ get $m $k | toString | quote }}
 {{- end }}
 {{- end }}

@@ -21,17 +21,24 @@ VALUES_DIR = REPO / "values"
 TOOLS = REPO / ".tools"
 HELMS = {"helm3": TOOLS / "helm3" / "helm", "helm4": TOOLS / "helm4" / "helm"}
 CHECKOV = TOOLS / "checkov-venv" / "bin" / "checkov"
-# CI clones the repo with shared/ beside it: ../shared/schemas from the repo root.
-MPIJOB_CRD = REPO.parent / "shared" / "schemas" / "kubeflow.org_mpijobs.v2beta1.yaml"
+# The MPI Operator's CRD (Apache-2.0), vendored so a plain clone validates MPIJobs too.
+MPIJOB_CRD = Path(__file__).resolve().parent / "vendor" / "kubeflow.org_mpijobs.v2beta1.yaml"
 
 RELEASE = "sb"
 NAMESPACE = "bench"
 VALUES_FILES = sorted(p.name for p in VALUES_DIR.glob("*.yaml"))
 STRATEGIES = ("ddp", "fsdp", "zero1", "zero2", "zero3")
 CHART_LAUNCHERS = ("deepspeed", "mpirun")
+RDMA_MODES = ("none", "shared-device", "host-network", "sriov")
+# What every rdma mode needs besides its name (sriov: the VFs' Multus network).
+SRIOV_SETS = ("rdma.networks=rdma-vf\\,rdma-vf", "rdma.resourceName=nvidia.com/rdma-vf", "rdma.count=2")
+RDMA_SETS = {m: (f"rdma.mode={m}",) + (SRIOV_SETS if m == "sriov" else ()) for m in RDMA_MODES}
 # Every optional feature switched on at once, so their objects and fields get validated too.
 ALL_FEATURES = (
-    "persistence.enabled=true", "hostNetwork=true", "rdma.enabled=true", "oneWorkerPerNode=true",
+    "persistence.enabled=true", "rdma.mode=host-network", "oneWorkerPerNode=true", "numaBind=true",
+    "gang.scheduler=volcano", "gang.queue=gpu", "gang.scheduleTimeoutSeconds=600", "gang.kueueQueue=bench",
+    "launcherPlacement.nodeSelector.pool=cpu", "launcherPlacement.tolerations[0].key=spot",
+    "launcherPlacement.tolerations[0].operator=Exists",
     "image.digest=sha256:" + "a" * 64, "run.strategy=zero3", "launcher=deepspeed",
     "deepspeed.config.zero_optimization.stage=3", "priorityClassName=bench",
     "podAnnotations.team=ml", "image.pullSecrets[0]=regcred", "run.globalBatch=64",
@@ -136,7 +143,7 @@ def openapi_to_jsonschema(node):
 @lru_cache(maxsize=1)
 def mpijob_schema() -> dict:
     if not MPIJOB_CRD.is_file():
-        pytest.fail(f"{MPIJOB_CRD} is missing: CI must have shared/ beside the clone", pytrace=False)
+        pytest.fail(f"{MPIJOB_CRD} is missing: it is vendored with the tests", pytrace=False)
     crd = yaml.safe_load(MPIJOB_CRD.read_text())
     version = next(v for v in crd["spec"]["versions"] if v["name"] == "v2beta1")
     schema = openapi_to_jsonschema(version["schema"]["openAPIV3Schema"])
@@ -201,6 +208,50 @@ def _in_range(version: str, spec: str) -> bool:
         if not ops[op](v, bound):
             return False
     return True
+
+
+# --- the Dockerfile, read without Docker ---------------------------------------------------------
+
+def dockerfile_instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) of the Dockerfile, continuation lines joined, comments dropped."""
+    out, buf = [], ""
+    for line in (REPO / "Dockerfile").read_text().splitlines():
+        if not buf and (not line.strip() or line.lstrip().startswith("#")):
+            continue
+        if line.lstrip().startswith("#"):  # a comment inside a continued instruction
+            continue
+        if line.rstrip().endswith("\\"):
+            buf += line.rstrip()[:-1] + " "
+            continue
+        buf += line
+        word, _, rest = buf.strip().partition(" ")
+        out.append((word.upper(), rest.strip()))
+        buf = ""
+    return out
+
+
+def dockerfile_stages() -> list[list[tuple[str, str]]]:
+    """The instructions of each build stage (what follows each FROM), in order."""
+    stages: list[list[tuple[str, str]]] = []
+    for word, rest in dockerfile_instructions():
+        if word == "FROM":
+            stages.append([])
+        if stages:
+            stages[-1].append((word, rest))
+    return stages
+
+
+def dockerfile_env() -> dict[str, str]:
+    """The ENV the runtime (last) stage sets: what every container of the image starts with."""
+    import shlex
+
+    env: dict[str, str] = {}
+    for word, rest in dockerfile_stages()[-1]:
+        if word == "ENV":
+            for item in shlex.split(rest):
+                name, _, value = item.partition("=")
+                env[name] = value
+    return env
 
 
 def to_json(obj) -> str:

@@ -10,7 +10,7 @@ CASES = {
     # name: (values files, --set, text the error must contain)
     "unknown strategy": ((), ("run.strategy=zero4",),
                          "at '/run/strategy': value must be one of 'ddp', 'fsdp', 'zero1', 'zero2', 'zero3'"),
-    "unknown launcher": ((), ("launcher=torchrun",), "at '/launcher': value must be one of 'deepspeed', 'mpirun'"),
+    "unknown launcher": ((), ("launcher=torchrun",), "at '/launcher': value must be one of 'mpirun', 'deepspeed'"),
     "unknown precision": ((), ("run.precision=fp8",), "at '/run/precision': value must be one of"),
     "workers 0": ((), ("workers=0",), "at '/workers': minimum: got 0, want 1"),
     "typo'd key": ((), ("run.microbatch=2",), "at '/run': additional properties 'microbatch' not allowed"),
@@ -30,6 +30,9 @@ CASES = {
                                     "gpusPerWorker 4 is more than shape a10 has per node (2)"),
     "cuda without GPUs": (("cpu.yaml",), ("run.device=cuda",), "run.device cuda needs GPUs"),
     "checkpoints without a volume": ((), ("checkpoint.enabled=true",), "checkpoint.enabled needs persistence.enabled"),
+    "seq len above the preset's block size": (
+        (), ("run.model=tiny", "run.seqLen=512"), "run.seqLen 512 is above model tiny's block size 256"),
+    "gpuResource that is no resource name": ((), ("gpuResource=gpu",), "at '/gpuResource': 'gpu' does not match pattern"),
 }
 
 

@@ -16,8 +16,8 @@ import subprocess
 import pytest
 import yaml
 
-from chart_helpers import (ALL_FEATURES, CHART, CHECKOV, TOOLS, VALUES_FILES, one, render,
-                           replica_pods, tool)
+from chart_helpers import (ALL_FEATURES, CHART, CHECKOV, RDMA_MODES, RDMA_SETS, TOOLS, VALUES_FILES,
+                           one, render, replica_pods, tool)
 
 
 def scanned(stdout: str) -> list[dict]:
@@ -42,6 +42,8 @@ def checkov_reports(tmp_path_factory):
     out = tmp_path_factory.mktemp("rendered")
     renders = {v: render("helm3", (v,), ("workers=2",)) for v in VALUES_FILES}
     renders["all-features"] = render("helm3", ("h100.yaml",), ALL_FEATURES)
+    for mode in RDMA_MODES:
+        renders[f"rdma-{mode}"] = render("helm3", ("h100.yaml",), ("workers=2", *RDMA_SETS[mode]))
     for name, docs in renders.items():
         pods = list(replica_pods(one(docs, "MPIJob")).values())
         (out / f"{name}.yaml").write_text(yaml.safe_dump_all(docs + pods, sort_keys=False))

@@ -66,6 +66,52 @@ def test_notes_tell_how_to_follow_fetch_and_uninstall(values):
     notes = proc.stdout.split("NOTES:", 1)[1]
     assert "kubectl -n bench logs -f -l training.kubeflow.org/job-name=zero3-w16-shardbench," \
            "training.kubeflow.org/job-role=launcher" in notes
-    assert "BENCHMARK_RESULT_JSON_START" in notes and "result.json" in notes
+    shape = values.removesuffix(".yaml")
+    # The record lands where `shardbench report` looks for it (results/<set>/<run>/result.json).
+    assert f"shardbench collect zero3-w16.log -o results/{shape}/zero3-w16/result.json" in notes
+    assert f"shardbench report results/{shape} --out reports/{shape}" in notes
     assert "helm test zero3-w16 -n bench" in notes
     assert "helm uninstall zero3-w16 -n bench" in notes
+
+
+def test_preflight_notes_say_where_the_verdict_is():
+    proc = helm_cmd("helm4", "install", "pf", str(CHART), "-f", str(VALUES_DIR / "h100.yaml"), "--namespace", "bench",
+                    "--dry-run=client", "--set", "mode=preflight", "--set", "workers=2")
+    assert proc.returncode == 0, proc.stderr
+    notes = proc.stdout.split("NOTES:", 1)[1]
+    assert "expected 400 GB/s across nodes" in notes and "preflight: FAIL" in notes
+    assert "kubectl -n bench get mpijob pf-shardbench" in notes and "helm uninstall pf -n bench" in notes
+
+
+def _install_examples() -> list[tuple[str, list[str]]]:
+    """Every `helm install NAME ./chart ...` line of README.md and chart/README.md, as argv."""
+    import re
+    import shlex
+
+    found = []
+    for doc in (REPO / "README.md", CHART / "README.md"):
+        text = doc.read_text().replace("\\\n", " ").replace("$IMG", "--set image.repository=r/shardbench")
+        for m in re.finditer(r"helm install ([a-z0-9-]+) \./chart([^`\n]*)", text):
+            found.append((f"{doc.relative_to(REPO)}: {m.group(0)[:60]}", [m.group(1), *shlex.split(m.group(2))]))
+    return found
+
+
+@pytest.mark.parametrize("where, argv", _install_examples(), ids=[w for w, _ in _install_examples()])
+def test_every_documented_install_renders_and_is_named_for_its_ranks(where, argv):
+    """The docs' install examples work as written (with an image repository), and a release
+    named <strategy>-w<N> really runs N ranks."""
+    import re
+
+    import yaml
+
+    name, rest = argv[0], [a.replace("values/", str(REPO / "values") + "/") for a in argv[1:]]
+    rest = [a for a in rest if a not in ("-n", "bench", "--wait")]
+    assert "image.repository=" in " ".join(rest), f"{where}: no --set image.repository"
+    proc = helm_cmd("helm4", "template", name, str(CHART), *rest)
+    assert proc.returncode == 0, f"{where}: {proc.stderr}"
+    job = next(d for d in yaml.safe_load_all(proc.stdout) if d and d.get("kind") == "MPIJob")
+    worker = job["spec"]["mpiReplicaSpecs"]["Worker"]
+    ranks = worker["replicas"] * job["spec"]["slotsPerWorker"]
+    m = re.fullmatch(r"[a-z0-9]+-w(\d+)", name)
+    if m:
+        assert int(m.group(1)) == ranks, f"{where}: {name} runs {ranks} ranks"

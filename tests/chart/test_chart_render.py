@@ -7,9 +7,9 @@ import json
 import pytest
 import yaml
 
-from chart_helpers import (CHART, CHART_LAUNCHERS, HELMS, NAMESPACE, RELEASE, REPO, STRATEGIES,
-                           VALUES_DIR, VALUES_FILES, helm_cmd, launcher_argv, one, render,
-                           replica_pods)
+from chart_helpers import (CHART, CHART_LAUNCHERS, HELMS, NAMESPACE, RDMA_MODES, RDMA_SETS, RELEASE,
+                           REPO, STRATEGIES, VALUES_DIR, VALUES_FILES, helm_cmd, launcher_argv, one,
+                           render, replica_pods)
 
 COMBOS = [(s, l) for s in STRATEGIES for l in CHART_LAUNCHERS]
 
@@ -31,6 +31,14 @@ def test_lint_strict(helm, values):
     proc = helm_cmd(helm, *args)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "0 chart(s) failed" in proc.stdout
+
+
+@pytest.mark.parametrize("helm", sorted(HELMS))
+@pytest.mark.parametrize("mode", RDMA_MODES)
+def test_lint_strict_rdma_mode(helm, mode):
+    args = [a for s in RDMA_SETS[mode] for a in ("--set", s)]
+    proc = helm_cmd(helm, "lint", "--strict", str(CHART), "-f", str(VALUES_DIR / "h100.yaml"), *args)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 @pytest.mark.parametrize("helm", sorted(HELMS))
@@ -84,17 +92,15 @@ def test_mpijob_follows_values(helm, values):
     assert shm["emptyDir"]["medium"] == "Memory" and shm["emptyDir"]["sizeLimit"] == vals["shmSize"]
     assert {"name": "dshm", "mountPath": "/dev/shm"} in worker["containers"][0]["volumeMounts"]
 
-    rdma = vals["rdma"]["enabled"]
+    host_net = vals["rdma"]["mode"] == "host-network"
     caps = worker["containers"][0]["securityContext"]["capabilities"]
-    assert caps["drop"] == ["ALL"]
-    assert caps.get("add", []) == (["IPC_LOCK"] if rdma else [])
-    if rdma:
-        assert worker["containers"][0]["resources"]["limits"][vals["rdma"]["resourceName"]] == 1
+    assert caps == {"drop": ["ALL"]}  # no IPC_LOCK: a non-root process could not use it
     for pod in (launcher, worker):
         ctx = pod["containers"][0]["securityContext"]
         assert ctx["runAsNonRoot"] and ctx["runAsUser"] >= 10000
-        assert ctx["allowPrivilegeEscalation"] is False
+        assert ctx["allowPrivilegeEscalation"] is (host_net and pod is worker)
         assert pod["automountServiceAccountToken"] is False
+        assert pod.get("hostNetwork", False) is host_net
     if vals.get("oneWorkerPerNode"):
         term = worker["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]
         assert term["topologyKey"] == "kubernetes.io/hostname"
@@ -125,7 +131,7 @@ def test_helm_test_pod_is_a_hook_that_checks_the_record():
 
 
 def test_optional_objects():
-    docs = render("helm3", ("a100.yaml",), ("persistence.enabled=true", "workers=2"))
+    docs = render("helm3", ("a100.yaml",), ("persistence.enabled=true", "workers=2", "rdma.mode=none"))
     kinds = sorted(d["kind"] for d in docs)
     assert kinds == ["ConfigMap", "MPIJob", "NetworkPolicy", "NetworkPolicy", "NetworkPolicy",
                      "PersistentVolumeClaim", "Pod", "ServiceAccount"]
@@ -186,7 +192,9 @@ def test_global_batch_sets_grad_accum():
     docs = render("helm3", ("h100.yaml",), ("workers=2", "run.microBatch=2", "run.globalBatch=128"))
     cmd = launcher_argv(one(docs, "MPIJob"))
     assert cmd[cmd.index("--grad-accum") + 1] == "4"  # 128 / (2 x 16)
-    assert cmd[cmd.index("--run-id") + 1] == "ddp-w16-s2048-mb2-ga4-r0"
+    assert "--run-id" not in cmd  # the trainer names it, config hash included
+    cmd = launcher_argv(one(render("helm3", ("h100.yaml",), ("run.id=my-run",)), "MPIJob"))
+    assert cmd[cmd.index("--run-id") + 1] == "my-run"
 
 
 @pytest.mark.parametrize("helm", sorted(HELMS))
@@ -195,3 +203,64 @@ def test_kube_version_range_is_enforced(helm):
     assert old.returncode != 0 and "incompatible with Kubernetes v1.27.3" in old.stderr
     # Pre-release / vendor suffixes (EKS, GKE) still match thanks to the "-0" in the range.
     assert helm_cmd(helm, "template", RELEASE, str(CHART), "--kube-version", "1.31.2-eks-1").returncode == 0
+
+
+def _worker_and_launcher(mode: str) -> tuple[dict, dict, list[dict]]:
+    docs = render("helm3", ("h100.yaml",), ("workers=2", *RDMA_SETS[mode]))
+    pods = replica_pods(one(docs, "MPIJob"))
+    return pods["Worker"], pods["Launcher"], docs
+
+
+@pytest.mark.parametrize("mode", RDMA_MODES)
+def test_rdma_mode_renders_what_it_needs(mode):
+    worker, launcher, docs = _worker_and_launcher(mode)
+    w, l = worker["spec"], launcher["spec"]
+    wc = w["containers"][0]
+    limits = wc["resources"]["limits"]
+    host_net = mode == "host-network"
+    for spec in (w, l):  # launcher too: the daemons' callbacks come from node addresses
+        assert spec.get("hostNetwork", False) is host_net
+        assert (spec.get("dnsPolicy") == "ClusterFirstWithHostNet") is host_net
+    assert wc["securityContext"]["privileged"] is host_net
+    assert wc["securityContext"]["runAsNonRoot"] is True  # root nowhere, whatever the mode
+    devices = [v for v in w["volumes"] if v.get("hostPath", {}).get("path") == "/dev/infiniband"]
+    assert bool(devices) is host_net
+    assert ("rdma/rdma_shared_device_a" in limits) is (mode == "shared-device")
+    assert limits.get("nvidia.com/rdma-vf") == (2 if mode == "sriov" else None)
+    networks = worker["metadata"]["annotations"].get("k8s.v1.cni.cncf.io/networks")
+    assert networks == ("rdma-vf,rdma-vf" if mode == "sriov" else None)
+    policies = {d["metadata"]["name"] for d in docs if d["kind"] == "NetworkPolicy"}
+    # No NetworkPolicy applies to host-network pods: none is rendered that would pretend to.
+    assert (f"{RELEASE}-shardbench-worker" in policies) is not host_net
+
+
+def test_sriov_needs_its_network():
+    proc = helm_cmd("helm3", "template", RELEASE, str(CHART), "-f", str(VALUES_DIR / "h100.yaml"),
+                    "--set", "rdma.mode=sriov")
+    assert proc.returncode != 0 and "rdma.mode sriov needs rdma.networks" in proc.stderr
+
+
+def test_gang_scheduling_and_launcher_placement():
+    docs = render("helm3", ("h100.yaml",), ("workers=4", "gang.scheduler=volcano", "gang.queue=gpu",
+                                             "gang.scheduleTimeoutSeconds=600", "gang.kueueQueue=team-a",
+                                             "launcherPlacement.nodeSelector.pool=cpu"))
+    job = one(docs, "MPIJob")
+    policy = job["spec"]["runPolicy"]
+    # minAvailable counts the workers only: the launcher is created after they are Ready.
+    assert policy["schedulingPolicy"] == {"minAvailable": 4, "queue": "gpu", "scheduleTimeoutSeconds": 600}
+    assert policy["suspend"] is True
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+    pods = replica_pods(job)
+    assert pods["Launcher"]["spec"]["nodeSelector"] == {"pool": "cpu"}
+    assert pods["Worker"]["spec"]["nodeSelector"] == {"node.kubernetes.io/instance-type": "BM.GPU.H100.8"}
+    assert "tolerations" not in pods["Launcher"]["spec"]  # the GPU taint toleration is the workers'
+    plain = one(render("helm3", ("h100.yaml",)), "MPIJob")["spec"]["runPolicy"]
+    assert "schedulingPolicy" not in plain and "suspend" not in plain
+
+
+def test_launcher_can_pull_the_cpu_image():
+    pods = replica_pods(one(render("helm3", ("h100.yaml",), ("image.launcherTag=0.1.0-cpu",)), "MPIJob"))
+    assert pods["Launcher"]["spec"]["containers"][0]["image"] == "shardbench:0.1.0-cpu"
+    assert pods["Worker"]["spec"]["containers"][0]["image"] == "shardbench:0.1.0-cuda"
+    same = replica_pods(one(render("helm3", ("h100.yaml",)), "MPIJob"))
+    assert same["Launcher"]["spec"]["containers"][0]["image"] == "shardbench:0.1.0-cuda"

@@ -9,11 +9,13 @@ import copy
 import pytest
 from kubernetes_validate import ValidationError
 
-from chart_helpers import (ALL_FEATURES, CHART_LAUNCHERS, STRATEGIES, VALUES_FILES, core_validate,
-                           kube_versions_in_range, mpijob_errors, one, render, replica_pods)
+from chart_helpers import (ALL_FEATURES, CHART_LAUNCHERS, RDMA_MODES, RDMA_SETS, STRATEGIES,
+                           VALUES_FILES, core_validate, kube_versions_in_range, mpijob_errors, one,
+                           render, replica_pods)
 
-RENDERS = [((v,), ()) for v in VALUES_FILES] + [(("cpu.yaml",), ALL_FEATURES)]
-RENDER_IDS = [v[0] for v, _ in RENDERS[:-1]] + ["cpu+all-features"]
+RENDERS = ([((v,), ()) for v in VALUES_FILES] + [(("cpu.yaml",), ALL_FEATURES)]
+           + [(("h100.yaml",), RDMA_SETS[m]) for m in RDMA_MODES])
+RENDER_IDS = [v[0] for v in VALUES_FILES] + ["cpu+all-features"] + [f"h100+rdma-{m}" for m in RDMA_MODES]
 
 
 def test_kube_versions_cover_the_range():

@@ -10,7 +10,7 @@ from jsonschema import Draft7Validator
 
 from chart_helpers import CHART, VALUES_DIR, VALUES_FILES
 from tui.suite.matrix import load_shape
-from tui.suite.presets import preset_max_seq_len
+from trainer.presets import PRESETS
 
 SHAPE_KEYS = ["name", "instanceType", "gpuModel", "gpusPerNode", "gpuMemoryGiB", "peakTflopsBf16",
               "usdPerGpuHour"]
@@ -83,7 +83,7 @@ def test_cpu_shape():
 def test_recommended_run(values):
     run = load(values)["run"]
     assert {"microBatch", "seqLen", "precision", "model"} <= set(run)
-    assert run["seqLen"] <= preset_max_seq_len(run["model"])
+    assert run["seqLen"] <= PRESETS[run["model"]].block_size
     if values != "cpu.yaml":
         assert run["precision"] == "bf16"  # every one of these GPUs has bf16
 
@@ -94,20 +94,25 @@ def test_a10_uses_sockets():
     assert nccl["NCCL_P2P_LEVEL"] == "SYS"
     assert nccl["NCCL_ALGO"] == "Ring"
     assert nccl["NCCL_SOCKET_IFNAME"]
-    assert load("a10.yaml")["rdma"]["enabled"] is False
+    assert load("a10.yaml")["rdma"]["mode"] == "none"
 
 
 @pytest.mark.parametrize("name", RDMA_SHAPES)
 def test_bare_metal_uses_rdma_and_nvlink(name):
     v = load(f"{name}.yaml")
     nccl = v["nccl"]
-    assert nccl["NCCL_IB_DISABLE"] == "0"
-    assert nccl["NCCL_IB_HCA"] and nccl["NCCL_SOCKET_IFNAME"]
-    assert nccl["NCCL_NET_GDR_LEVEL"]  # GPUDirect RDMA
-    assert nccl["NCCL_P2P_LEVEL"] == "NVL"
-    assert "NCCL_COLLNET_ENABLE" in nccl  # SHARP / CollNet switch, off unless the fabric has it
-    assert "NCCL_TOPO_FILE" in (VALUES_DIR / f"{name}.yaml").read_text()  # documented, optional
-    assert v["rdma"]["enabled"] is True and v["rdma"]["resourceName"]
+    text = (VALUES_DIR / f"{name}.yaml").read_text()
+    # OCI's published list for the shape, named in a comment as the source.
+    instance = v["shape"]["instanceType"]
+    assert f"oci-hpc-oke/blob/main/manifests/nccl-tests/host-network/mpi-operator/{instance}.yaml" in text
+    assert nccl["NCCL_IB_HCA"].startswith("=mlx5_")  # exactly the RDMA NICs, not the front-end one
+    assert (nccl["NCCL_IB_GID_INDEX"], nccl["NCCL_IB_TC"], nccl["NCCL_IB_SL"]) == ("3", "41", "0")
+    assert nccl["NCCL_SOCKET_IFNAME"]
+    if name in ("h100", "h200"):
+        assert nccl["NCCL_CUMEM_ENABLE"] == "0" and nccl["NCCL_IGNORE_CPU_AFFINITY"] == "1"
+    assert "NCCL_TOPO_FILE" in text  # documented, optional
+    assert v["rdma"]["mode"] == "host-network"  # as OCI runs RDMA MPIJobs on these shapes
+    assert v["numaBind"] is True
     assert v["oneWorkerPerNode"] is True
     assert v["gpusPerWorker"] == v["shape"]["gpusPerNode"]
 

@@ -14,6 +14,7 @@ def test_install_tools_is_idempotent():
                           text=True, timeout=120, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     assert "helm v3.19.0" in proc.stdout and "v4.1.4" in proc.stdout and "checkov 3.3.30" in proc.stdout
+    assert "sshd: OpenSSH_" in proc.stdout  # the emulated MPIJob test's sshd
     assert {name: path.stat().st_mtime_ns for name, path in HELMS.items()} == \
         {name: mtime for name, (_, mtime) in before.items()}
     # checkov's helm runner finds helm 3 through .tools/bin.

@@ -11,10 +11,12 @@ import yaml
 
 from chart_helpers import (CHART, CHART_LAUNCHERS, NAMESPACE, RELEASE, STRATEGIES, VALUES_DIR,
                            VALUES_FILES, launcher_argv, one, render)
-from trainer.launchers import LaunchPlan, build_command
-from tui.suite.matrix import RunSpec, load_shape, run_id
+from trainer.contract import is_deepspeed
+from trainer.launchers import CONTAINER_ENV_VARS, LaunchPlan, build_command
+from tui.suite.matrix import RunSpec, load_shape
 
 JOB = f"{RELEASE}-shardbench"
+
 
 
 def _merge(base: dict, extra: dict) -> dict:
@@ -51,9 +53,10 @@ def expected_command(values_file: str | None, overrides: dict) -> list[str]:
     world = workers * gpw
     ga = r["globalBatch"] // (r["microBatch"] * world) if r.get("globalBatch") else r["gradAccum"]
     shape = load_shape(values_file[:-5]) if values_file else None  # the suite's reading of values/
-    rid = r["id"] or run_id(r["strategy"], world, r["seqLen"], r["microBatch"], ga, 0)
+    # No run.id: the trainer names the run itself (with the config hash only it computes).
+    rid = r["id"] or ""
     extra = list(r["extraArgs"])
-    if v["deepspeed"]["config"] and r["strategy"].startswith("zero"):
+    if v["deepspeed"]["config"] and is_deepspeed(r["strategy"]):
         extra += ["--deepspeed-config", "/etc/shardbench/deepspeed.json"]
     spec = RunSpec(
         run_id=rid, strategy=r["strategy"], world_size=world, seq_len=r["seqLen"],
@@ -63,14 +66,16 @@ def expected_command(values_file: str | None, overrides: dict) -> list[str]:
         device=r["device"], seed=r["seed"],
         peak_tflops=shape.peak_tflops if shape else v["shape"]["peakTflopsBf16"],
         usd_per_gpu_hour=shape.usd_per_gpu_hour if shape else v["shape"]["usdPerGpuHour"],
-        extra_args=tuple(extra),
     )
-    out_dir = f"{v['persistence']['mountPath']}/{rid}" if v["persistence"]["enabled"] else None
+    out_dir = f"{v['persistence']['mountPath']}/{rid or RELEASE}" if v["persistence"]["enabled"] else None
+    # run.extraArgs go last, as given (the suite puts RunSpec.option_args() there).
     plan = LaunchPlan(
         launcher=v["launcher"], nodes=workers, procs_per_node=gpw,
-        trainer_args=spec.trainer_args(out_dir), hostfile="/etc/mpi/hostfile",
+        trainer_args=spec.trainer_args(out_dir) + extra, hostfile="/etc/mpi/hostfile",
         master_addr=f"{JOB}-worker-0.{JOB}.{NAMESPACE}.svc", master_port=v["masterPort"],
-        forward_env=sorted(set(v["nccl"]) | set(v["env"])), tcp_if_include=v["tcpIfInclude"] or None,
+        # The chart forwards the container's variables and every nccl:/env: key to every rank.
+        forward_env=[*CONTAINER_ENV_VARS, *v["nccl"], *v["env"]], tcp_if_include=v["tcpIfInclude"] or None,
+        numa_bind=v["numaBind"],
     )
     return build_command(plan)
 
@@ -102,7 +107,8 @@ def test_chart_command_is_build_command(values_file, overrides):
     trainer_args = expected[expected.index("trainer") + 1:]
     assert trainer_args[-2:] == ["--launcher", job["metadata"]["labels"]["shardbench.io/launcher"]]
     assert json.loads(cm["trainer-args.json"]) == trainer_args
-    assert cm["run-id"] == trainer_args[trainer_args.index("--run-id") + 1]
+    run_id = trainer_args[trainer_args.index("--run-id") + 1] if "--run-id" in trainer_args else None
+    assert cm["run-name"] == (run_id or RELEASE)
 
 
 def test_helm4_renders_the_same_command():

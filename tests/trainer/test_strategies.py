@@ -80,6 +80,7 @@ def test_records_are_valid_and_describe_the_run(records, result_schema, strategy
         assert r["fsdp_grad_sync"] == ("every_micro_step" if strategy == "fsdp" else None)
         assert r["threads_per_rank"] == 1 and len(r["cpu_affinity"]) == world
         assert r["load_avg_1m_start"] is not None and r["load_avg_1m_end"] is not None
+        assert r["cpu_count"] == os.cpu_count()
         assert r["mfu"] is None and r["peak_flops"] is None  # no peak for CPUs
         assert r["comm_backend"] == "gloo" and r["device"] == "cpu"
 

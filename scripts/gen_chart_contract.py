@@ -1,0 +1,95 @@
+"""Writes the trainer's facts the chart needs into chart/files/contract.json and the enums and
+defaults of chart/values.schema.json, so the chart never keeps its own copy of them.
+
+    python scripts/gen_chart_contract.py          # rewrite both files
+    python scripts/gen_chart_contract.py --check  # exit 1 naming each file that is out of date
+
+The templates read contract.json with .Files.Get (which strategies run on DeepSpeed, each
+preset's block size, the variables every rank must get); helm validates values against the
+schema's enums before rendering. tests/chart/test_chart_contract.py fails when the checked-in
+files differ from what this script writes. Imports no torch.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import fields
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from trainer import launchers  # noqa: E402
+from trainer.config import RunConfig  # noqa: E402
+from trainer.contract import CLUSTER_LAUNCHERS, DEVICES, PRECISIONS, STRATEGIES  # noqa: E402
+from trainer.presets import PRESETS  # noqa: E402
+
+CONTRACT = REPO / "chart" / "files" / "contract.json"
+SCHEMA = REPO / "chart" / "values.schema.json"
+
+
+def strategy_facts() -> dict[str, dict]:
+    """strategy -> engine and the launcher it runs under by default."""
+    return {name: {"engine": s.engine, "deepspeed": s.engine == "deepspeed", "zeroStage": s.zero_stage,
+                   "defaultLauncher": s.default_launcher} for name, s in STRATEGIES.items()}
+
+
+def contract() -> dict:
+    return {
+        "_generated": "by scripts/gen_chart_contract.py from the trainer's tables: do not edit",
+        "strategies": strategy_facts(),
+        "presets": {name: {"blockSize": p.block_size, "defaultSeqLen": p.default_seq_len}
+                    for name, p in PRESETS.items()},
+        "precisions": list(PRECISIONS),
+        "devices": list(DEVICES),
+        "clusterLaunchers": list(CLUSTER_LAUNCHERS),
+        "runEnvVars": list(launchers.RUN_ENV_VARS),
+        "containerEnvVars": list(launchers.CONTAINER_ENV_VARS),
+        "mpirunBaseFlags": list(launchers.MPIRUN_BASE_FLAGS),
+        "unboundFlags": list(launchers.UNBOUND_FLAGS),
+        # numa_bound_flags(N) with N as a placeholder the chart fills with gpusPerWorker.
+        "numaBoundFlags": launchers.numa_bound_flags(0),
+    }
+
+
+def _default(name: str):
+    return next(f.default for f in fields(RunConfig) if f.name == name)
+
+
+def schema(current: dict) -> dict:
+    """`current` with the trainer-owned enums and defaults replaced; everything else kept."""
+    out = json.loads(json.dumps(current))
+    run = out["properties"]["run"]["properties"]
+    run["strategy"]["enum"] = list(STRATEGIES)
+    run["model"]["enum"] = list(PRESETS)
+    run["model"]["default"] = _default("model")
+    run["precision"]["enum"] = list(PRECISIONS)
+    run["precision"]["default"] = _default("precision")
+    run["device"]["enum"] = list(DEVICES)
+    out["properties"]["launcher"]["enum"] = list(CLUSTER_LAUNCHERS)
+    return out
+
+
+def rendered() -> dict[Path, str]:
+    current = json.loads(SCHEMA.read_text())
+    return {CONTRACT: json.dumps(contract(), indent=2) + "\n",
+            SCHEMA: json.dumps(schema(current), indent=2) + "\n"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="only report files that are out of date")
+    args = parser.parse_args(argv)
+    stale = [path for path, text in rendered().items() if not path.is_file() or path.read_text() != text]
+    if args.check:
+        for path in stale:
+            print(f"{path.relative_to(REPO)} is out of date: run python scripts/gen_chart_contract.py", file=sys.stderr)
+        return 1 if stale else 0
+    for path, text in rendered().items():
+        path.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
