@@ -107,7 +107,7 @@ writes them (tests/chart/test_launch_command.py checks they agree). One JSON lis
 {{- end }}
 {{- if .Values.checkpoint.enabled }}
 {{- /* --resume auto is the trainer's default: a retried launcher continues from here. */}}
-{{- $a = concat $a (list "--checkpoint-dir" (printf "%s/%s/checkpoints" .Values.persistence.mountPath (include "shardbench.runId" .)) "--checkpoint-every" (toString (int .Values.checkpoint.every)) "--keep-checkpoints" (toString (int .Values.checkpoint.keep))) }}
+{{- $a = concat $a (list "--checkpoint-dir" (printf "%s/%s/checkpoints" .Values.persistence.mountPath (include "shardbench.runName" .)) "--checkpoint-every" (toString (int .Values.checkpoint.every)) "--keep-checkpoints" (toString (int .Values.checkpoint.keep))) }}
 {{- end }}
 {{- $a = concat $a $r.extraArgs }}
 {{- if and .Values.deepspeed.config (include "shardbench.isDeepSpeed" .) }}
