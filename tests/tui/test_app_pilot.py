@@ -55,9 +55,15 @@ def table_cell(app: BenchApp, run_id: str, column: str):
 
 @pytest.mark.slow
 async def test_tiny_matrix_runs_for_real_and_results_hold_measured_tokens_per_s(tmp_path):
+    # A past result set opened with --results is only viewed: the runs go to the matrix's own
+    # directory (they used to land in, and replace results of, the opened one).
+    past = tmp_path / "past"
+    write_results(past, [synthetic_record("ddp", 1, 100.0, 0.5)])
+    before = sorted(p.relative_to(past) for p in past.rglob("*"))
     matrix = replace(default_matrix(), results=str(tmp_path / "results"))
-    app = BenchApp(matrix=matrix, availability=FIXED_AVAILABILITY)
+    app = BenchApp(matrix=matrix, results_dir=past, availability=FIXED_AVAILABILITY)
     async with app.run_test(size=SIZE) as pilot:
+        await wait_until(pilot, lambda: "in " + str(past) in app.results_screen.source, 30, "the past results")
         await pick_strategies(pilot, app, {"ddp"})
         set_inputs(app, world_sizes="1, 2", seq_lens="64", steps="5", warmup_steps="2", repeats="1")
         await pilot.pause()
@@ -69,6 +75,8 @@ async def test_tiny_matrix_runs_for_real_and_results_hold_measured_tokens_per_s(
         await wait_until(pilot, lambda: not app.matrix_worker.is_running, 180, "the matrix to finish")
         await settle(pilot)
         await pilot.pause(0.5)
+        assert sorted(p.relative_to(past) for p in past.rglob("*")) == before
+        assert app.results_dir == tmp_path / "results"
 
         runs = app.runs_screen.query_one("#runs-table", DataTable)
         assert [runs.get_cell(r, "state") for r in ids] == ["ok", "ok"]
