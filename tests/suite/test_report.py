@@ -128,6 +128,19 @@ def test_overloaded_host_is_flagged(tmp_path):
     assert "| 13.00 | 6.20 | 2 | 1 | 0 1 | yes |" in host_rows and "| 0.10 | 1.90 | 2 | 1 | 0 1 | no |" in host_rows
 
 
+def test_back_to_back_runs_on_an_idle_host_are_not_overloaded_and_memory_ignores_timing_flags(tmp_path):
+    """In a matrix the previous run's ranks still weigh in the 1-minute load average at start:
+    1.7 at start and end on 2 CPUs is an idle host running 2 ranks (it used to be flagged, and the
+    flag blocked even the memory verdict). Timing noise never blocks a memory verdict."""
+    host = {"cpu_count": 2, "threads_per_rank": 1, "cpu_affinity": [[0], [1]]}
+    idle = reps("ddp", 2, [1000.0, 1005.0, 995.0], load_avg_1m_start=1.7, load_avg_1m_end=1.7, **host)
+    noisy = reps("fsdp", 2, [500.0, 900.0, 1300.0], model_state_bytes_per_rank=2 ** 20, **host)
+    md = report_md(tmp_path, idle + noisy)
+    assert "ddp" not in section(md, "Flags") and "throughput varies" in section(md, "Flags")
+    memory = [r for r in section(md, "Verdicts").splitlines() if r.startswith("| memory: model state")]
+    assert memory and "**fsdp**" in memory[0], memory
+
+
 def test_memory_compares_model_state_not_rss(tmp_path):
     def state(params, grads, opt, master=0):
         return {"model_state": [{"rank": 0, "params_bytes": params, "grads_bytes": grads, "optimizer_bytes": opt,

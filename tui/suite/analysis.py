@@ -11,8 +11,8 @@ The rules (README "How the report decides" states them for users):
   single-device mean of any strategy (same model, seq len, precision, shape, device), same method.
 - Flags (a flagged configuration is never named winner): efficiency above 1.05; throughput
   spread (max - min) / mean above 20% across repeats; a host overloaded during a run (1-minute
-  load average at start plus the run's own threads, or at end, above the host's CPUs + 1); a
-  loss curve off its group's reference.
+  load average at its start or end above the host's CPUs + 1); a loss curve off its group's
+  reference. Memory verdicts (counted, not timed) are blocked only by a broken loss curve.
 - Loss check: runs that must follow one trajectory (same model, seq len, precision, gradient
   reduction dtype, global batch, steps, lr, seed) are compared step by step with the per-step
   median of the group; a run further than 1e-4 relative (fp32; 1e-2 when compute or gradient
@@ -59,7 +59,7 @@ RUN_COLUMNS: list[tuple[str, str]] = [
     ("scaling_efficiency", "tok/s / (mean tok/s of the ok base runs x world_size / base); empty when the base has no ok run"),
     ("scaling_note", "why scaling_efficiency is empty"),
     ("speedup_vs_best_1dev", "tok/s / mean tok/s of the best single-device configuration of any strategy (same model, seq len, precision, shape)"),
-    ("host_overloaded", "yes when the 1-minute load average at start plus the run's threads, or at end, exceeded the host's CPUs + 1; empty when not recorded"),
+    ("host_overloaded", "yes when the 1-minute load average at the run's start or end exceeded the host's CPUs + 1; empty when not recorded"),
     ("loss_max_rel_diff", "largest relative difference of this run's loss per step from its group's per-step median"),
     ("loss_check", "ok, broken (off the reference beyond the tolerance), or empty when the run had no group"),
 ]
@@ -74,6 +74,9 @@ class Category:
     higher_is_better: bool
     unit: str
     fmt: str = "{:.4g}"
+    timed: bool = True
+    """Measured with a clock: noise flags (overload, spread, efficiency) block its verdict. Memory
+    is counted, not timed: only a broken run blocks it."""
 
     def show(self, e: Estimate | None) -> str:
         return show(e, self.fmt, self.unit)
@@ -82,8 +85,8 @@ class Category:
 CATEGORIES = [
     Category("throughput", "tokens_per_s", True, "tok/s", "{:,.0f}"),
     Category("step time", "step_time_mean_s", False, "s", "{:.4f}"),
-    Category("memory: model state per rank", "model_state_gib_per_rank", False, "GiB", "{:.4g}"),
-    Category("memory: GPU training peak", "train_peak_gib", False, "GiB", "{:.3f}"),
+    Category("memory: model state per rank", "model_state_gib_per_rank", False, "GiB", "{:.4g}", timed=False),
+    Category("memory: GPU training peak", "train_peak_gib", False, "GiB", "{:.3f}", timed=False),
     Category("scaling efficiency", "scaling_efficiency", True, "", "{:.2f}"),
     Category("cost", "cost_usd_per_mtok", False, "$/Mtok", "{:.4g}"),
 ]
@@ -316,11 +319,9 @@ def _overloaded(row: dict[str, Any]) -> str | None:
     start, end = row["load_avg_1m_start"], row["load_avg_1m_end"]
     if not finite(cpus) or not (finite(start) or finite(end)):
         return None  # not recorded: unknown, not "no"
-    own = 0.0
-    if row["device"] == "cpu" and finite(row["devices_per_node"]):
-        threads = row["threads_per_rank"] if finite(row["threads_per_rank"]) else 1
-        own = row["devices_per_node"] * threads
-    load = max((start + own) if finite(start) else 0.0, end if finite(end) else 0.0)
+    # Not "start + the run's own threads": in a matrix the previous run's ranks still weigh in the
+    # 1-minute average at start, so that sum flagged every 2-rank run on an idle 2-core host.
+    load = max(start if finite(start) else 0.0, end if finite(end) else 0.0)
     return "yes" if load > cpus + OVERLOAD_SLACK else "no"
 
 
@@ -460,8 +461,9 @@ def _verdict(cat: Category, group: list[Config], cv: float | None) -> Verdict | 
                  else f"about {need} repeats would separate a difference this size" if need
                  else f"rerun with at least {MIN_REPEATS} repeats" if cv is None
                  else "the difference is within the noise even at 100 repeats")
-    if best.flags:
-        kind, text = "flagged", f"not named: {best.strategy} has the best mean but is flagged ({'; '.join(best.flags)}); {both}"
+    blocking = best.flags if cat.timed else [f for f in best.flags if f.startswith("broken")]
+    if blocking:
+        kind, text = "flagged", f"not named: {best.strategy} has the best mean but is flagged ({'; '.join(blocking)}); {both}"
     elif not (b.has_interval and s.has_interval):
         kind, text = "one repeat", f"no winner from one repeat: {both}; {need_text}"
     elif separated(b, s):

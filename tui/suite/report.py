@@ -44,8 +44,8 @@ RULES = f"""\
   verdict is "no significant difference" with both intervals. One repeat names no winner.
 - Flagged, never crowned: efficiency above {an_mod.EFFICIENCY_LIMIT}; throughput spread
   (max - min) / mean above {an_mod.SPREAD_LIMIT:.0%} across repeats; a host overloaded during a run
-  (1-minute load average at start plus the run's own threads, or at end, above the host's CPUs
-  + {an_mod.OVERLOAD_SLACK:g}); a broken loss curve.
+  (1-minute load average at its start or end above the host's CPUs + {an_mod.OVERLOAD_SLACK:g}); a
+  broken loss curve. Memory is counted, not timed: only a broken loss curve blocks its verdict.
 - Loss check: runs with the same model, seq len, precision, gradient-reduction dtype, global
   batch, steps, lr and seed must follow one trajectory. Each run's loss at every step is compared
   with the group's per-step median; more than {an_mod.LOSS_TOLERANCE['fp32']:g} relative (fp32;
