@@ -240,10 +240,12 @@ async def set_conditions(emu: Emulator, job: str, *types: str, message: str = ""
 
 
 def add_pod(emu: Emulator, job: str, role: str, phase: str, waiting: str | None = None,
-            terminated: dict | None = None, namespace: str = NAMESPACE, release: str | None = None) -> str:
+            terminated: dict | None = None, namespace: str = NAMESPACE, release: str | None = None,
+            name: str | None = None) -> str:
     """A pod of `job` as the operator names and labels it; `terminated`: its container's
-    terminated state (exitCode, reason, message), as the kubelet reports a crashed container."""
-    name = f"{job}-{role}" if role == "launcher" else f"{job}-{role}-0"
+    terminated state (exitCode, reason, message), as the kubelet reports a crashed container.
+    `name`: another pod of the same role (worker 1, the pod of a retried launcher)."""
+    name = name or (f"{job}-{role}" if role == "launcher" else f"{job}-{role}-0")
     status: dict = {"phase": phase}
     if waiting:
         status["containerStatuses"] = [{"name": role, "ready": False,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -27,7 +28,8 @@ from tui.suite.matrix import RunSpec
 
 from .conftest import synthetic_record
 from .kube_emulator import (NAMESPACE, Emulator, PodLog, add_event, add_pod, collect_garbage, install_shims,
-                            mpijobs, serve_log, set_conditions, wait_for_mpijob, write_kubeconfig)
+                            mpijobs, serve_log, set_conditions, set_pod_status, wait_for_mpijob,
+                            write_kubeconfig)
 
 REPO = Path(__file__).resolve().parents[2]
 HELMS = {"helm3": REPO / ".tools" / "helm3" / "helm", "helm4": REPO / ".tools" / "helm4" / "helm"}
@@ -166,6 +168,86 @@ async def test_dropped_log_stream_is_resumed_without_losing_or_repeating_lines(c
     # The stream was reopened from the second of the last line seen, not from the start.
     resumed = [q for q in played[0].requests if q.get("sinceTime")]
     assert resumed and all(q["follow"] == "true" and q["timestamps"] == "true" for q in resumed)
+
+
+def progress_line(step: int, steps: int) -> str:
+    return f"[1,0]<stdout>:{PROGRESS_PREFIX}" + json.dumps(
+        {"step": step, "steps": steps, "phase": "measure", "loss": 10.0 - step, "tokens_per_s": 1000.0 + step})
+
+
+def pod_gone(emu, name: str) -> bool:
+    return not any(res.plural == "pods" and key == name and not obj.deleted
+                   for (res, ns, key), obj in emu.objects.items())
+
+
+async def test_kill_rank_deletes_its_worker_pod_and_follows_the_retried_launcher(cluster, tmp_path):
+    """kill-rank:1@3 on 2 workers x 1 rank: at step 3 the backend deletes worker pod 1 through the
+    API. The API server is emulated (kmock) and the test plays the MPI Operator: once the worker
+    pod is gone, the first launcher pod fails, the launcher Job starts a second launcher pod
+    (backoffLimit = max_restarts), which resumes after the step-2 checkpoint and prints the
+    record. The backend follows both pods' logs into one log and returns one record with the
+    fault fields the local fault wrapper fills."""
+    emu, kubeconfig, helm = cluster
+    s = replace(spec("ddp-w2-s64-mb4-ga1-kill-r0"), nodes=2, procs_per_node=1, fault="kill-rank:1@3",
+                max_restarts=2, options=(("checkpoint_every", 2),))
+    final = record_for(s, 777.0)
+    final["checkpoint"] = {"resumed_from_step": 2, "restarts": 1}
+    retried_lines = [progress_line(i, s.steps) for i in range(3, s.steps + 1)] + [
+        START_MARKER, json.dumps(final), END_MARKER, "launcher done"]
+    first_lines = [progress_line(i, s.steps) for i in range(1, 4)]
+
+    async def operator():
+        job = await wait_for_mpijob(emu)
+        name = job["metadata"]["name"]
+        await set_conditions(emu, name, "Created", "Running")
+        for i in range(2):
+            add_pod(emu, name, "worker", "Running", name=f"{name}-worker-{i}")
+        first = add_pod(emu, name, "launcher", "Running", name=f"{name}-launcher-first")
+        log = PodLog(emu, first)
+        for line in first_lines:
+            log.write(line)
+            await asyncio.sleep(0.05)
+        for _ in range(200):  # the backend deletes the worker pod once it has read step 3
+            if pod_gone(emu, f"{name}-worker-1"):
+                break
+            await asyncio.sleep(0.05)
+        log.write("ORTE has lost communication with a remote daemon.")
+        set_pod_status(emu, first, {"phase": "Failed", "containerStatuses": [
+            {"name": "launcher", "state": {"terminated": {"exitCode": 1, "reason": "Error"}}}]})
+        log.end()
+        await asyncio.sleep(0.3)
+        add_pod(emu, name, "worker", "Running", name=f"{name}-worker-1")  # the operator recreates it
+        second = add_pod(emu, name, "launcher", "Running", name=f"{name}-launcher-retry")
+        await serve_log(emu, second, retried_lines).task
+        await set_conditions(emu, name, "Created", "Running", "Succeeded")
+        return job
+
+    op = asyncio.create_task(operator())
+    record, events = await run_in_thread(backend(kubeconfig, helm), s, tmp_path / "run")
+    assert op.done() or not op.cancel(), record.get("error")
+    job = await op
+
+    # The release checkpoints on the results volume and lets the launcher retry max_restarts times.
+    assert job["spec"]["runPolicy"]["backoffLimit"] == 2
+    args = json.dumps(job["spec"])
+    assert "--checkpoint-dir" in args and '"--checkpoint-every", "2"' in args, args
+    # Exactly the pod that holds rank 1 was deleted, once.
+    deleted = requests(emu, "DELETE", "/pods/")
+    assert [r.url.path.rsplit("/", 1)[1] for r in deleted] == [f"{job['metadata']['name']}-worker-1"]
+    # One record for both launches: the retried launcher's, with the fault's recovery.
+    assert record["status"] == "ok" and record["tokens_per_s"] == 777.0, record.get("error")
+    fault = record["fault"]
+    assert fault["fault"] == "kill-rank:1@3" and fault["attempts"] == 2 and fault["injected_at_step"] == 3
+    assert fault["steps_redone"] == 1  # step 3 ran again after the step-2 checkpoint
+    assert fault["detection_s"] >= 0 and fault["restart_s"] >= 0 and fault["goodput_tokens_per_s"] > 0
+    # log.txt holds both launchers' lines, each once, the first launcher's first.
+    lines = log_lines(tmp_path / "run")
+    expected = first_lines + retried_lines
+    assert [x for x in lines if x in expected] == expected
+    assert any("deleted worker pod" in x for x in lines)
+    states = [e.state for e in events if isinstance(e, RunStateChanged)]
+    assert states == ["installing", "running", "running", "collecting"]
+    assert [p.step for p in events if isinstance(p, RunProgress)] == [1, 2, 3, 3, 4, 5]
 
 
 def test_log_cursor_resumes_from_the_last_second_and_drops_the_overlap():
@@ -474,6 +556,20 @@ def test_values_merge_shape_file_and_run_overrides(tmp_path):
     assert release_name("ZeRO3_w16/..") == "zero3-w16"
     assert job_phase({"status": {"conditions": [{"type": "Running", "status": "True"},
                                                 {"type": "Failed", "status": "True"}]}}) == "Failed"
+
+
+def test_values_of_a_faulty_run_checkpoint_on_the_volume_and_retry_the_launcher():
+    plain = release_values(spec())
+    assert "checkpoint" not in plain and "runPolicy" not in plain and "persistence" not in plain
+    faulty = release_values(replace(spec(), fault="kill-rank:1@3", max_restarts=3,
+                                    options=(("checkpoint_every", 2), ("grad_clip", 0.5))))
+    assert faulty["checkpoint"] == {"enabled": True, "every": 2} and faulty["persistence"]["enabled"]
+    assert faulty["runPolicy"]["backoffLimit"] == 3
+    # The chart passes --checkpoint-every with the volume's --checkpoint-dir; extraArgs does not repeat it.
+    assert "--checkpoint-every" not in faulty["run"]["extraArgs"] and "--grad-clip" in faulty["run"]["extraArgs"]
+    # checkpoint_every alone checkpoints on the volume too, without retrying a failed launcher.
+    saving = release_values(replace(spec(), options=(("checkpoint_every", 4),)))
+    assert saving["checkpoint"] == {"enabled": True, "every": 4} and "runPolicy" not in saving
 
 
 async def test_failed_job_seen_through_the_watch_names_the_operator_reason(cluster, tmp_path):

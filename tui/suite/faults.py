@@ -8,7 +8,11 @@ Faults (the matrix's `faults` axis; `none` is a fault-free run):
 - `kill-launcher@S`: SIGKILL the launcher at step S (the job's driver dies; its ranks follow it,
   trainer/lifeline.py).
 
-`Recovering` wraps a backend (the local one). For a run with checkpointing or a fault it gives
+On the kubernetes backend only kill-rank is injected (KUBE_FAULT_KINDS): the cluster backend
+deletes the worker pod that holds the rank and follows the retried launcher
+(tui/suite/backends/kube/faults.py); the record gets the same `fault` fields through `merge`.
+
+`Recovering` wraps the local backend. For a run with checkpointing or a fault it gives
 the trainer `--checkpoint-dir <run dir>/checkpoints` (the trainer resumes from it with its
 default `--resume auto`), runs every attempt (launch) in `<run dir>/launch-<k>/`, injects the fault into
 the first one from the progress lines (the ranks are found by their command line and their
@@ -78,6 +82,22 @@ def fault_errors(text: Any, world_size: int, steps: int) -> list[str]:
     if not 1 <= fault.step < steps:
         errors.append(f"fault {fault} fires at step {fault.step}: use a step from 1 to {steps - 1}")
     return errors
+
+
+KUBE_FAULT_KINDS = ("kill-rank",)
+"""The faults the cluster backend injects; stop-rank and kill-launcher need the ranks' processes."""
+
+
+def kube_fault_errors(text) -> list[str]:
+    """Why fault `text` cannot be injected on the kubernetes backend (one line), or []."""
+    try:
+        fault = parse_fault(text)
+    except ValueError:
+        return []  # the matrix's own fault check says what is wrong with it
+    if fault is None or fault.kind in KUBE_FAULT_KINDS:
+        return []
+    return [f"fault {fault} cannot be injected on the kubernetes backend (it deletes a worker pod): "
+            "use kill-rank:R@S there, or backend local"]
 
 
 # --- finding the processes of one attempt -------------------------------------------------------

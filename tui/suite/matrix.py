@@ -20,7 +20,7 @@ import yaml
 
 from trainer import contract
 from trainer.config import RunConfig, measured_fields, to_argv
-from tui.suite.faults import fault_errors
+from tui.suite.faults import fault_errors, kube_fault_errors
 
 DEFAULT_MATRIX = Path(__file__).resolve().parent / "matrices" / "default.yaml"
 """The one default matrix of every entry point: `make bench`, `shardbench run`, benchtui."""
@@ -177,10 +177,10 @@ class RunSpec:
                  "output_dir"]
         return to_argv(self.run_config(output_dir), names) + self.option_args()
 
-    def option_args(self) -> list[str]:
+    def option_args(self, skip=()) -> list[str]:
         """The flags beyond the standard ones (the matrix's other knobs, the repeat): what the
-        chart's run.extraArgs carries for a cluster run."""
-        names = [k for k, _ in self.options] + (["repeat"] if self.repeat else [])
+        chart's run.extraArgs carries for a cluster run (less the knobs in `skip`)."""
+        names = [k for k, _ in self.options if k not in skip] + (["repeat"] if self.repeat else [])
         return to_argv(self.run_config(), names)
 
     def to_dict(self) -> dict[str, Any]:
@@ -324,11 +324,8 @@ def _suite_errors(m: MatrixSpec) -> list[str]:
         errors.append(f"max_world_size must be a positive integer, got {m.max_world_size!r}")
     if not _is_int(m.max_restarts, 0):
         errors.append(f"max_restarts must be an integer >= 0, got {m.max_restarts!r}")
-    if m.faults != ["none"] and m.backend != "local":
-        errors.append("faults are injected by the local backend only: use backend local, or faults: [none]")
-    if m.options.get("checkpoint_every") and m.backend != "local":
-        errors.append("checkpoint_every needs the local backend (it gives each run a checkpoint directory; "
-                      "the chart has no checkpoint volume yet)")
+    if m.backend == "kubernetes" and isinstance(m.faults, list):
+        errors += [e for f in m.faults for e in kube_fault_errors(f)]
     for name, kind in (("strategies", str), ("world_sizes", int), ("seq_lens", int), ("faults", str)):
         axis = getattr(m, name)
         if not isinstance(axis, list) or not axis:

@@ -6,6 +6,7 @@ watch.py     the MPIJob watch and the launcher's resumable log stream
 api.py       the Kubernetes API client from a kubeconfig, and the reads the backend makes
 diagnosis.py pure: what job conditions, pod status and events say (why a run cannot start)
 values.py    pure: release names and the chart values of a run
+faults.py    the fault axis on the cluster: delete a rank's worker pod, note each launcher's steps
 """
 from tui.suite.backends.kube.backend import KubeBackend
 

@@ -111,6 +111,22 @@ def get_pod(api, namespace: str, name: str) -> dict | None:
     return _json(resp)
 
 
+def delete_pod(api, namespace: str, name: str) -> bool:
+    """Delete a pod at once (grace period 0: its processes die as on a lost node); False when it
+    did not exist."""
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+
+    try:
+        client.CoreV1Api(api).delete_namespaced_pod(name, namespace, grace_period_seconds=0,
+                                                    _preload_content=False, _request_timeout=30).release_conn()
+    except ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return True
+
+
 def log_tail(api, namespace: str, name: str, lines: int = 5) -> list[str]:
     """The last lines of a pod's log (what a crashed container said last), or [] when there is none."""
     from kubernetes import client

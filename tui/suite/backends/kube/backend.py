@@ -7,6 +7,12 @@ pod failed, was refused, or no operator answers -> stream the launcher's log int
 (resumed when the connection drops) within the run timeout -> collect the record from the log ->
 `helm uninstall` (kept when the run failed and keep_failed is set). The backend only launches,
 streams and returns the record: the runner writes result.json.
+
+A run with a fault (kill-rank:R@S, kube/faults.py) installs with checkpoints on the results
+volume and runPolicy.backoffLimit = max_restarts; the backend deletes rank R's worker pod at step
+S, then follows each retried launcher pod of the same MPIJob (a new pod, its own log, appended to
+log.txt) until one prints the record or the MPIJob fails, and returns one record for all
+launches with the `fault` fields of tui.suite.faults.merge.
 """
 from __future__ import annotations
 
@@ -18,11 +24,13 @@ from typing import Any
 
 from tui.suite.backends.kube import api as kapi
 from tui.suite.backends.kube import diagnosis as dx
+from tui.suite.backends.kube.faults import LaunchWatch, worker_pod
 from tui.suite.backends.kube.helm import NOT_FOUND, REPO_ROOT, Helm, find_helm
 from tui.suite.backends.kube.values import release_name, release_values
 from tui.suite.backends.kube.watch import JobWatch, LauncherLog
 from tui.suite.collect import extract, failed_record, now_iso, parse_progress
 from tui.suite.events import Emit, RunLogLine, RunProgress, RunStateChanged
+from tui.suite.faults import merge, parse_fault
 from tui.suite.matrix import RunSpec
 
 
@@ -193,6 +201,8 @@ class Attempt:
         self.watch: JobWatch | None = None
         self.installed_at = time.monotonic()
         self.start_s: float | None = None  # install -> launcher running
+        self.fault = parse_fault(spec.fault)
+        self.began = time.time()  # the fault record's total wall time counts from here
 
     def execute(self) -> dict[str, Any]:
         self.emit(RunStateChanged(self.spec.run_id, "installing", f"helm release {self.release}"))
@@ -250,15 +260,16 @@ class Attempt:
     def _pods(self) -> list[dict]:
         return kapi.list_pods(self.api, self.namespace, {dx.JOB_LABEL: self.job_name})
 
-    def _wait_for_launcher(self) -> tuple[dict | None, dict | None]:
-        """(the launcher pod once it runs, None) or (None, the record of a run that never will)."""
-        deadline = self.installed_at + self.b.start_timeout_s
+    def _wait_for_launcher(self, done: tuple[str, ...] = ()) -> tuple[dict | None, dict | None]:
+        """(the launcher pod once it runs, None) or (None, the record of a run that never will).
+        `done`: launcher pods already followed (a retried launcher is a new pod of the job)."""
+        deadline = time.monotonic() + self.b.start_timeout_s
         shown: dict[str, str] = {}
         while True:
             if self.cancel.is_set():
                 return None, self._cancelled()
             try:
-                pods = self._pods()
+                pods = [p for p in self._pods() if dx.name_of(p) not in done]
                 launcher = next((p for p in pods if dx.role(p) == "launcher"), None)
                 if dx.launcher_started(launcher):
                     return launcher, None
@@ -324,22 +335,62 @@ class Attempt:
         if launcher is None:
             return ended
         self.start_s = time.monotonic() - self.installed_at
-        name = dx.name_of(launcher)
-        self.emit(RunStateChanged(self.spec.run_id, "running", f"launcher pod {name}"))
-        self.log.line(f"[shardbench] launcher pod {name} started {self.start_s:.0f} s after install; "
-                      "streaming its log")
         deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
-        stream = LauncherLog(self.api, self.namespace, name, self.log.line, self.b.poll_s,
-                             self.b.log_read_timeout_s)
+        launches: list[tuple[dict, LaunchWatch, float]] = []
+        followed: list[str] = []
+        target = worker_pod(self.job_name, self.fault.rank or 0, self.spec.procs_per_node) if self.fault else ""
+        while launcher is not None:
+            name = dx.name_of(launcher)
+            followed.append(name)
+            watch = LaunchWatch(None if launches else self.fault, self.api, self.namespace, target, self.log.line)
+            ended = self._stream(name, watch, deadline, len(launches))
+            if ended:
+                return ended
+            launches.append(({}, watch, time.time()))
+            if extract(self.log.text(), self.spec.run_id).record is not None or len(launches) > self.spec.max_restarts:
+                break
+            # A failed launcher with retries left: the launcher Job starts a new pod (or the
+            # MPIJob fails, which ends the wait with its reason).
+            self.log.line(f"[shardbench] launcher pod {name} ended without a record; waiting for the "
+                          f"retried launcher ({len(launches)} of {self.spec.max_restarts} retries)")
+            launcher, ended = self._wait_for_launcher(tuple(followed))
+            if ended and ended.get("status") != "cancelled":
+                ended["error"] = f"no retried launcher after {name} failed: {ended.get('error')}"
+        self._wait_final_phase()
+        self.emit(RunStateChanged(self.spec.run_id, "collecting", "reading the record from the launcher log"))
+        record = ended or self._collect()
+        return self._with_fault(record, launches) if self.fault else record
+
+    def _stream(self, name: str, watch: LaunchWatch, deadline: float | None, retry: int) -> dict | None:
+        """Follow one launcher pod's log to its end: None, or the record of a cancel or timeout."""
+        what = f"retried launcher pod {name} ({retry} of {self.spec.max_restarts})" if retry else f"launcher pod {name}"
+        self.emit(RunStateChanged(self.spec.run_id, "running", what))
+        after = f"{self.start_s:.0f} s after install" if not retry else "after the retry"
+        self.log.line(f"[shardbench] {what} started {after}; streaming its log")
+
+        def line(text: str) -> None:
+            self.log.line(text)
+            watch(text)
+
+        stream = LauncherLog(self.api, self.namespace, name, line, self.b.poll_s, self.b.log_read_timeout_s)
         stream.start()
         while stream.is_alive():
             if self.cancel.is_set() or (deadline is not None and time.monotonic() > deadline):
                 stream.abandon()
                 return self._cancelled() if self.cancel.is_set() else self._run_timed_out()
             stream.join(self.b.poll_s)
-        self._wait_final_phase()
-        self.emit(RunStateChanged(self.spec.run_id, "collecting", "reading the record from the launcher log"))
-        return self._collect()
+        return None
+
+    def _with_fault(self, record: dict[str, Any], launches: list[tuple[dict, LaunchWatch, float]]) -> dict[str, Any]:
+        """The run's record with the fault's detection, restart and redone steps over all launches."""
+        if not launches:
+            return record
+        attempts = []
+        for k, (_, watch, ended) in enumerate(launches):
+            # A launch that printed no record says where it resumed by its first step.
+            mid = {"checkpoint": {"resumed_from_step": watch.resumed_from()}}
+            attempts.append((record if k == len(launches) - 1 else mid, watch, ended))
+        return merge(self.spec, attempts, self.began)
 
     def _wait_final_phase(self) -> None:
         """Give the operator a moment to mark the job done after the launcher's log ended."""

@@ -10,6 +10,10 @@ import yaml
 from tui.suite.matrix import RunSpec, values_dir
 
 
+CHART_CHECKPOINT_KNOBS = {"checkpoint_every": "every", "keep_checkpoints": "keep"}
+"""Trainer knobs the chart's checkpoint values carry (it passes them with --checkpoint-dir)."""
+
+
 def release_name(run_id: str) -> str:
     """A Helm release name for a run id: DNS-1123 label, at most 53 characters."""
     name = re.sub(r"[^a-z0-9-]+", "-", run_id.lower()).strip("-")[:53].rstrip("-")
@@ -34,10 +38,20 @@ def run_overrides(spec: RunSpec) -> dict[str, Any]:
         "seqLen": spec.seq_len, "microBatch": spec.micro_batch, "gradAccum": spec.grad_accum,
         "globalBatch": None, "steps": spec.steps, "warmupSteps": spec.warmup_steps,
         "precision": spec.precision, "seed": spec.seed, "device": spec.device,
-        "extraArgs": spec.option_args(),
+        "extraArgs": spec.option_args(skip=CHART_CHECKPOINT_KNOBS),
     }
-    return {"run": run, "launcher": spec.launcher, "workers": spec.nodes,
-            "gpusPerWorker": spec.procs_per_node}
+    values = {"run": run, "launcher": spec.launcher, "workers": spec.nodes,
+              "gpusPerWorker": spec.procs_per_node}
+    options = dict(spec.options)
+    if spec.fault != "none" or options.get("checkpoint_every"):
+        # Checkpoints live on the results volume (the chart gives the trainer --checkpoint-dir);
+        # a faulty run's launcher is retried max_restarts times and resumes from the newest one.
+        checkpoint = {"enabled": True}
+        checkpoint.update({key: options[knob] for knob, key in CHART_CHECKPOINT_KNOBS.items() if options.get(knob)})
+        values.update(checkpoint=checkpoint, persistence={"enabled": True})
+        if spec.fault != "none":
+            values["runPolicy"] = {"backoffLimit": spec.max_restarts}
+    return values
 
 
 def release_values(spec: RunSpec, directory: Path | None = None) -> dict[str, Any]:
