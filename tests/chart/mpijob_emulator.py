@@ -65,6 +65,21 @@ def make_traversable(path: str, scratch: Path) -> None:
             overlay(str(parent), scratch / f"traverse-{len(list(scratch.glob('traverse-*')))}")
 
 
+def empty_tmp(keep: list[str]) -> None:
+    """The pod's /tmp emptyDir, with the host paths in `keep` that lie under /tmp (a CI clone,
+    its venv, the test's scratch) bound back in at the same place: hidden, the launcher could
+    not find this checkout's entrypoint or the venv its scripts name."""
+    keep = sorted({p for p in keep if Path(p).is_relative_to("/tmp")})
+    if keep:
+        tmpfs("/mnt")
+        Path("/mnt/host-tmp").mkdir()
+        mount("--rbind", "/tmp", "/mnt/host-tmp")
+    tmpfs("/tmp", "1777")
+    for path in keep:
+        Path(path).mkdir(parents=True, exist_ok=True)
+        mount("--rbind", str(Path("/mnt/host-tmp") / Path(path).relative_to("/tmp")), path)
+
+
 def atomic_writer_volume(target: str, files: dict[str, str], mode: int, gid: int) -> None:
     """A Secret / ConfigMap volume as the kubelet writes it: a timestamped directory holding the
     files, `..data` pointing at it, and each file name a symlink through `..data`."""
@@ -129,7 +144,7 @@ def lay_out_operator(spec: dict, scratch: Path) -> None:
             fh.write(f"{addr} {host}\n")
     # emptyDirs (the pods share them here: one machine).
     tmpfs(f"{home}/.cache", "0777")
-    tmpfs("/tmp", "1777")
+    empty_tmp(spec["keep_in_tmp"])
     # readOnlyRootFilesystem: everything but the volumes above.
     for target in ("/", "/etc", "/opt", "/opt/venv", "/home"):
         read_only(target)

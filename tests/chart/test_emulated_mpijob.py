@@ -119,6 +119,9 @@ def emulation_spec(job: dict, scratch: Path, launcher_args: list[str], configmap
         "launcher_hostname": f"{name}-launcher", "pod_cidr_addr": "10.244.0.10/24",
         "launcher_env": launcher_env,
         "launcher_argv": [str(REPO / "docker" / "entrypoint.sh"), *launcher_args],
+        # The pod's /tmp is an emptyDir: these host paths stay visible through it (a CI clone,
+        # its venv or pytest's scratch may all live under /tmp).
+        "keep_in_tmp": [str(REPO), os.path.realpath(sys.prefix), str(scratch)],
         "timeout_s": 150,
         # Launcher and workers share one filesystem here: the union of what they mount.
         "config_mounts": {**config_mounts(replicas["Launcher"]["template"]["spec"], configmap),

@@ -339,3 +339,21 @@ async def test_open_past_results_and_write_the_report(tmp_path):
         assert (past / "report" / "metrics.csv").read_text().count("\n") == 3  # header + 2 runs
         assert list((past / "report" / "plots").glob("*.png"))
         assert any("wrote" in n.message for n in app._notifications)
+
+
+async def test_results_plots_cycle_through_the_reports_plots(tmp_path):
+    """The right-hand plot shows each PNG plot's data in turn (p), skipping those with no data
+    (no MFU on CPU); the left one is always tokens/s."""
+    write_results(tmp_path, [synthetic_record(s, w, 900.0 * w, 0.5) for s in ("ddp", "zero2") for w in (1, 2)])
+    app = BenchApp(results_dir=tmp_path, availability=FIXED_AVAILABILITY)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_until(pilot, lambda: app.results_screen.view.rows, 30, "the results")
+        await pilot.press("f5")
+        await pilot.pause()
+        screen = app.results_screen
+        assert screen.view.series["tokens_per_s"] and not screen.view.series["mfu"]
+        seen = [screen.right_plot]
+        for _ in range(3):
+            await pilot.press("p")
+            seen.append(screen.right_plot)
+        assert seen == [1, 2, 3, 1]  # model state, step time, scaling efficiency; MFU skipped

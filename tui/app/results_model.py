@@ -34,6 +34,16 @@ COLUMNS: list[tuple[str, str, str]] = [
 ]
 
 
+# The terminal plots: (metric, title, unit), the same data as the report's PNG plots.
+PLOTS = [
+    ("tokens_per_s", "tokens/s vs devices (95% bars)", "tokens/s"),
+    ("model_state_gib_per_rank", "model state per rank vs devices", "GiB"),
+    ("step_time_mean_s", "step time vs devices (95% bars)", "s"),
+    ("scaling_efficiency", "scaling efficiency vs devices (95% bars)", "efficiency"),
+    ("mfu", "MFU vs devices (95% bars)", "MFU"),
+]
+
+
 @dataclass
 class Row:
     key: str
@@ -51,10 +61,8 @@ class ResultsView:
     rows: list[Row] = field(default_factory=list)
     verdicts: list[str] = field(default_factory=list)
     """One line per verdict (Rich markup), the same text as the report's Verdicts table."""
-    throughput: dict[str, list[tuple[float, float, float]]] = field(default_factory=dict)
-    """strategy -> [(devices, mean tokens/s, 95% half-width)]."""
-    memory: dict[str, list[tuple[float, float, float]]] = field(default_factory=dict)
-    """strategy -> [(devices, mean model-state GiB per rank, 95% half-width)]."""
+    series: dict[str, dict[str, list[tuple[float, float, float]]]] = field(default_factory=dict)
+    """metric -> strategy -> [(devices, mean, 95% half-width)]: the PNG plots' data (PLOTS)."""
     fault_table: list[str] = field(default_factory=list)
     """The report's fault-tolerance table as plain lines (tui/suite/faults_report.py)."""
 
@@ -99,8 +107,7 @@ def compute(records: list[dict]) -> ResultsView:
     # Winners and flagged candidates first: the lines a reader acts on, before the ties.
     order = {"winner": 0, "flagged": 1, "one repeat": 2}
     view.verdicts = [_verdict_line(v) for v in sorted(an.verdicts, key=lambda v: order.get(v.kind, 3))]
-    view.throughput = plots.series(an, "tokens_per_s")
-    view.memory = plots.series(an, "model_state_gib_per_rank")
+    view.series = {metric: plots.series(an, metric) for metric, _, _ in PLOTS}
     from tui.suite import faults_report
 
     view.fault_table = faults_report.text_lines(records)

@@ -1,4 +1,5 @@
-"""Modal screens: the help screen and the one-line path prompt (load/save matrix, open dir)."""
+"""Modal screens: the help screen, the one-line path prompt (load/save matrix, open dir) and the
+yes/no confirmation (quit with runs in progress)."""
 from __future__ import annotations
 
 from textual.app import ComposeResult
@@ -14,7 +15,8 @@ Pick a matrix, run it here or on the cluster, watch the logs, compare the result
 
 **Anywhere**
 - `F2` `F3` `F4` `F5` (or `1` `2` `3` `4` outside text fields): Matrix, Runs, Logs, Results screens
-- `ctrl+r` run the matrix · `x` cancel all runs · `q` quit (stops the runs first)
+- `ctrl+r` run the matrix · `x` cancel all runs · `q` quit (with runs in progress it asks:
+  `enter` stops them and quits, `esc` stays)
 - `ctrl+p` command palette · `?` or `F1` this help
 
 **Matrix**: `ctrl+s` save as YAML · `ctrl+o` load a YAML matrix; invalid combinations are listed
@@ -22,11 +24,12 @@ with why, before anything runs
 
 **Runs**: `c` cancel the selected run · `l` or `enter` its log
 
-**Logs**: `f` follow on/off · `/` search · `n` next match · `e` jump to the last error ·
-`[` `]` previous / next run
+**Logs**: `f` follow on/off (scrolling up pauses it, `end` resumes) · `/` search the whole log ·
+`n` / `N` next / previous match · `e` jump to the last error · `[` `]` previous / next run
 
 **Results**: `s` sort by the next column · `v` reverse (or click a header) · `w` write
-metrics.csv, plots and BENCHMARK_REPORT.md · `o` open a past results dir · `R` reload
+metrics.csv, plots and BENCHMARK_REPORT.md · `o` open a past results dir (read-only) · `R` reload ·
+`p` the next plot (model state, step time, scaling efficiency, MFU)
 """
 
 

@@ -16,7 +16,7 @@ from textual.widgets import DataTable, Footer, Header, Static
 from textual_plotext import PlotextPlot
 
 from tui.app.messages import OpenResults
-from tui.app.results_model import COLUMNS, ResultsView, Row, fmt_cell
+from tui.app.results_model import COLUMNS, PLOTS, ResultsView, Row, fmt_cell
 from tui.app.screens.dialogs import ask_path
 from tui.suite.stats import Estimate
 
@@ -60,6 +60,7 @@ class ResultsScreen(Screen):
         Binding("w", "app.write_report", "Write report"),
         Binding("o", "open_dir", "Open dir"),
         Binding("R", "app.reload_results", "Reload"),
+        Binding("p", "next_plot", "Next plot"),
     ]
 
     def __init__(self) -> None:
@@ -68,6 +69,8 @@ class ResultsScreen(Screen):
         self.source = "no results loaded yet"
         self.sort_column = "tokens_per_s"
         self.sort_reverse = True
+        self.right_plot = 1
+        """Which of PLOTS the right-hand plot shows (the left one is always tokens/s); p cycles."""
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -79,8 +82,8 @@ class ResultsScreen(Screen):
         with VerticalScroll(id="verdicts"):
             yield Static(id="winners")
         with Horizontal(id="plots"):
-            yield PlotextPlot(id="plot-throughput")
-            yield PlotextPlot(id="plot-memory")
+            yield PlotextPlot(id="plot-left")
+            yield PlotextPlot(id="plot-right")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -107,11 +110,22 @@ class ResultsScreen(Screen):
         if view.fault_table:  # runs that checkpointed: the report's fault-tolerance table (no markup in it)
             text += "\n\n[b]Fault tolerance[/b]\n" + "\n".join(view.fault_table)
         self.query_one("#winners", Static).update(text)
-        self._plot("#plot-throughput", view.throughput, "tokens/s vs devices (95% bars)", "tokens/s")
-        self._plot("#plot-memory", view.memory, "model state per rank vs devices", "GiB")
+        self._plot("#plot-left", 0)
+        self._plot("#plot-right", self.right_plot)
 
-    def _plot(self, selector: str, series: dict[str, list[tuple[float, float, float]]], title: str,
-              unit: str) -> None:
+    def action_next_plot(self) -> None:
+        """The right-hand plot shows the next of the report's plots (model state, step time,
+        scaling efficiency, MFU), skipping those with no data."""
+        for step in range(1, len(PLOTS)):
+            candidate = 1 + (self.right_plot - 1 + step) % (len(PLOTS) - 1)
+            if self.view.series.get(PLOTS[candidate][0]) or step == len(PLOTS) - 1:
+                self.right_plot = candidate
+                break
+        self._plot("#plot-right", self.right_plot)
+
+    def _plot(self, selector: str, index: int) -> None:
+        metric, title, unit = PLOTS[index]
+        series = self.view.series.get(metric, {})
         widget = self.query_one(selector, PlotextPlot)
         plt = widget.plt
         plt.clear_figure()
