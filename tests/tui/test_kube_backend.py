@@ -354,7 +354,10 @@ async def test_api_errors_while_waiting_for_the_launcher_are_retried(cluster, tm
 
     async def operator():
         name = (await wait_for_mpijob(emu))["metadata"]["name"]
-        (emu ** 1)["list v1/pods"][:2] << 500  # the next two pod listings fail
+        # The next two pod listings fail. A slice counts every listing since the start (the
+        # pre-install check is one), so it starts after those already served.
+        served = len(list(emu["list v1/pods"]))
+        (emu ** 1)["list v1/pods"][served:served + 2] << 500
         await asyncio.sleep(0.5)
         pod = add_pod(emu, name, "launcher", "Running")
         await set_conditions(emu, name, "Created", "Running")
