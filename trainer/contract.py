@@ -23,8 +23,6 @@ import typing
 from dataclasses import dataclass, fields
 from typing import Any
 
-from trainer.presets import PRESETS
-
 
 class ConfigError(ValueError):
     """A bad argument: the message is one line that says what is wrong and how to fix it."""

@@ -113,7 +113,7 @@ def test_interrupt_keeps_finished_runs_and_leaves_no_ranks(results):
     assert {rid: it["kept"][rid] for rid in ORDER[:2]} == {rid: "ok" for rid in ORDER[:2]}, it["kept"]
     assert set(it["kept"]) <= set(ORDER[:3])
     assert it["kept"].get(ORDER[2], "cancelled") in ("ok", "cancelled")
-    assert f"2 ok" in it["out"] or "3 ok" in it["out"]  # the summary lists every run it has
+    assert "2 ok" in it["out"] or "3 ok" in it["out"]  # the summary lists every run it has
 
 
 def test_resume_runs_only_the_rest_and_then_nothing(results, records):

@@ -13,8 +13,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 from tests.trainer.conftest import REPO, command, cpu_env, free_port
 from trainer.record import END_MARKER, START_MARKER
 

@@ -15,7 +15,7 @@ from tui.suite.metrics import without_repeat
 from .conftest import settle
 from .kube_emulator import Emulator, add_pod, install_shims, serve_log, set_conditions, wait_for_mpijob, write_kubeconfig
 from .test_app_pilot import wait_until
-from .test_kube_backend import helm, launcher_log, spec  # noqa: F401 - helm is a fixture (3 and 4)
+from .test_kube_backend import helm, launcher_log  # noqa: F401 - helm is a fixture (3 and 4)
 
 
 async def test_matrix_runs_on_the_emulated_cluster(tmp_path, monkeypatch, fixture_values, helm):

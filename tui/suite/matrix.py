@@ -417,7 +417,7 @@ def expand(matrix: MatrixSpec, limit: int | None = CONFIRM_ABOVE) -> tuple[list[
         if isinstance(made, list):
             errors += made
         else:
-            specs += [replace(made, repeat=r, run_id=_with_repeat(made.run_id, r)) for r in range(matrix.repeats)]
+            specs += [replace(made, repeat=r, run_id=_repeat_id(made, r)) for r in range(matrix.repeats)]
     return ([], _dedupe(errors)) if errors else (specs, [])
 
 
@@ -455,8 +455,9 @@ def _configuration(m: MatrixSpec, shape: Shape | None, strategy: str, world: int
         max_restarts=m.max_restarts if fault != "none" else 0)
 
 
-def _with_repeat(rid: str, repeat: int) -> str:
-    return rid.rsplit("-r", 1)[0] + f"-r{repeat}"
+def _repeat_id(spec: RunSpec, repeat: int) -> str:
+    return contract.run_id(spec.strategy, spec.world_size, spec.seq_len, spec.micro_batch, spec.grad_accum,
+                           spec.config_id, repeat)
 
 
 def _matrix_wording(error: str) -> str:
