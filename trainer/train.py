@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from trainer import env_info
-from trainer import contract
+from trainer import contract, knobs
 from trainer.comm import COUNTER as COMM
 from trainer.config import RunConfig, measured_fields
 from trainer.data import SyntheticBatches
@@ -97,7 +97,7 @@ class Trainer:
                        "grad_clip": cfg.grad_clip, "lr_warmup_steps": cfg.lr_warmup_steps,
                        "schedule": "linear warm-up, cosine to 10%"},
             versions=env_info.versions(), nccl_env=env_info.nccl_env(), hostname=socket.gethostname(),
-            started_at=_now(), args=list(cfg.argv))
+            started_at=_now(), args=list(cfg.argv), settings=knobs.settings(cfg))
 
     def init_process_group(self) -> None:
         """A process group whenever there is more than one rank, and for DeepSpeed always (it

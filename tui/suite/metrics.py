@@ -21,6 +21,8 @@ from typing import Any, Callable, Iterable
 
 import pandas as pd
 
+from trainer import knobs
+from trainer.config import RunConfig
 from trainer.contract import STATUSES
 from tui.suite.matrix import load_shape
 from tui.suite.stats import finite
@@ -224,6 +226,10 @@ COLUMNS: list[tuple[str, str, Callable[[dict], Any]]] = [
     ("finished_at", "end time, ISO 8601 UTC", _get("finished_at")),
     ("source", "the result.json this row was read from", _get("_source")),
 ]
+# Every other measured trainer knob (trainer.knobs): from the record's settings, right after seed.
+_KNOB_COLUMNS = knobs.csv_columns({name for name, _, _ in COLUMNS})
+_AT = next(i for i, (name, _, _) in enumerate(COLUMNS) if name == "seed") + 1
+COLUMNS[_AT:_AT] = _KNOB_COLUMNS
 DERIVED_COLUMNS: list[tuple[str, str]] = [
     ("cost_usd_per_mtok", "usd_per_gpu_hour x world_size / 3600 / tokens_per_s x 1e6: dollars per million training tokens"),
 ]
@@ -236,6 +242,7 @@ NUMERIC = {"world_size", "nodes", "devices_per_node", "n_params", "seq_len", "mi
            "flops_per_token", "mfu", "peak_tflops", "h2d_gbps", "time_to_first_step_s", "wall_time_s",
            "threads_per_rank", "host_cpus", "load_avg_1m_start", "load_avg_1m_end", "usd_per_gpu_hour",
            "n_layer", "n_embd", "n_head", "vocab_size"}
+NUMERIC |= {name for name, _, _ in _KNOB_COLUMNS if knobs.is_numeric(RunConfig, name)}
 
 
 # --- reading -------------------------------------------------------------------------------
