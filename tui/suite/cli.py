@@ -19,11 +19,14 @@ from pathlib import Path
 
 import yaml
 
+from trainer.config import RunConfig
+from trainer.contract import flag
 from trainer.fielddocs import field_docs
+from trainer.knobs import knob_fields
 
 from tui.suite.backends import add_cluster_flags, cluster_options
-from tui.suite.matrix import (CONFIRM_ABOVE, DEFAULT_MATRIX, MatrixSpec, expand, load_matrix, matrix_from_dict,
-                               save_matrix, with_shape_defaults)
+from tui.suite.matrix import (CONFIRM_ABOVE, DEFAULT_MATRIX, KNOB_KEYS, MatrixSpec, expand, load_matrix,
+                               matrix_from_dict, save_matrix, with_shape_defaults)
 
 
 DESCRIPTION = ("The headless suite: run a matrix of benchmark runs, report on a results directory, "
@@ -57,14 +60,38 @@ _PARSERS = {"list[str]": _strs, "list[int]": _ints, "int": int, "int | None": in
             "float | None": float, "str": str, "str | None": str}
 
 
+def _yaml_value(text: str) -> object:
+    """A knob's value as YAML (true, 2, [fp32, bf16]); 1e-4, which YAML 1.1 reads as text, a number."""
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not valid YAML") from None
+    return [_number(v) for v in value] if isinstance(value, list) else _number(value)
+
+
+def _number(value: object) -> object:
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
+
+
 def _add_matrix_flags(parser: argparse.ArgumentParser) -> None:
-    """One flag per MatrixSpec field (lists comma-separated), help from its docstring; each
-    overrides the matrix file's value. Other trainer knobs: --set KEY=VALUE."""
+    """One flag per MatrixSpec field (lists comma-separated) and per trainer knob (a YAML value: a
+    list sweeps it), help from its docstring; each overrides the matrix file's value."""
     docs = field_docs(MatrixSpec)
     for f in fields(MatrixSpec):
         if f.type in _PARSERS:
-            parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=_PARSERS[f.type],
+            parser.add_argument(flag(f.name), dest=f.name, type=_PARSERS[f.type],
                                 default=None, help=docs.get(f.name, "").replace("%", "%%"))
+    knob_docs = field_docs(RunConfig)
+    for f in knob_fields():
+        if f.name in KNOB_KEYS:
+            parser.add_argument(flag(f.name), dest=f"knob.{f.name}", type=_yaml_value, default=None,
+                                metavar="VALUE", help=(knob_docs.get(f.name, "") + " (trainer knob; a list "
+                                                       "[a,b] sweeps it)").replace("%", "%%"))
     parser.add_argument("--set", dest="knobs", type=_knob, action="append", default=[], metavar="KEY=VALUE",
                         help="any trainer knob for every run, e.g. --set activation_checkpointing=true "
                              "(a list sweeps it: --set precision=[fp32,bf16])")
@@ -102,14 +129,15 @@ def effective_matrix(args: argparse.Namespace) -> MatrixSpec:
     spec = load_matrix(args.matrix or DEFAULT_MATRIX)
     overrides = {f.name: getattr(args, f.name) for f in fields(MatrixSpec)
                  if getattr(args, f.name, None) is not None}
-    if "global_batch" in overrides:
-        overrides.setdefault("grad_accum", None)
+    knob_flags = {name: getattr(args, f"knob.{name}") for name in KNOB_KEYS
+                  if getattr(args, f"knob.{name}", None) is not None}
     if overrides.get("shape") in ("", "none"):
         overrides["shape"] = None  # --shape none: hardware unknown (no peak, no price)
     data = {**asdict(spec), **overrides}
     options = data.pop("options")
-    matrix = matrix_from_dict({**data, **options, **dict(args.knobs)})
-    explicit = set(overrides) | set(dict(args.knobs)) | (set(_keys_of(args.matrix)) if args.matrix else set())
+    matrix = matrix_from_dict({**data, **options, **knob_flags, **dict(args.knobs)})
+    explicit = (set(overrides) | set(knob_flags) | set(dict(args.knobs))
+                | (set(_keys_of(args.matrix)) if args.matrix else set()))
     return with_shape_defaults(matrix, explicit)
 
 
