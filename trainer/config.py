@@ -1,7 +1,7 @@
 """The trainer's run configuration: one dataclass whose fields are the knobs, their defaults and
 their documentation, and the command line generated from it (as torchtitan's job config does):
 each field is a `--flag`, its docstring the help text, a `Literal[...]` type the choices, a bool
-an on/off switch. The rules every run must pass are trainer.contract.validate().
+an on/off switch. The rules every run must pass are trainer.rules.validate().
 
 A new knob is a new field here (type, default, docstring) plus the code that uses it: the CLI,
 the matrix's per-run validation, the config id of the run and the suite's trainer arguments

@@ -1,5 +1,5 @@
 """Matrix expansion: unique ids, trainer flags, and one clear line per invalid combination,
-checked with the trainer's own rules (trainer.contract.validate)."""
+checked with the trainer's own rules (trainer.rules.validate)."""
 from __future__ import annotations
 
 import subprocess

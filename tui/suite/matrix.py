@@ -4,7 +4,7 @@ A matrix is a YAML file (or CLI flags) naming the axes to sweep (strategies x wo
 lens x repeats), the suite's settings (launcher, backend, shape, timeout) and the trainer's
 knobs every run shares. Any field of trainer.config.RunConfig is a matrix key; a list value
 sweeps it as one more axis. Every run is checked with the trainer's own rules
-(trainer.contract.validate); `expand` reports every problem, one line each, before anything runs.
+(trainer.rules.validate); `expand` reports every problem, one line each, before anything runs.
 Cheap to import: no torch (the TUI imports this at start-up).
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from trainer import contract, knobs
+from trainer import contract, knobs, rules
 from trainer.config import RunConfig, measured_fields
 from tui.suite.faults import fault_errors, kube_fault_errors
 
@@ -416,7 +416,7 @@ def _trainer_config(strategy: str, seq: int, options) -> RunConfig:
 def expand(matrix: MatrixSpec, limit: int | None = CONFIRM_ABOVE) -> tuple[list[RunSpec], list[str]]:
     """All run specs of the matrix, and one line per problem (empty when all valid).
 
-    Each configuration is checked once with the trainer's rules (trainer.contract.validate) and
+    Each configuration is checked once with the trainer's rules (trainer.rules.validate) and
     the suite's (launcher, backend, world-size limits). Order: strategy, world size, seq len,
     options, repeat; the runner interleaves repeats. `limit`: more runs than this is an error
     that says how to confirm (None: no limit).
@@ -455,7 +455,7 @@ def _configuration(m: MatrixSpec, shape: Shape | None, strategy: str, world: int
     checked = cfg
     if cfg.checkpoint_every and not cfg.checkpoint_dir:
         checked = replace(cfg, checkpoint_dir="<run dir>/checkpoints")  # the suite gives every run its own
-    errors = [_matrix_wording(e) for e in contract.validate(checked, world)] + fault_errors(fault, world, cfg.steps)
+    errors = [_matrix_wording(e) for e in rules.validate(checked, world)] + fault_errors(fault, world, cfg.steps)
     if errors:
         return errors
     limit, why = _world_limit(m, shape, cfg)
