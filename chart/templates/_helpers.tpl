@@ -102,7 +102,9 @@ RunConfig fields marked chart=True), e.g. run.microBatch -> --micro-batch.
 {{- $a := list }}
 {{- range (include "shardbench.contract" . | fromJson).runFlags }}
 {{- $v := get $r .value }}
-{{- if eq .value "gradAccum" }}
+{{- if not (hasKey $r .value) }}
+{{- /* not in values.yaml: the trainer's own default */}}
+{{- else if eq .value "gradAccum" }}
 {{- $a = concat $a (list .flag (include "shardbench.gradAccum" $)) }}
 {{- else if eq .type "boolean" }}
 {{- $a = append $a (ternary .flag .noFlag (eq (toString $v) "true")) }}
