@@ -20,7 +20,7 @@ import yaml
 
 from trainer import contract, knobs, rules
 from trainer.config import RunConfig, measured_fields
-from tui.suite.faults import fault_errors, kube_fault_errors
+from tui.suite.fault_grammar import fault_errors, kube_fault_errors
 
 DEFAULT_MATRIX = Path(__file__).resolve().parent / "matrices" / "default.yaml"
 """The one default matrix of every entry point: `make bench`, `shardbench run`, benchtui."""
