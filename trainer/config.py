@@ -16,7 +16,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Literal
 
 from trainer.contract import DEVICES, PRECISIONS, STRATEGIES, ConfigError, flag
-from trainer.fielddocs import field_docs
+from trainer.flags import add_flags
 from trainer.presets import PRESETS, ModelConfig
 
 __all__ = ["ConfigError", "RunConfig", "build_parser", "parse_args", "to_argv", "measured_fields"]
@@ -169,33 +169,10 @@ class _OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"error: {message} (see {self.prog} --help)\n")
 
 
-def _argument(f, kind: Any, doc: str) -> tuple[list[str], dict[str, Any]]:
-    default = f.default if f.default is not MISSING else None
-    args = typing.get_args(kind)
-    base = next((a for a in args if a is not type(None)), kind) if args else kind
-    shown = "" if default is None else f" (default: {default})"
-    spec: dict[str, Any] = {"dest": f.name, "default": default, "help": (doc + shown).replace("%", "%%"),
-                            "required": f.default is MISSING and f.default_factory is MISSING}
-    if typing.get_origin(kind) is Literal:
-        spec.update(choices=args, metavar="{" + ",".join(map(str, args)) + "}")
-    elif base is bool:
-        spec["action"] = argparse.BooleanOptionalAction
-    elif base in (int, float):
-        spec.update(type=base, metavar="N" if base is int else "X")
-    else:
-        spec["metavar"] = "TEXT"
-    return [flag(f.name)], spec
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = _OneLineParser(prog="python -m trainer",
                        description="Train TinyGPT under one distributed strategy and print one result record.")
-    hints, docs = typing.get_type_hints(RunConfig), field_docs(RunConfig)
-    for f in fields(RunConfig):
-        if f.metadata.get("recorded_only") == "argv":
-            continue
-        names, spec = _argument(f, hints[f.name], docs.get(f.name, ""))
-        p.add_argument(*names, **spec)
+    add_flags(p, RunConfig, names=[f.name for f in fields(RunConfig) if f.metadata.get("recorded_only") != "argv"])
     return p
 
 

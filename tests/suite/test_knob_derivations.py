@@ -70,3 +70,16 @@ def test_a_failed_record_carries_the_settings_of_its_spec():
     (spec,), _ = expand(MatrixSpec(strategies=["ddp"], world_sizes=[1], grad_clip=0.5))
     rec = failed_record(spec, "boom")
     assert rec["settings"]["grad_clip"] == 0.5 and rec["settings"]["strategy"] == "ddp"
+
+
+def test_the_suite_cli_has_a_flag_per_matrix_key_and_knob():
+    """One generator (trainer.flags) writes the trainer's, the matrix's and the cluster's flags."""
+    from tui.suite.cli import build_parser
+
+    run = next(a for a in build_parser()._actions if a.dest == "command").choices["run"]
+    flags = {s for a in run._actions for s in a.option_strings}
+    assert {"--" + k.replace("_", "-") for k in KNOB_KEYS} <= flags
+    assert {"--world-sizes", "--strategies", "--kubeconfig", "--keep-failed", "--start-timeout-s"} <= flags
+    args = run.parse_args(["--world-sizes", "1,2", "--weight-decay", "[0.0, 0.1]", "--lr", "3e-4"])
+    assert args.world_sizes == [1, 2] and getattr(args, "knob.weight_decay") == [0.0, 0.1]
+    assert getattr(args, "knob.lr") == 3e-4  # YAML 1.1 would read 3e-4 as text
