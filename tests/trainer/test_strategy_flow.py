@@ -32,6 +32,7 @@ def env(tmp_path_factory) -> dict[str, str]:
             "PYTHONWARNINGS": "ignore::FutureWarning"}
 
 
+@pytest.mark.slow  # collects three test folders in a subprocess (~20 s)
 def test_every_strategy_parametrised_test_runs_the_new_row(env):
     proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "sb_new_strategy",
                            "-p", "no:cacheprovider", "tests/trainer", "tests/suite", "tests/chart"],
