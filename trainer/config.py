@@ -3,9 +3,10 @@ their documentation, and the command line generated from it (as torchtitan's job
 each field is a `--flag`, its docstring the help text, a `Literal[...]` type the choices, a bool
 an on/off switch. The rules every run must pass are trainer.rules.validate().
 
-A new knob is a new field here (type, default, docstring) plus the code that uses it: the CLI,
-the matrix's per-run validation, the config id of the run and the suite's trainer arguments
-follow from the field.
+A new knob is a new field here (type, default, roles through `knob()`, docstring) plus the code
+that uses it: the CLI, the matrix key and `shardbench run` flag, the per-run validation, the
+config id, the trainer arguments, the record's settings, the CSV column, the loss groups, the
+scaling bases and the chart's flags follow from the field (trainer/knobs.py).
 """
 from __future__ import annotations
 
