@@ -77,8 +77,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--matrix", type=Path, help=f"matrix YAML (default: {DEFAULT_MATRIX.name}); flags override it")
     _add_matrix_flags(run)
     add_cluster_flags(run)
-    run.add_argument("--force", action="store_true",
-                     help="rerun runs whose result is already there (the old attempt moves to <run>/attempts/)")
+    run.add_argument("--force", nargs="?", const="*", action="append", default=[], metavar="RUN_ID",
+                     help="re-measure runs whose result is already there (the old attempt moves to "
+                          "<run>/attempts/): alone every run; with a run id that run, with a configuration "
+                          "name (a run id without -rN) all its repeats; may be repeated")
+    run.add_argument("--rerun-flagged", action="store_true",
+                     help="re-measure every run of the configurations the report flags (spread, overloaded "
+                          "host, efficiency above 1.05, broken loss), e.g. make bench BENCH_ARGS=--rerun-flagged")
     run.add_argument("--order-seed", type=int, default=None,
                      help="seed of the shuffled run order (default: random; logged in RESULTS/order.jsonl)")
     run.add_argument("--yes", action="store_true", help="run a matrix of more than 1,000 runs")
@@ -151,8 +156,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     ok, why = backend.availability()
     if not ok:
         return fail(f"backend {matrix.backend} unavailable: {why}")
+    force = _forced(args, specs, matrix.results)
+    if isinstance(force, str):
+        return fail(force)
     view = _QuietView() if args.quiet else _RichView(len(specs))
-    runner = Runner(specs, backend, matrix.results, view.emit, args.force, args.order_seed)
+    runner = Runner(specs, backend, matrix.results, view.emit, force, args.order_seed)
     try:
         runner.open()  # refuse at once, before any progress display, when the dir is unusable or taken
     except ResultsDirError as exc:
@@ -169,6 +177,25 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"shardbench: the matrix stopped early: {crash}", file=sys.stderr)
         return 1
     return 0 if all(r.get("status") == "ok" for r in records) else 1
+
+
+def _forced(args: argparse.Namespace, specs, results) -> bool | set[str] | str:
+    """What --force / --rerun-flagged select: True (all), a set of run ids, or the error line."""
+    from tui.suite.rerun import ALL, flagged_run_ids, forced
+
+    if ALL in args.force:
+        return True
+    wanted = set(args.force)
+    unknown = sorted(w for w in wanted if not any(forced(s.run_id, [w]) for s in specs))
+    if unknown:
+        return (f"--force {unknown[0]}: no such run or configuration in this matrix "
+                "(shardbench run --dry-run lists the run ids)")
+    if args.rerun_flagged:
+        flagged = set(flagged_run_ids(results))
+        print(f"re-measuring {len(flagged & {s.run_id for s in specs})} run(s) of flagged configurations",
+              file=sys.stderr)
+        wanted |= flagged
+    return {s.run_id for s in specs if forced(s.run_id, wanted)}
 
 
 def _report(results, out) -> None:

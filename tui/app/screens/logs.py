@@ -59,7 +59,20 @@ class LogsScreen(Screen):
     # -- content ------------------------------------------------------------------------------
     def lines(self) -> list[str]:
         row = self.app.board.rows.get(self.run_id) if self.run_id else None
-        return row.log if row else []
+        if row is not None and row.log:
+            return row.log
+        return self.saved_log() or []
+
+    def saved_path(self):
+        """A past run's log.txt in the result set shown (the run is not on the board)."""
+        return self.app.results_dir / self.run_id / "log.txt" if self.run_id else None
+
+    def saved_log(self) -> list[str] | None:
+        path = self.saved_path()
+        try:
+            return path.read_text(errors="replace").splitlines() if path is not None else None
+        except OSError:
+            return None
 
     def show_run(self, run_id: str) -> None:
         self.run_id = run_id
@@ -77,8 +90,13 @@ class LogsScreen(Screen):
 
     def update_title(self) -> None:
         row = self.app.board.rows.get(self.run_id) if self.run_id else None
-        if row is None:
-            text = "No run selected: start a matrix, then pick a run on the Runs screen (F3)."
+        if row is None and self.run_id and self.view.line_count:
+            text = f"[b]{self.run_id}[/b] · past run · {self.saved_path()} · {self.view.line_count} lines"
+        elif row is None and self.run_id:
+            text = f"[b]{self.run_id}[/b]: no log saved at {self.saved_path()}"
+        elif row is None:
+            text = ("No run selected: start a matrix, then pick a run on the Runs screen (F3), "
+                    "or a past run on the Results screen (F5, then l).")
         else:
             follow = "follow on" if self.follow else "follow paused (End or f resumes)"
             text = (f"[b]{row.run_id}[/b] · {row.state_text()} · {self.view.line_count} lines · {follow}"

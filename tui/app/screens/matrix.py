@@ -16,6 +16,7 @@ from tui.app.screens.dialogs import ask_path
 from tui.app.matrix_form import EXTRA_FIELDS, from_matrix, shapes, to_matrix
 from trainer.contract import BACKENDS, LAUNCHERS, PRECISIONS, STRATEGIES
 from trainer.presets import PRESETS
+from tui.app.matrix_plan import BENCHTUI_RESULTS, count_done, run_count_text
 from tui.suite.matrix import MatrixSpec, default_matrix, expand
 
 INPUTS = (
@@ -57,6 +58,7 @@ class MatrixScreen(Screen):
 
     BINDINGS = [
         Binding("ctrl+r", "app.run_matrix", "Run"),
+        Binding("ctrl+f", "app.run_matrix(True)", "Re-measure"),
         Binding("ctrl+s", "save", "Save"),
         Binding("ctrl+o", "load", "Load"),
     ]
@@ -69,6 +71,10 @@ class MatrixScreen(Screen):
         self.choices: dict[str, list[str]] = {}
         self.specs: list = []
         self.problems: list[str] = []
+        self.unknown: list[str] = []
+        """Strategies a loaded matrix named that the contract does not know (shown as problems)."""
+        self.done: int = 0
+        """Runs of `specs` whose result is already in the results dir (resume skips them)."""
         self._validate_pending = False
 
     def compose(self) -> ComposeResult:
@@ -83,6 +89,9 @@ class MatrixScreen(Screen):
                         yield Label(title, classes="field-label")
                         yield Input(placeholder=hints[key], id=key, compact=True)
                 yield from self._selects()
+                with Horizontal(classes="field"):
+                    yield Label("Results dir", classes="field-label")
+                    yield Input(placeholder=BENCHTUI_RESULTS, id="results", compact=True)
             with Vertical(id="matrix-side"):
                 yield Static(id="run-count")
                 yield Static(id="backend-note")
@@ -110,9 +119,13 @@ class MatrixScreen(Screen):
         values = from_matrix(spec)
         sel = self.query_one("#strategies", SelectionList)
         sel.deselect_all()
-        for s in values["strategies"]:
-            if s in STRATEGIES:
-                sel.select(s)
+        for s in map(str, values["strategies"] or []):
+            if s not in STRATEGIES and s not in self.unknown:
+                # Kept, selected and shown as a problem (as the CLI rejects it): dropping a typo
+                # silently ran a smaller matrix than the file asked for.
+                self.unknown.append(s)
+                sel.add_option((s, s))
+            sel.select(s)
         for key, _ in INPUTS:
             self.query_one(f"#{key}", Input).value = values[key]
         for key in ("model", "precision", "launcher", "shape", "backend"):
@@ -126,6 +139,7 @@ class MatrixScreen(Screen):
             else:
                 widget.value = options[0]
         self.extras = {k: values[k] for k in EXTRA_FIELDS}
+        self.query_one("#results", Input).value = str(values.get("results") or "")
         self.validate()
 
     def fields(self) -> dict[str, Any]:
@@ -135,7 +149,7 @@ class MatrixScreen(Screen):
         for key in ("model", "precision", "launcher", "shape", "backend"):
             value = self.query_one(f"#{key}", Select).value
             out[key] = None if value is Select.NULL else value
-        return out | self.extras
+        return out | self.extras | {"results": self.query_one("#results", Input).value.strip() or BENCHTUI_RESULTS}
 
     def matrix(self) -> MatrixSpec | None:
         spec, _ = to_matrix(self.fields())
@@ -159,10 +173,11 @@ class MatrixScreen(Screen):
         spec, errors = to_matrix(self.fields())
         self.specs, self.problems = ([], errors) if spec is None else expand(spec)
         count = self.query_one("#run-count", Static)
+        self.done = count_done(self.specs, spec.results if spec is not None else "")
         if self.problems:
             count.update(f"[b]{len(self.problems)} problem(s)[/b]: nothing will run")
         else:
-            count.update(f"[b]{len(self.specs)} run(s)[/b] ready: ctrl+r to start")
+            count.update(run_count_text(len(self.specs), self.done, spec.results))
         self.query_one("#problems", Static).update("\n".join(f"• {p}" for p in self.problems))
         self.update_backend_note()
 
