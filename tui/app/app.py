@@ -235,6 +235,26 @@ class BenchApp(App):
     def on_open_results(self, message: msg.OpenResults) -> None:
         self.open_results(message.path)
 
+    def on_remeasure(self, message: msg.Remeasure) -> None:
+        """Re-measure runs of the shown result set from their spec.json, into that same set."""
+        from tui.suite.rerun import saved_specs
+
+        if self.matrix_worker is not None and self.matrix_worker.is_running:
+            self.notify("a matrix is already running: cancel it first (x)", severity="warning")
+            return
+        specs, problems = saved_specs(self.results_dir, message.run_ids)
+        for line in problems:
+            self.notify(line, severity="error", timeout=10)
+        if not specs:
+            return
+        self.board.reset()
+        if self.runs_screen.is_mounted:
+            self.runs_screen.redraw()
+        self.logs_screen.run_id = None
+        self.matrix_worker = self.run_specs(specs, specs[0].backend, self.results_dir, True)
+        self.notify(f"re-measuring {len(specs)} run(s); the old results move to <run>/attempts/")
+        self.switch_mode("runs")
+
     def on_save_matrix(self, message: msg.SaveMatrix) -> None:
         self.save_matrix(message.path)
 
