@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from tui.app.app import BenchApp
 from tui.app.messages import ShowLogs, SuiteEvent
 from tui.app.screens.dialogs import Confirm
@@ -15,14 +17,21 @@ from tui.suite.matrix import MatrixSpec
 
 from .conftest import FIXED_AVAILABILITY, settle, write_results
 
-SIZE = (140, 40)
+SIZES = {"80x24": (80, 24), "160x45": (160, 45)}
+"""The smallest terminal benchtui must work in, and a large one (issue 24)."""
 RUNS = ["ddp-w1-s64-mb4-ga1-r0", "ddp-w2-s64-mb4-ga1-r0", "zero2-w1-s64-mb4-ga1-r0", "zero2-w2-s64-mb4-ga1-r0"]
 
 
 # Every field the Matrix screen shows, given: suite default changes must not move the snapshots.
 MATRIX = MatrixSpec(strategies=["ddp", "fsdp", "zero2", "zero3"], world_sizes=[1, 2], seq_lens=[64],
                     micro_batch=4, grad_accum=1, global_batch=None, model="tiny", precision="auto",
-                    steps=10, warmup_steps=3, repeats=1, launcher="auto", backend="local", shape="cpu")
+                    steps=10, warmup_steps=3, repeats=1, launcher="auto", backend="local", shape="cpu",
+                    results="results/benchtui")
+
+
+@pytest.fixture(params=list(SIZES.values()), ids=list(SIZES))
+def size(request) -> tuple[int, int]:
+    return request.param
 
 
 def make_app(results_dir="results") -> BenchApp:
@@ -60,20 +69,20 @@ async def freeze_clock(app: BenchApp) -> None:
             row.started, row.ended = 1000.0, 1000.0 + 12.0 * (i + 1)
 
 
-def test_matrix_screen(snap_compare, fixture_values):
-    assert snap_compare(make_app(), terminal_size=SIZE)
+def test_matrix_screen(snap_compare, fixture_values, size):
+    assert snap_compare(make_app(), terminal_size=size)
 
 
-def test_matrix_screen_with_problems(snap_compare, fixture_values):
+def test_matrix_screen_with_problems(snap_compare, fixture_values, size):
     async def run_before(pilot):
         pilot.app.matrix_screen.query_one("#world_sizes").value = "1, 3, 16"
         pilot.app.matrix_screen.query_one("#global_batch").value = "8"
         await pilot.pause()
 
-    assert snap_compare(make_app(), terminal_size=SIZE, run_before=run_before)
+    assert snap_compare(make_app(), terminal_size=size, run_before=run_before)
 
 
-def test_runs_screen(snap_compare, fixture_values):
+def test_runs_screen(snap_compare, fixture_values, size):
     async def run_before(pilot):
         feed(pilot.app)
         await pilot.pause()
@@ -82,20 +91,20 @@ def test_runs_screen(snap_compare, fixture_values):
         pilot.app.runs_screen.redraw()
         await pilot.pause()
 
-    assert snap_compare(make_app(), terminal_size=SIZE, run_before=run_before)
+    assert snap_compare(make_app(), terminal_size=size, run_before=run_before)
 
 
-def test_logs_screen(snap_compare, fixture_values):
+def test_logs_screen(snap_compare, fixture_values, size):
     async def run_before(pilot):
         feed(pilot.app)
         await pilot.pause()
         pilot.app.post_message(ShowLogs(RUNS[2]))
         await pilot.pause()
 
-    assert snap_compare(make_app(), terminal_size=SIZE, run_before=run_before)
+    assert snap_compare(make_app(), terminal_size=size, run_before=run_before)
 
 
-def test_results_screen(snap_compare, fixture_values, tmp_path, monkeypatch):
+def test_results_screen(snap_compare, fixture_values, size, tmp_path, monkeypatch):
     """Configurations with 95% intervals, a flagged (yellow) and a broken (red) one, a failed run and
     an unreadable result.json as rows, the verdicts, plots with error bars."""
     from tui.suite.synthetic import record
@@ -123,10 +132,10 @@ def test_results_screen(snap_compare, fixture_values, tmp_path, monkeypatch):
         await pilot.press("f5")
         await pilot.pause()
 
-    assert snap_compare(make_app(), terminal_size=SIZE, run_before=run_before)
+    assert snap_compare(make_app(), terminal_size=size, run_before=run_before)
 
 
-def test_runs_screen_while_a_run_starts(snap_compare, fixture_values):
+def test_runs_screen_while_a_run_starts(snap_compare, fixture_values, size):
     """Before the first step a run says "starting" and its elapsed time counts."""
     async def run_before(pilot):
         pilot.app.post_message(SuiteEvent(ev.RunQueued(RUNS[0], 0, 2, {})))
@@ -138,16 +147,16 @@ def test_runs_screen_while_a_run_starts(snap_compare, fixture_values):
         pilot.app.runs_screen.redraw()
         await pilot.pause()
 
-    assert snap_compare(make_app(), terminal_size=SIZE, run_before=run_before)
+    assert snap_compare(make_app(), terminal_size=size, run_before=run_before)
 
 
-def test_quit_with_runs_in_progress_asks_first(snap_compare, fixture_values):
+def test_quit_with_runs_in_progress_asks_first(snap_compare, fixture_values, size):
     async def run_before(pilot):
         pilot.app.push_screen(Confirm("2 run(s) not finished: quit and stop them?"))
         await pilot.pause()
 
-    assert snap_compare(make_app(), terminal_size=SIZE, run_before=run_before)
+    assert snap_compare(make_app(), terminal_size=size, run_before=run_before)
 
 
-def test_help_screen(snap_compare, fixture_values):
-    assert snap_compare(make_app(), terminal_size=SIZE, press=["f1"])
+def test_help_screen(snap_compare, fixture_values, size):
+    assert snap_compare(make_app(), terminal_size=size, press=["f1"])
