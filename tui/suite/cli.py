@@ -206,7 +206,7 @@ def _report(results, out) -> None:
     except Exception as exc:  # noqa: BLE001 - the runs are done and kept; say why there is no report
         print(f"shardbench: report not written: {type(exc).__name__}: {exc}", file=sys.stderr)
         return
-    print(f"report: {rep.markdown}")
+    print(f"report: {rep.markdown} (shareable: {rep.html})")
 
 
 def _run_with_progress(runner, view) -> tuple[list[dict], str | None]:
@@ -367,7 +367,8 @@ def cmd_report(args: argparse.Namespace) -> int:
             print(f"shardbench: {results}: report not written: {exc}", file=sys.stderr)
             code = 1
             continue
-        print(f"{results}: {rep.runs} runs ({rep.failed} not ok) -> {rep.csv}, {len(rep.plots)} plots, {rep.markdown}")
+        print(f"{results}: {rep.runs} runs ({rep.failed} not ok) -> {rep.csv}, {len(rep.plots)} plots, {rep.markdown}, "
+              f"{rep.html}")
     return code
 
 
