@@ -2,7 +2,6 @@
 directory opened as results, runs already done, past logs, re-measuring, the CLI's --force."""
 from __future__ import annotations
 
-import argparse
 import subprocess
 import sys
 from dataclasses import replace
@@ -162,7 +161,7 @@ def test_cli_force_remeasures_one_configuration_and_rejects_unknown_ids(tmp_path
 
 
 def test_rerun_flagged_selects_only_the_flagged_configurations(tmp_path):
-    from tui.suite.cli import _forced
+    from tui.suite.rerun import selection
 
     matrix = MatrixSpec(strategies=["ddp", "zero2"], world_sizes=[1], repeats=2, shape="cpu", device="cpu",
                         results=str(tmp_path))
@@ -173,8 +172,8 @@ def test_rerun_flagged_selects_only_the_flagged_configurations(tmp_path):
         tps = 100.0 if s.strategy == "ddp" or s.repeat == 0 else 200.0
         recs.append(record(s.strategy, 1, tps, repeat=s.repeat) | {"run_id": s.run_id, "config_id": s.config_id})
     write_results(tmp_path, recs)
-    args = argparse.Namespace(force=[], rerun_flagged=True)
-    assert _forced(args, specs, tmp_path) == {s.run_id for s in specs if s.strategy == "zero2"}
-    assert _forced(argparse.Namespace(force=["*"], rerun_flagged=False), specs, tmp_path) is True
+    assert selection([], True, specs, tmp_path) == {s.run_id for s in specs if s.strategy == "zero2"}
+    assert selection(["*"], False, specs, tmp_path) is True
     one = specs[0].run_id
-    assert _forced(argparse.Namespace(force=[one], rerun_flagged=False), specs, tmp_path) == {one}
+    assert selection([one], False, specs, tmp_path) == {one}
+    assert "no such run" in selection(["zero9-w1"], False, specs, tmp_path)

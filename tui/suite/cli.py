@@ -1,8 +1,9 @@
-"""`shardbench`: the headless suite. run (matrix -> results), report (results -> csv, plots, md),
-collect (a saved log -> result.json).
+"""`shardbench`: the headless suite. run (matrix -> results), report (results -> csv, plots, md,
+html), compare (two result sets), collect (a saved log -> result.json).
 
 Exit codes: 0 every run ok (collect: a valid record); 1 some run not ok (the summary and the
-report still cover every run) / collect: no valid record in the log; 2 bad input, an unusable
+report still cover every run) / collect: no valid record in the log / compare --fail-on-worse:
+a significantly worse change; 2 bad input, an unusable
 or locked results directory (one line on stderr, nothing run); 130 interrupted (what finished
 is kept).
 """
@@ -27,7 +28,7 @@ from tui.suite.matrix import (CONFIRM_ABOVE, DEFAULT_MATRIX, MatrixSpec, expand,
 
 
 DESCRIPTION = ("The headless suite: run a matrix of benchmark runs, report on a results directory, "
-               "or collect a record from a saved log.")
+               "compare two result sets, or collect a record from a saved log.")
 
 
 def _ints(text: str) -> list[int]:
@@ -95,6 +96,13 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("results", type=Path, help="a results dir, or a dir holding several (each gets a report)")
     rep.add_argument("--out", type=Path, default=None,
                      help="output directory (default: <result set>/report; with several sets, one subdir each)")
+    cmp = sub.add_parser("compare", help="two result sets side by side: same configurations, 95%% intervals, "
+                                         "significant changes (e.g. before/after a driver or NCCL upgrade)")
+    cmp.add_argument("a", type=Path, help="the result set before (e.g. results/before)")
+    cmp.add_argument("b", type=Path, help="the result set after")
+    cmp.add_argument("--csv", type=Path, default=None, help="also write the comparison table here")
+    cmp.add_argument("--fail-on-worse", action="store_true",
+                     help="exit 1 when any change is significantly worse (for CI)")
     col = sub.add_parser("collect", help="read the result record from a saved log")
     col.add_argument("log", type=Path)
     col.add_argument("-o", "--output", type=Path, default=None, help="write the record here (default: stdout)")
@@ -156,7 +164,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     ok, why = backend.availability()
     if not ok:
         return fail(f"backend {matrix.backend} unavailable: {why}")
-    force = _forced(args, specs, matrix.results)
+    from tui.suite.rerun import selection
+
+    force = selection(args.force, args.rerun_flagged, specs, matrix.results)
     if isinstance(force, str):
         return fail(force)
     view = _QuietView() if args.quiet else _RichView(len(specs))
@@ -177,25 +187,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"shardbench: the matrix stopped early: {crash}", file=sys.stderr)
         return 1
     return 0 if all(r.get("status") == "ok" for r in records) else 1
-
-
-def _forced(args: argparse.Namespace, specs, results) -> bool | set[str] | str:
-    """What --force / --rerun-flagged select: True (all), a set of run ids, or the error line."""
-    from tui.suite.rerun import ALL, flagged_run_ids, forced
-
-    if ALL in args.force:
-        return True
-    wanted = set(args.force)
-    unknown = sorted(w for w in wanted if not any(forced(s.run_id, [w]) for s in specs))
-    if unknown:
-        return (f"--force {unknown[0]}: no such run or configuration in this matrix "
-                "(shardbench run --dry-run lists the run ids)")
-    if args.rerun_flagged:
-        flagged = set(flagged_run_ids(results))
-        print(f"re-measuring {len(flagged & {s.run_id for s in specs})} run(s) of flagged configurations",
-              file=sys.stderr)
-        wanted |= flagged
-    return {s.run_id for s in specs if forced(s.run_id, wanted)}
 
 
 def _report(results, out) -> None:
@@ -372,6 +363,23 @@ def cmd_report(args: argparse.Namespace) -> int:
     return code
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    """0 compared (1 with --fail-on-worse and a significantly worse change); 2 a side unusable."""
+    from tui.suite.compare import CompareError, compare_dirs, text, write_csv
+
+    try:
+        cmp = compare_dirs(args.a, args.b)
+    except CompareError as exc:
+        return fail(str(exc))
+    print(text(cmp))
+    if args.csv:
+        try:
+            write_csv(cmp, args.csv)
+        except OSError as exc:
+            return fail(f"cannot write {args.csv}: {exc.strerror or exc}")
+    return 1 if args.fail_on_worse and cmp.significant(worse_only=True) else 0
+
+
 def cmd_collect(args: argparse.Namespace) -> int:
     """0 when the log held a valid record (whatever its status), printed or written to -o; 1 when
     it did not: one line on stderr says why (and -o gets a failed record saying the same)."""
@@ -401,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `shardbench run --dry-run | head` ends quietly
     args = build_parser().parse_args(argv)
     started = time.monotonic()
-    handler = {"run": cmd_run, "report": cmd_report, "collect": cmd_collect}[args.command]
+    handler = {"run": cmd_run, "report": cmd_report, "collect": cmd_collect, "compare": cmd_compare}[args.command]
     code = handler(args)
     if args.command == "run" and not getattr(args, "dry_run", False) and code in (0, 1):
         print(f"wall time {_dur(time.monotonic() - started)}")

@@ -7,6 +7,7 @@ the store moves it to <run>/attempts/<n>/ first (tui/suite/store.py).
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import fields
 from pathlib import Path
 from typing import Any, Iterable
@@ -61,3 +62,21 @@ def forced(run_id: str, wanted: Iterable[str]) -> bool:
     (the id without -rN: every repeat)."""
     wanted = set(wanted)
     return ALL in wanted or run_id in wanted or without_repeat(run_id) in wanted
+
+
+def selection(force: list[str], rerun_flagged: bool, specs: list[RunSpec],
+              results: str | Path) -> bool | set[str] | str:
+    """What `--force [RUN_ID]...` and `--rerun-flagged` select among `specs`: True (every run), a
+    set of run ids, or the error line for a name that is no run of the matrix."""
+    if ALL in force:
+        return True
+    wanted = set(force)
+    unknown = sorted(w for w in wanted if not any(forced(s.run_id, [w]) for s in specs))
+    if unknown:
+        return (f"--force {unknown[0]}: no such run or configuration in this matrix "
+                "(shardbench run --dry-run lists the run ids)")
+    if rerun_flagged:
+        flagged = set(flagged_run_ids(results)) & {s.run_id for s in specs}
+        print(f"re-measuring {len(flagged)} run(s) of flagged configurations", file=sys.stderr)
+        wanted |= flagged
+    return {s.run_id for s in specs if forced(s.run_id, wanted)}
