@@ -110,7 +110,7 @@ class BenchApp(App):
         yield from super().get_system_commands(screen)
         yield SystemCommand("Run matrix", "Start the matrix on the Matrix screen", self.action_run_matrix)
         yield SystemCommand("Cancel all runs", "Stop the current run and skip the rest", self.action_cancel_all)
-        yield SystemCommand("Write report", "metrics.csv, PNG plots, BENCHMARK_REPORT.md", self.action_write_report)
+        yield SystemCommand("Write report", "metrics.csv, PNG plots, BENCHMARK_REPORT.md, report.html", self.action_write_report)
         yield SystemCommand("Open results dir", "Show the results of a past matrix",
                             self.results_screen.action_open_dir)
         yield SystemCommand("Reload results", "Read result.json files again", self.action_reload_results)
@@ -320,7 +320,7 @@ class BenchApp(App):
         except Exception as exc:  # noqa: BLE001
             self.post_message(msg.ReportWritten([], f"{type(exc).__name__}: {exc}"))
             return
-        self.post_message(msg.ReportWritten([str(rep.csv), *map(str, rep.plots), str(rep.markdown)]))
+        self.post_message(msg.ReportWritten([str(rep.csv), *map(str, rep.plots), str(rep.markdown), str(rep.html)]))
 
     def on_report_written(self, message: msg.ReportWritten) -> None:
         if message.error:
