@@ -229,7 +229,7 @@ class BenchApp(App):
         self.cancel_run(message.run_id)
 
     def on_show_logs(self, message: msg.ShowLogs) -> None:
-        self.logs_screen.show_run(message.run_id)
+        self.logs_screen.show_run(message.run_id, self.results_dir / message.run_id / "log.txt")
         self.switch_mode("logs")
 
     def on_open_results(self, message: msg.OpenResults) -> None:
