@@ -177,3 +177,20 @@ def test_rerun_flagged_selects_only_the_flagged_configurations(tmp_path):
     one = specs[0].run_id
     assert selection([one], False, specs, tmp_path) == {one}
     assert "no such run" in selection(["zero9-w1"], False, specs, tmp_path)
+
+
+def test_readme_says_what_a_fresh_debian_needs_and_where_the_commands_are():
+    readme = (ROOT / "README.md").read_text()
+    top = readme[:readme.index("## The trainer")]
+    assert "python3-venv" in top and "make" in top and "g++" in top
+    assert ".venv/bin/benchtui" in top and ".venv/bin/activate" in top
+    assert "## Sample output, and which strategy when (measured)" in readme
+    assert "Which strategy when, from these numbers" in readme
+    # The commands the README shows exist with the flags it names.
+    from tui.suite.cli import build_parser
+
+    parser = build_parser()
+    args = parser.parse_args(["run", "--rerun-flagged", "--force", "x-r1", "--force"])
+    assert args.rerun_flagged and args.force == ["x-r1", "*"]
+    assert parser.parse_args(["compare", "a", "b", "--fail-on-worse"]).fail_on_worse
+    assert "BENCH_ARGS" in (ROOT / "Makefile").read_text()
