@@ -59,6 +59,11 @@ async def test_a_typod_strategy_in_a_matrix_file_is_a_problem_as_in_the_cli(tmp_
         await pilot.press("ctrl+r")
         await pilot.pause()
         assert app.matrix_worker is None
+        # Loading a good matrix afterwards drops the typo's checkbox again.
+        app.load_matrix(str(ROOT / "tui" / "suite" / "matrices" / "default.yaml"))
+        await pilot.pause()
+        assert app.matrix_screen.problems == [] and app.matrix_screen.unknown == []
+        assert app.matrix_screen.query_one("#strategies").option_count == 5
 
 
 def test_empty_result_sets_say_where_the_results_are(tmp_path):

@@ -10,6 +10,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Input, Label, Select, SelectionList, Static
+from textual.widgets.selection_list import Selection
 
 from tui.app.messages import LoadMatrix, SaveMatrix
 from tui.app.screens.dialogs import ask_path
@@ -119,12 +120,16 @@ class MatrixScreen(Screen):
         values = from_matrix(spec)
         sel = self.query_one("#strategies", SelectionList)
         sel.deselect_all()
-        for s in map(str, values["strategies"] or []):
+        named = list(dict.fromkeys(map(str, values["strategies"] or [])))
+        for s in [u for u in self.unknown if u not in named]:  # a typo of the previous matrix
+            self.unknown.remove(s)
+            sel.remove_option(f"unknown-{s}")
+        for s in named:
             if s not in STRATEGIES and s not in self.unknown:
                 # Kept, selected and shown as a problem (as the CLI rejects it): dropping a typo
                 # silently ran a smaller matrix than the file asked for.
                 self.unknown.append(s)
-                sel.add_option((s, s))
+                sel.add_option(Selection(s, s, id=f"unknown-{s}"))
             sel.select(s)
         for key, _ in INPUTS:
             self.query_one(f"#{key}", Input).value = values[key]
