@@ -163,3 +163,41 @@ def test_quit_with_runs_in_progress_asks_first(snap_compare, fixture_values, siz
 
 def test_help_screen(snap_compare, fixture_values, size):
     assert snap_compare(make_app(), terminal_size=size, press=["f1"])
+
+
+def test_matrix_screen_when_every_run_is_done(snap_compare, fixture_values, size, tmp_path, monkeypatch):
+    """Resume would skip every run: the count says so instead of "8 run(s) ready"."""
+    from trainer.record import write_atomic
+    from tui.suite.matrix import expand
+    from tui.suite.synthetic import record
+
+    monkeypatch.chdir(tmp_path)
+    specs, errors = expand(MATRIX)
+    assert not errors
+    for s in specs:
+        write_atomic(s.to_dict(), f"{MATRIX.results}/{s.run_id}/spec.json")
+        write_atomic(record(s.strategy, s.world_size, 500.0, repeat=s.repeat)
+                     | {"run_id": s.run_id, "config_id": s.config_id, "steps": s.steps,
+                        "warmup_steps": s.warmup_steps, "seed": s.seed},
+                     f"{MATRIX.results}/{s.run_id}/result.json")
+    assert snap_compare(make_app(), terminal_size=size)
+
+
+def test_results_screen_opened_on_a_report_directory(snap_compare, fixture_values, size, tmp_path, monkeypatch):
+    """`benchtui --results reports/default`: no results there, and the screen says where they are."""
+    from tui.suite.synthetic import record
+
+    monkeypatch.chdir(tmp_path)
+    write_results(tmp_path / "results" / "default", [record("ddp", 1, 500.0)])
+    (tmp_path / "reports" / "default").mkdir(parents=True)
+    (tmp_path / "reports" / "default" / "BENCHMARK_REPORT.md").write_text(
+        "# Benchmark report\n\nGenerated 2026-11-24T20:00:00+00:00 from `results/default` (1 runs).\n")
+
+    async def run_before(pilot):
+        while "result(s) in" not in pilot.app.results_screen.source:
+            await pilot.pause(0.1)
+        await settle(pilot)
+        await pilot.press("f5")
+        await pilot.pause()
+
+    assert snap_compare(make_app("reports/default"), terminal_size=size, run_before=run_before)
