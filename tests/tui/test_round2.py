@@ -128,6 +128,14 @@ async def test_done_runs_are_counted_logs_open_and_remeasure_keeps_the_old_attem
         assert (results / run_id / "result.json").is_file()
         app.matrix_screen.validate()
         assert "all 1 run(s) already done" in run_count(app)  # was "1 run(s) ready"
+        first = app.matrix_worker
+        await pilot.press("f2")
+        await pilot.press("ctrl+f")  # re-measure from the Matrix screen
+        await pilot.pause()
+        await wait_until(pilot, lambda: app.matrix_worker is not first and app.matrix_worker.is_finished,
+                         120, "the forced run")
+        await settle(pilot)
+        assert (results / run_id / "attempts" / "1" / "result.json").is_file()
         # The log of a past run opens from the Results screen (a fresh app: not on its board).
     app = BenchApp(matrix=matrix, results_dir=results, availability=FIXED_AVAILABILITY)
     async with app.run_test(size=SIZE) as pilot:
@@ -146,7 +154,7 @@ async def test_done_runs_are_counted_logs_open_and_remeasure_keeps_the_old_attem
         await wait_until(pilot, lambda: app.matrix_worker is not None and app.matrix_worker.is_finished,
                          120, "the re-measured run")
         await settle(pilot)
-    assert (results / run_id / "attempts" / "1" / "result.json").is_file()
+    assert (results / run_id / "attempts" / "2" / "result.json").is_file()  # the Results screen's f
     assert (results / run_id / "result.json").is_file()
 
 
