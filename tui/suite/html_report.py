@@ -134,9 +134,13 @@ def not_ok_table(an: Analysis) -> str:
     if bad.empty:
         return '<p class="muted">Every run finished ok.</p>'
     rows = [f'<tr class="notok">{cell(r["run_id"])}{cell(r["status"])}{cell(r["strategy"])}'
-            f'{cell(r["world_size"], "{:.0f}")}{cell(" ".join(str(r["error"] or "").split())[:400])}</tr>'
+            f'{cell(r["world_size"], "{:.0f}")}{cell(_one_line(r["error"]))}</tr>'
             for _, r in bad.iterrows()]
     return table(["run", "status", "strategy", "devices", "reason"], rows)
+
+
+def _one_line(error: Any) -> str:
+    return " ".join(error.split())[:400] if isinstance(error, str) else ""
 
 
 def flags_list(an: Analysis) -> str:
