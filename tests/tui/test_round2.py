@@ -80,6 +80,8 @@ def test_empty_result_sets_say_where_the_results_are(tmp_path):
     hint = empty_hint(tmp_path / "results")
     assert "one level down" in hint and str(results) in hint
     assert "no such directory" in empty_hint(tmp_path / "nowhere")
+    # benchtui's own results/benchtui before its first run, beside make bench's results/default
+    assert f"result sets beside it: {results}" in empty_hint(tmp_path / "results" / "benchtui")
 
 
 async def test_results_flag_opens_on_results_or_hints(tmp_path, fixture_values):

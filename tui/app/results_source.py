@@ -19,16 +19,21 @@ def empty_hint(path: Path) -> str:
     """One line: what `path` is and which directory to open instead (o on the Results screen)."""
     path = Path(path)
     if not path.exists():
-        return "no such directory yet (a matrix run creates it)"
+        nearby = find_result_sets(path.parent) if path.parent.is_dir() else []
+        return "no such directory yet (a matrix run creates it)" + (
+            f"; result sets beside it: {_listed(nearby)} (o opens one)" if nearby else "")
     if any((path / name).is_file() for name in REPORT_FILES):
         source = report_source(path)
         where = f"its runs are in {source}" if source else "open the results directory it was written from"
         return f"this is a report directory, not a result set: {where} (o opens another directory)"
     sets = find_result_sets(path)
     if sets:
-        listed = ", ".join(str(s) for s in sets[:MAX_LISTED]) + (" ..." if len(sets) > MAX_LISTED else "")
-        return f"the result sets are one level down: {listed} (o opens one, or benchtui --results {sets[0]})"
+        return f"the result sets are one level down: {_listed(sets)} (o opens one, or benchtui --results {sets[0]})"
     return "no <run-id>/result.json here: run a matrix, or open a results directory (o)"
+
+
+def _listed(sets: list[Path]) -> str:
+    return ", ".join(str(s) for s in sets[:MAX_LISTED]) + (" ..." if len(sets) > MAX_LISTED else "")
 
 
 def report_source(report_dir: Path) -> str | None:
