@@ -15,6 +15,7 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Input, Static
 
+from tui.app.board import RunBoard
 from tui.app.log_view import LogView
 
 
@@ -30,8 +31,10 @@ class LogsScreen(Screen):
         Binding("escape", "close_search", "Close search", show=False),
     ]
 
-    def __init__(self) -> None:
+    def __init__(self, board: RunBoard) -> None:
         super().__init__(id="logs-screen")
+        self.board = board
+        """The runs' rows (the app folds every suite event into it); read, never written, here."""
         self.run_id: str | None = None
         self.saved_path: Path | None = None
         """Where a past run's log is (results/<run-id>/log.txt), shown when the board has none."""
@@ -48,8 +51,8 @@ class LogsScreen(Screen):
         yield Footer()
 
     def on_mount(self) -> None:
-        if self.run_id is None and self.app.board.rows:
-            self.run_id = next(iter(self.app.board.rows))
+        if self.run_id is None and self.board.rows:
+            self.run_id = next(iter(self.board.rows))
         self.reload()
 
     @property
@@ -62,7 +65,7 @@ class LogsScreen(Screen):
 
     # -- content ------------------------------------------------------------------------------
     def lines(self) -> list[str]:
-        row = self.app.board.rows.get(self.run_id) if self.run_id else None
+        row = self.board.rows.get(self.run_id) if self.run_id else None
         if row is not None:  # a run of this session: its live log (the file may still be growing)
             return row.log
         return self.saved_log() or []
@@ -90,7 +93,7 @@ class LogsScreen(Screen):
             self.view.append(line)
 
     def update_title(self) -> None:
-        row = self.app.board.rows.get(self.run_id) if self.run_id else None
+        row = self.board.rows.get(self.run_id) if self.run_id else None
         if row is None and self.run_id and self.view.line_count:
             text = f"[b]{self.run_id}[/b] · past run · {self.saved_path} · {self.view.line_count} lines"
         elif row is None and self.run_id:
@@ -148,7 +151,7 @@ class LogsScreen(Screen):
         self._jump(found)
 
     def action_other_run(self, step: int) -> None:
-        ids = list(self.app.board.rows)
+        ids = list(self.board.rows)
         if not ids:
             return
         at = ids.index(self.run_id) if self.run_id in ids else -1
