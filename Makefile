@@ -14,8 +14,11 @@ tools: setup
 # The main job: the default CPU matrix (every strategy at world sizes 1 and 2, tiny preset) on
 # this machine, then metrics.csv, plots and BENCHMARK_REPORT.md under reports/default (written
 # even when some run failed; the exit code is then 1).
+# BENCH_ARGS passes more flags, e.g. `make bench BENCH_ARGS=--rerun-flagged` re-measures the
+# configurations the report flags, `BENCH_ARGS="--force RUN_ID"` one run.
+BENCH_ARGS ?=
 bench: setup
-	PYTHONWARNINGS=ignore::FutureWarning $(VENV)/bin/shardbench run --report reports/default
+	PYTHONWARNINGS=ignore::FutureWarning $(VENV)/bin/shardbench run --report reports/default $(BENCH_ARGS)
 
 test: tools
 	PYTHONWARNINGS=ignore::FutureWarning $(PY) -m pytest -q

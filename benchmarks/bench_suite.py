@@ -50,7 +50,8 @@ def bench_report(records: list[dict], tmp: Path) -> None:
     t0 = time.perf_counter()
     rep = report_from_records(records, tmp / "report", tmp / "synthetic-results")
     dt = time.perf_counter() - t0
-    print(f"report: {rep.runs} records -> metrics.csv + {len(rep.plots)} plots + BENCHMARK_REPORT.md in {dt:.2f} s")
+    print(f"report: {rep.runs} records -> metrics.csv + {len(rep.plots)} plots + BENCHMARK_REPORT.md + report.html "
+          f"in {dt:.2f} s")
 
 
 def main() -> None:

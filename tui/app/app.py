@@ -7,6 +7,7 @@ screens that show it. Results are read back from results/<run-id>/result.json in
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Iterable
 
@@ -26,6 +27,7 @@ from tui.app.screens.matrix import MatrixScreen
 from tui.app.screens.results import ResultsScreen
 from tui.app.screens.runs import RunsScreen
 from tui.suite.backends import ClusterOptions, availability, get_backend
+from tui.app.matrix_plan import BENCHTUI_RESULTS
 from tui.suite.matrix import MatrixSpec, default_matrix, load_matrix, save_matrix
 
 MODES = ("matrix", "runs", "logs", "results")
@@ -48,10 +50,12 @@ class BenchApp(App):
 
     def __init__(self, matrix: MatrixSpec | None = None, matrix_path: str | None = None,
                  cluster: ClusterOptions | None = None, results_dir: str | Path | None = None,
-                 availability: dict[str, tuple[bool, str]] | None = None) -> None:
+                 availability: dict[str, tuple[bool, str]] | None = None, show_results: bool = False) -> None:
         super().__init__()
-        matrix = matrix or default_matrix()
+        matrix = matrix or replace(default_matrix(), results=BENCHTUI_RESULTS)
         self.results_dir = Path(results_dir or matrix.results)
+        self.show_results = show_results
+        """Opened with --results: switch to the Results screen once they load (or hint why none did)."""
         """The result set the Results screen shows (read-only); a matrix run writes into its own
         `results` directory and shows that one."""
         self.matrix_path = matrix_path
@@ -106,7 +110,7 @@ class BenchApp(App):
         yield from super().get_system_commands(screen)
         yield SystemCommand("Run matrix", "Start the matrix on the Matrix screen", self.action_run_matrix)
         yield SystemCommand("Cancel all runs", "Stop the current run and skip the rest", self.action_cancel_all)
-        yield SystemCommand("Write report", "metrics.csv, PNG plots, BENCHMARK_REPORT.md", self.action_write_report)
+        yield SystemCommand("Write report", "metrics.csv, PNG plots, BENCHMARK_REPORT.md, report.html", self.action_write_report)
         yield SystemCommand("Open results dir", "Show the results of a past matrix",
                             self.results_screen.action_open_dir)
         yield SystemCommand("Reload results", "Read result.json files again", self.action_reload_results)
@@ -129,7 +133,8 @@ class BenchApp(App):
             self.matrix_screen.update_backend_note()
 
     # -- running the matrix -------------------------------------------------------------------
-    def action_run_matrix(self) -> None:
+    def action_run_matrix(self, force: bool = False) -> None:
+        """Start the Matrix screen's matrix; `force` re-measures runs whose result is already there."""
         if self.matrix_worker is not None and self.matrix_worker.state in (WorkerState.PENDING, WorkerState.RUNNING):
             self.notify("a matrix is already running: cancel it first (x)", severity="warning")
             return
@@ -148,11 +153,11 @@ class BenchApp(App):
             self.runs_screen.redraw()
         self.logs_screen.run_id = None
         self.results_dir = self.results_screen.results_dir = Path(spec.results)
-        self.matrix_worker = self.run_specs(list(screen.specs), spec.backend, self.results_dir)
+        self.matrix_worker = self.run_specs(list(screen.specs), spec.backend, self.results_dir, force)
         self.switch_mode("runs")
 
     @work(thread=True, exclusive=True, group="matrix", exit_on_error=False)
-    def run_specs(self, specs: list, backend_name: str, results_dir: Path) -> None:
+    def run_specs(self, specs: list, backend_name: str, results_dir: Path, force=False) -> None:
         from tui.suite.runner import Runner
 
         try:
@@ -162,7 +167,7 @@ class BenchApp(App):
                 self.post_message(msg.MatrixDone([], f"backend {backend_name} unavailable: {why}"))
                 return
             self.runner = Runner(specs, backend, results_dir,
-                                 emit=lambda event: self.post_message(msg.SuiteEvent(event)))
+                                 emit=lambda event: self.post_message(msg.SuiteEvent(event)), force=force)
             records = self.runner.run()  # a locked or unusable results dir raises ResultsDirError
         except Exception as exc:  # noqa: BLE001 - shown to the user, the app goes on
             self.post_message(msg.MatrixDone([], f"{type(exc).__name__}: {exc}"))
@@ -224,11 +229,31 @@ class BenchApp(App):
         self.cancel_run(message.run_id)
 
     def on_show_logs(self, message: msg.ShowLogs) -> None:
-        self.logs_screen.show_run(message.run_id)
+        self.logs_screen.show_run(message.run_id, self.results_dir / message.run_id / "log.txt")
         self.switch_mode("logs")
 
     def on_open_results(self, message: msg.OpenResults) -> None:
         self.open_results(message.path)
+
+    def on_remeasure(self, message: msg.Remeasure) -> None:
+        """Re-measure runs of the shown result set from their spec.json, into that same set."""
+        from tui.suite.rerun import saved_specs
+
+        if self.matrix_worker is not None and self.matrix_worker.is_running:
+            self.notify("a matrix is already running: cancel it first (x)", severity="warning")
+            return
+        specs, problems = saved_specs(self.results_dir, message.run_ids)
+        for line in problems:
+            self.notify(line, severity="error", timeout=10)
+        if not specs:
+            return
+        self.board.reset()
+        if self.runs_screen.is_mounted:
+            self.runs_screen.redraw()
+        self.logs_screen.run_id = None
+        self.matrix_worker = self.run_specs(specs, specs[0].backend, self.results_dir, True)
+        self.notify(f"re-measuring {len(specs)} run(s); the old results move to <run>/attempts/")
+        self.switch_mode("runs")
 
     def on_save_matrix(self, message: msg.SaveMatrix) -> None:
         self.save_matrix(message.path)
@@ -248,6 +273,7 @@ class BenchApp(App):
     @work(thread=True, exclusive=True, group="results", exit_on_error=False)
     def refresh_results(self) -> None:
         from tui.app.results_model import ResultsView, compute
+        from tui.app.results_source import empty_hint
         from tui.suite.metrics import load_records
 
         source = f"0 result(s) in {self.results_dir}"
@@ -255,6 +281,8 @@ class BenchApp(App):
             records = load_records(self.results_dir) if self.results_dir.is_dir() else []
             unreadable = sum(r.get("status") == "unreadable" for r in records)
             source = f"{len(records)} result(s) in {self.results_dir}" + (f" ({unreadable} unreadable)" if unreadable else "")
+            if not records:
+                source += f": {empty_hint(self.results_dir)}"
             view = compute(records)
         except Exception as exc:  # noqa: BLE001
             view, source = ResultsView(), f"{source}: could not tabulate them ({type(exc).__name__}: {exc})"
@@ -262,6 +290,12 @@ class BenchApp(App):
 
     def on_results_ready(self, message: msg.ResultsReady) -> None:
         self.results_screen.show(message.view, message.source)
+        if self.show_results:  # the first load of a result set opened with --results
+            self.show_results = False
+            if message.view.rows:
+                self.switch_mode("results")
+            else:
+                self.notify(message.source, severity="warning", timeout=15)
 
     def action_reload_results(self) -> None:
         self.refresh_results()
@@ -286,7 +320,7 @@ class BenchApp(App):
         except Exception as exc:  # noqa: BLE001
             self.post_message(msg.ReportWritten([], f"{type(exc).__name__}: {exc}"))
             return
-        self.post_message(msg.ReportWritten([str(rep.csv), *map(str, rep.plots), str(rep.markdown)]))
+        self.post_message(msg.ReportWritten([str(rep.csv), *map(str, rep.plots), str(rep.markdown), str(rep.html)]))
 
     def on_report_written(self, message: msg.ReportWritten) -> None:
         if message.error:

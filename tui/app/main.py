@@ -14,7 +14,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description="Pick a DDP/FSDP/ZeRO benchmark matrix, run it on this machine or on a Kubernetes "
                     "cluster (one Helm release per run), tail the logs live and compare the results.")
     parser.add_argument("--results", metavar="DIR",
-                        help="open this result set read-only (default: the matrix's results directory)")
+                        help="open this result set read-only, on the Results screen (default: the matrix's results "
+                             "directory; benchtui's own runs go to the Matrix screen's Results dir field, "
+                             "results/benchtui unless --matrix names one)")
     parser.add_argument("--matrix", metavar="FILE",
                         help="matrix YAML file to start from (default: tui/suite/matrices/default.yaml)")
     parser.add_argument("--backend", choices=BACKENDS, help="backend to preselect (overrides the matrix file's)")
@@ -34,8 +36,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.backend:
         matrix.backend = args.backend
     from tui.app.app import BenchApp
+    from tui.app.matrix_plan import BENCHTUI_RESULTS
 
-    app = BenchApp(matrix=matrix, matrix_path=args.matrix, cluster=cluster_options(args), results_dir=args.results)
+    if not args.matrix:  # results/default is `make bench`'s: benchtui's runs must not change its report
+        matrix.results = BENCHTUI_RESULTS
+    app = BenchApp(matrix=matrix, matrix_path=args.matrix, cluster=cluster_options(args), results_dir=args.results,
+                   show_results=bool(args.results))
     app.run()
     return 0
 

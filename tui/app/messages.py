@@ -83,3 +83,11 @@ class ResultsReady(Message):
     def __init__(self, view, source: str) -> None:
         super().__init__()
         self.view, self.source = view, source
+
+
+class Remeasure(Message):
+    """Run these runs of the shown result set again (force), from their saved spec.json."""
+
+    def __init__(self, run_ids: list[str]) -> None:
+        super().__init__()
+        self.run_ids = run_ids

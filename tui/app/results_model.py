@@ -54,6 +54,8 @@ class Row:
     detail: str = ""
     broken: bool = False
     flagged: bool = False
+    run_ids: list[str] = field(default_factory=list)
+    """The runs behind the row (a configuration's repeats): what l opens and f re-measures."""
 
 
 @dataclass
@@ -95,14 +97,15 @@ def compute(records: list[dict]) -> ResultsView:
         values.update({m: c.est.get(m) for m in ("tokens_per_s", "step_time_mean_s", "model_state_gib_per_rank",
                                                    "train_peak_gib", "cost_usd_per_mtok")})
         view.rows.append(Row(c.name, "ok", [values.get(k) for k, _, _ in COLUMNS],
-                             "; ".join(c.flags), c.broken, bool(c.flags)))
+                             "; ".join(c.flags), c.broken, bool(c.flags), list(c.run_ids)))
     for _, r in an.not_ok.iterrows():
         values = {"name": r["run_id"], "status": r["status"], "strategy": _plain(r["strategy"]),
                   "world_size": _plain(r["world_size"]), "seq_len": _plain(r["seq_len"]),
                   "detail": " ".join(str(r["error"] or "").split())[:300]}  # one table line
         key = r["source"].removesuffix("/result.json").rsplit("/", 1)[-1] if isinstance(r["source"], str) \
             else str(r["run_id"])
-        view.rows.append(Row(key, str(r["status"]), [values.get(k) for k, _, _ in COLUMNS], values["detail"]))
+        view.rows.append(Row(key, str(r["status"]), [values.get(k) for k, _, _ in COLUMNS], values["detail"],
+                             run_ids=[key]))
     _unique_keys(view.rows)
     # Winners and flagged candidates first: the lines a reader acts on, before the ties.
     order = {"winner": 0, "flagged": 1, "one repeat": 2}

@@ -1,8 +1,9 @@
-"""`shardbench`: the headless suite. run (matrix -> results), report (results -> csv, plots, md),
-collect (a saved log -> result.json).
+"""`shardbench`: the headless suite. run (matrix -> results), report (results -> csv, plots, md,
+html), compare (two result sets), collect (a saved log -> result.json).
 
 Exit codes: 0 every run ok (collect: a valid record); 1 some run not ok (the summary and the
-report still cover every run) / collect: no valid record in the log; 2 bad input, an unusable
+report still cover every run) / collect: no valid record in the log / compare --fail-on-worse:
+a significantly worse change; 2 bad input, an unusable
 or locked results directory (one line on stderr, nothing run); 130 interrupted (what finished
 is kept).
 """
@@ -29,7 +30,7 @@ from tui.suite.matrix import (CONFIRM_ABOVE, DEFAULT_MATRIX, KNOB_KEYS, MatrixSp
 
 
 DESCRIPTION = ("The headless suite: run a matrix of benchmark runs, report on a results directory, "
-               "or collect a record from a saved log.")
+               "compare two result sets, or collect a record from a saved log.")
 
 
 def _knob(text: str) -> tuple[str, object]:
@@ -78,8 +79,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--matrix", type=Path, help=f"matrix YAML (default: {DEFAULT_MATRIX.name}); flags override it")
     _add_matrix_flags(run)
     add_cluster_flags(run)
-    run.add_argument("--force", action="store_true",
-                     help="rerun runs whose result is already there (the old attempt moves to <run>/attempts/)")
+    run.add_argument("--force", nargs="?", const="*", action="append", default=[], metavar="RUN_ID",
+                     help="re-measure runs whose result is already there (the old attempt moves to "
+                          "<run>/attempts/): alone every run; with a run id that run, with a configuration "
+                          "name (a run id without -rN) all its repeats; may be repeated")
+    run.add_argument("--rerun-flagged", action="store_true",
+                     help="re-measure every run of the configurations the report flags (spread, overloaded "
+                          "host, efficiency above 1.05, broken loss), e.g. make bench BENCH_ARGS=--rerun-flagged")
     run.add_argument("--order-seed", type=int, default=None,
                      help="seed of the shuffled run order (default: random; logged in RESULTS/order.jsonl)")
     run.add_argument("--yes", action="store_true", help="run a matrix of more than 1,000 runs")
@@ -91,6 +97,13 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("results", type=Path, help="a results dir, or a dir holding several (each gets a report)")
     rep.add_argument("--out", type=Path, default=None,
                      help="output directory (default: <result set>/report; with several sets, one subdir each)")
+    cmp = sub.add_parser("compare", help="two result sets side by side: same configurations, 95%% intervals, "
+                                         "significant changes (e.g. before/after a driver or NCCL upgrade)")
+    cmp.add_argument("a", type=Path, help="the result set before (e.g. results/before)")
+    cmp.add_argument("b", type=Path, help="the result set after")
+    cmp.add_argument("--csv", type=Path, default=None, help="also write the comparison table here")
+    cmp.add_argument("--fail-on-worse", action="store_true",
+                     help="exit 1 when any change is significantly worse (for CI)")
     col = sub.add_parser("collect", help="read the result record from a saved log")
     col.add_argument("log", type=Path)
     col.add_argument("-o", "--output", type=Path, default=None, help="write the record here (default: stdout)")
@@ -153,8 +166,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     ok, why = backend.availability()
     if not ok:
         return fail(f"backend {matrix.backend} unavailable: {why}")
+    from tui.suite.rerun import selection
+
+    force = selection(args.force, args.rerun_flagged, specs, matrix.results)
+    if isinstance(force, str):
+        return fail(force)
     view = _QuietView() if args.quiet else _RichView(len(specs))
-    runner = Runner(specs, backend, matrix.results, view.emit, args.force, args.order_seed)
+    runner = Runner(specs, backend, matrix.results, view.emit, force, args.order_seed)
     try:
         runner.open()  # refuse at once, before any progress display, when the dir is unusable or taken
     except ResultsDirError as exc:
@@ -181,7 +199,7 @@ def _report(results, out) -> None:
     except Exception as exc:  # noqa: BLE001 - the runs are done and kept; say why there is no report
         print(f"shardbench: report not written: {type(exc).__name__}: {exc}", file=sys.stderr)
         return
-    print(f"report: {rep.markdown}")
+    print(f"report: {rep.markdown} (shareable: {rep.html})")
 
 
 def _run_with_progress(runner, view) -> tuple[list[dict], str | None]:
@@ -342,8 +360,26 @@ def cmd_report(args: argparse.Namespace) -> int:
             print(f"shardbench: {results}: report not written: {exc}", file=sys.stderr)
             code = 1
             continue
-        print(f"{results}: {rep.runs} runs ({rep.failed} not ok) -> {rep.csv}, {len(rep.plots)} plots, {rep.markdown}")
+        print(f"{results}: {rep.runs} runs ({rep.failed} not ok) -> {rep.csv}, {len(rep.plots)} plots, {rep.markdown}, "
+              f"{rep.html}")
     return code
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    """0 compared (1 with --fail-on-worse and a significantly worse change); 2 a side unusable."""
+    from tui.suite.compare import CompareError, compare_dirs, text, write_csv
+
+    try:
+        cmp = compare_dirs(args.a, args.b)
+    except CompareError as exc:
+        return fail(str(exc))
+    print(text(cmp))
+    if args.csv:
+        try:
+            write_csv(cmp, args.csv)
+        except OSError as exc:
+            return fail(f"cannot write {args.csv}: {exc.strerror or exc}")
+    return 1 if args.fail_on_worse and cmp.significant(worse_only=True) else 0
 
 
 def cmd_collect(args: argparse.Namespace) -> int:
@@ -375,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `shardbench run --dry-run | head` ends quietly
     args = build_parser().parse_args(argv)
     started = time.monotonic()
-    handler = {"run": cmd_run, "report": cmd_report, "collect": cmd_collect}[args.command]
+    handler = {"run": cmd_run, "report": cmd_report, "collect": cmd_collect, "compare": cmd_compare}[args.command]
     code = handler(args)
     if args.command == "run" and not getattr(args, "dry_run", False) and code in (0, 1):
         print(f"wall time {_dur(time.monotonic() - started)}")

@@ -13,7 +13,7 @@ from typing import Any
 import pandas as pd
 
 from tui.suite import analysis as an_mod
-from tui.suite import faults_report, metrics, plots
+from tui.suite import faults_report, html_report, metrics, plots, plots_runs
 from tui.suite.analysis import Analysis, Config, show
 from tui.suite.stats import finite
 
@@ -29,6 +29,8 @@ class Report:
     skipped_plots: list[str]
     runs: int
     failed: int
+    html: Path | None = None
+    """report.html: the same report, self-contained (tui/suite/html_report.py)."""
 
 
 RULES = f"""\
@@ -283,7 +285,10 @@ def report_from_records(records: list[dict], out_dir: Path, results_dir: Path) -
     csv = metrics.write_csv(an.runs[an.csv_columns()], out_dir / "metrics.csv")
     summary_csv = metrics.write_csv(summary_frame(an), out_dir / "summary.csv")
     plot_files, skipped = plots.write_plots(an, out_dir / "plots")
+    run_plots, run_skipped = plots_runs.write_run_plots(an, records, out_dir / "plots")  # loss, per rank
+    plot_files, skipped = plot_files + run_plots, skipped + run_skipped
     md = out_dir / "BENCHMARK_REPORT.md"
     fault_section = faults_report.markdown(records)  # tui/suite/faults_report.py; '' without checkpoints
     md.write_text(build_markdown(an, results_dir, plot_files, skipped, out_dir) + ("\n" + fault_section if fault_section else ""))
-    return Report(md, csv, summary_csv, plot_files, skipped, len(an.runs), len(an.not_ok))
+    html = html_report.write_html(an, results_dir, plot_files, out_dir, RULES)
+    return Report(md, csv, summary_csv, plot_files, skipped, len(an.runs), len(an.not_ok), html)

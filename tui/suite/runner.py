@@ -47,8 +47,9 @@ class Runner:
     """Runs `specs` into `results_dir` one after another; `cancel`/`cancel_all` from any thread."""
 
     def __init__(self, specs: list[RunSpec], backend: Backend, results_dir: str | Path, emit: Emit = ignore,
-                 force: bool = False, order_seed: int | None = None):
+                 force: bool | set[str] = False, order_seed: int | None = None):
         self.backend, self.force = backend, force
+        """True: re-measure every run; a set of run ids: only those (tui/suite/rerun.py)."""
         self.store = ResultsDir(results_dir)
         self.emit = guarded(emit)
         self.order_seed = secrets.randbelow(2 ** 31) if order_seed is None else order_seed
@@ -110,7 +111,7 @@ class Runner:
             why = "matrix cancelled before this run started" if self._all.is_set() else "cancelled before it started"
             self.emit(RunStateChanged(spec.run_id, "cancelled", why))
             return failed_record(spec, why, status="cancelled"), False
-        if not self.force:
+        if not (self.force is True or (isinstance(self.force, set) and spec.run_id in self.force)):
             kept, why = self.store.trusted(spec)
             if kept is not None:
                 self.emit(RunStateChanged(spec.run_id, "skipped", "result already there (resume)"))

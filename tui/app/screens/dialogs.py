@@ -20,7 +20,8 @@ Pick a matrix, run it here or on the cluster, watch the logs, compare the result
 - `ctrl+p` command palette · `?` or `F1` this help
 
 **Matrix**: `ctrl+s` save as YAML · `ctrl+o` load a YAML matrix; invalid combinations are listed
-with why, before anything runs
+with why, before anything runs; runs already done in the Results dir are counted (resume skips
+them) · `ctrl+f` re-measure every run
 
 **Runs**: `c` cancel the selected run · `l` or `enter` its log
 
@@ -28,8 +29,9 @@ with why, before anything runs
 `n` / `N` next / previous match · `e` jump to the last error · `[` `]` previous / next run
 
 **Results**: `s` sort by the next column · `v` reverse (or click a header) · `w` write
-metrics.csv, plots and BENCHMARK_REPORT.md · `o` open a past results dir (read-only) · `R` reload ·
-`p` the next plot (model state, step time, scaling efficiency, MFU)
+metrics.csv, plots, BENCHMARK_REPORT.md and report.html · `o` open a past results dir (read-only) ·
+`R` reload · `p` the next plot (model state, step time, scaling efficiency, MFU) · `l` the
+selected row's log · `f` re-measure its runs (the old attempt is kept)
 """
 
 

@@ -7,6 +7,8 @@ pods that could not start, so the same view serves both backends.
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -34,6 +36,8 @@ class LogsScreen(Screen):
         self.board = board
         """The runs' rows (the app folds every suite event into it); read, never written, here."""
         self.run_id: str | None = None
+        self.saved_path: Path | None = None
+        """Where a past run's log is (results/<run-id>/log.txt), shown when the board has none."""
         self.query_text = ""
         self.match_at = -1
 
@@ -62,10 +66,20 @@ class LogsScreen(Screen):
     # -- content ------------------------------------------------------------------------------
     def lines(self) -> list[str]:
         row = self.board.rows.get(self.run_id) if self.run_id else None
-        return row.log if row else []
+        if row is not None:  # a run of this session: its live log (the file may still be growing)
+            return row.log
+        return self.saved_log() or []
 
-    def show_run(self, run_id: str) -> None:
+    def saved_log(self) -> list[str] | None:
+        """A past run's log.txt (the run is not on the board): the path the app gave show_run."""
+        try:
+            return self.saved_path.read_text(errors="replace").splitlines() if self.saved_path else None
+        except OSError:
+            return None
+
+    def show_run(self, run_id: str, saved_path: Path | None = None) -> None:
         self.run_id = run_id
+        self.saved_path = saved_path
         self.match_at = -1
         if self.is_mounted:
             self.reload()
@@ -80,8 +94,13 @@ class LogsScreen(Screen):
 
     def update_title(self) -> None:
         row = self.board.rows.get(self.run_id) if self.run_id else None
-        if row is None:
-            text = "No run selected: start a matrix, then pick a run on the Runs screen (F3)."
+        if row is None and self.run_id and self.view.line_count:
+            text = f"[b]{self.run_id}[/b] · past run · {self.saved_path} · {self.view.line_count} lines"
+        elif row is None and self.run_id:
+            text = f"[b]{self.run_id}[/b]: no log saved at {self.saved_path}"
+        elif row is None:
+            text = ("No run selected: start a matrix, then pick a run on the Runs screen (F3), "
+                    "or a past run on the Results screen (F5, then l).")
         else:
             follow = "follow on" if self.follow else "follow paused (End or f resumes)"
             text = (f"[b]{row.run_id}[/b] · {row.state_text()} · {self.view.line_count} lines · {follow}"

@@ -10,12 +10,14 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Input, Label, Select, SelectionList, Static
+from textual.widgets.selection_list import Selection
 
 from tui.app.messages import LoadMatrix, SaveMatrix
 from tui.app.screens.dialogs import ask_path
 from tui.app.matrix_form import EXTRA_FIELDS, from_matrix, shapes, to_matrix
 from trainer.contract import BACKENDS, LAUNCHERS, PRECISIONS, STRATEGIES
 from trainer.presets import PRESETS
+from tui.app.matrix_plan import BENCHTUI_RESULTS, count_done, run_count_text
 from tui.suite.matrix import MatrixSpec, default_matrix, expand
 
 INPUTS = (
@@ -57,6 +59,7 @@ class MatrixScreen(Screen):
 
     BINDINGS = [
         Binding("ctrl+r", "app.run_matrix", "Run"),
+        Binding("ctrl+f", "app.run_matrix(True)", "Re-measure"),
         Binding("ctrl+s", "save", "Save"),
         Binding("ctrl+o", "load", "Load"),
     ]
@@ -71,6 +74,10 @@ class MatrixScreen(Screen):
         self.choices: dict[str, list[str]] = {}
         self.specs: list = []
         self.problems: list[str] = []
+        self.unknown: list[str] = []
+        """Strategies a loaded matrix named that the contract does not know (shown as problems)."""
+        self.done: int = 0
+        """Runs of `specs` whose result is already in the results dir (resume skips them)."""
         self._validate_pending = False
 
     def compose(self) -> ComposeResult:
@@ -85,6 +92,9 @@ class MatrixScreen(Screen):
                         yield Label(title, classes="field-label")
                         yield Input(placeholder=hints[key], id=key, compact=True)
                 yield from self._selects()
+                with Horizontal(classes="field"):
+                    yield Label("Results dir", classes="field-label")
+                    yield Input(placeholder=BENCHTUI_RESULTS, id="results", compact=True)
             with Vertical(id="matrix-side"):
                 yield Static(id="run-count")
                 yield Static(id="backend-note")
@@ -112,9 +122,17 @@ class MatrixScreen(Screen):
         values = from_matrix(spec)
         sel = self.query_one("#strategies", SelectionList)
         sel.deselect_all()
-        for s in values["strategies"]:
-            if s in STRATEGIES:
-                sel.select(s)
+        named = list(dict.fromkeys(map(str, values["strategies"] or [])))
+        for s in [u for u in self.unknown if u not in named]:  # a typo of the previous matrix
+            self.unknown.remove(s)
+            sel.remove_option(f"unknown-{s}")
+        for s in named:
+            if s not in STRATEGIES and s not in self.unknown:
+                # Kept, selected and shown as a problem (as the CLI rejects it): dropping a typo
+                # silently ran a smaller matrix than the file asked for.
+                self.unknown.append(s)
+                sel.add_option(Selection(s, s, id=f"unknown-{s}"))
+            sel.select(s)
         for key, _ in INPUTS:
             self.query_one(f"#{key}", Input).value = values[key]
         for key in ("model", "precision", "launcher", "shape", "backend"):
@@ -128,6 +146,7 @@ class MatrixScreen(Screen):
             else:
                 widget.value = options[0]
         self.extras = {k: values[k] for k in EXTRA_FIELDS}
+        self.query_one("#results", Input).value = str(values.get("results") or "")
         self.validate()
 
     def fields(self) -> dict[str, Any]:
@@ -137,7 +156,7 @@ class MatrixScreen(Screen):
         for key in ("model", "precision", "launcher", "shape", "backend"):
             value = self.query_one(f"#{key}", Select).value
             out[key] = None if value is Select.NULL else value
-        return out | self.extras
+        return out | self.extras | {"results": self.query_one("#results", Input).value.strip() or BENCHTUI_RESULTS}
 
     def matrix(self) -> MatrixSpec | None:
         spec, _ = to_matrix(self.fields())
@@ -161,10 +180,11 @@ class MatrixScreen(Screen):
         spec, errors = to_matrix(self.fields())
         self.specs, self.problems = ([], errors) if spec is None else expand(spec)
         count = self.query_one("#run-count", Static)
+        self.done = count_done(self.specs, spec.results if spec is not None else "")
         if self.problems:
             count.update(f"[b]{len(self.problems)} problem(s)[/b]: nothing will run")
         else:
-            count.update(f"[b]{len(self.specs)} run(s)[/b] ready: ctrl+r to start")
+            count.update(run_count_text(len(self.specs), self.done, spec.results))
         self.query_one("#problems", Static).update("\n".join(f"• {p}" for p in self.problems))
         self.update_backend_note()
 

@@ -16,7 +16,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static
 from textual_plotext import PlotextPlot
 
-from tui.app.messages import OpenResults
+from tui.app.messages import OpenResults, Remeasure, ShowLogs
 from tui.app.results_model import COLUMNS, PLOTS, ResultsView, Row, fmt_cell
 from tui.app.screens.dialogs import ask_path
 from tui.suite.stats import Estimate
@@ -55,7 +55,11 @@ def row_style(row: Row) -> str:
 
 
 class ResultsScreen(Screen):
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (36, "-tall")]
+    """Below 36 rows the plots and verdicts shrink so the table keeps its rows (80x24 showed none)."""
     BINDINGS = [
+        Binding("l", "logs", "Log"),
+        Binding("f", "remeasure", "Re-measure"),
         Binding("s", "sort_next", "Sort"),
         Binding("v", "reverse", "Reverse"),
         Binding("w", "app.write_report", "Write report"),
@@ -168,6 +172,29 @@ class ResultsScreen(Screen):
 
     def action_reverse(self) -> None:
         self.sort_by(self.sort_column, reverse=not self.sort_reverse)
+
+    def selected_row(self) -> Row | None:
+        table = self.query_one(DataTable)
+        if not table.row_count:
+            return None
+        key = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
+        return next((r for r in self.view.rows if r.key == key), None)
+
+    def action_logs(self) -> None:
+        """The selected row's log: a past run's log.txt from the results directory."""
+        row = self.selected_row()
+        if row is None or not row.run_ids:
+            self.notify("no run selected", severity="warning")
+            return
+        self.post_message(ShowLogs(row.run_ids[0]))
+
+    def action_remeasure(self) -> None:
+        """Run the selected configuration's repeats (or the failed run) again, result or not."""
+        row = self.selected_row()
+        if row is None or not row.run_ids:
+            self.notify("no run selected", severity="warning")
+            return
+        self.post_message(Remeasure(list(row.run_ids)))
 
     def action_open_dir(self) -> None:
         ask_path(self, "Open results dir (read-only)", str(self.results_dir or ""),

@@ -1,0 +1,36 @@
+"""What starting the Matrix screen's matrix would do: which runs are already done, in words.
+
+Resume keeps a run whose result.json the results directory already trusts (tui/suite/store.py
+`ResultsDir.trusted`, the runner's own rule), so "30 runs ready" when all 30 are done and would
+be skipped is wrong: the screen counts them with the same rule.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+BENCHTUI_RESULTS = "results/benchtui"
+"""benchtui's results directory when the matrix names none of its own: not `make bench`'s
+results/default, whose report a benchtui run (other steps, other knobs) would otherwise change."""
+MAX_CHECKED = 2000
+"""Beyond this many runs the screen does not read every result.json on each keystroke."""
+
+
+def count_done(specs: list, results: str | Path) -> int:
+    """Runs of `specs` that resume would skip (their result is already in `results`)."""
+    from tui.suite.store import ResultsDir
+
+    if not specs or not results or len(specs) > MAX_CHECKED or not Path(results).is_dir():
+        return 0
+    store = ResultsDir(results)  # read only: trusted() takes no lock
+    return sum(store.trusted(s)[0] is not None for s in specs)
+
+
+def run_count_text(total: int, done: int, results: str | Path) -> str:
+    """The Matrix screen's run count: what ctrl+r would run, and what it would skip."""
+    if total and done == total:
+        return (f"[b]all {total} run(s) already done[/b] in {results}: ctrl+r measures nothing "
+                "(F5 shows them; ctrl+f re-measures all)")
+    if done:
+        return (f"[b]{total - done} of {total} run(s)[/b] to run: ctrl+r to start "
+                f"({done} already done in {results}, skipped; ctrl+f re-measures all)")
+    return f"[b]{total} run(s)[/b] ready: ctrl+r to start"
