@@ -9,6 +9,7 @@ import os
 import re
 import shlex
 import subprocess
+import time
 
 import pytest
 import yaml
@@ -188,12 +189,37 @@ def test_dockerignore_keeps_the_context_small():
 ENTRYPOINT = REPO / "docker" / "entrypoint.sh"
 
 
-def run_entrypoint(tmp_path, hosts: str, role: str = "launcher", wait: str = "3"):
+FAKE_SSH = """#!/bin/sh
+# Stands in for a worker's sshd (the emulated MPIJob test runs the real one): `ssh ... HOST true`
+# succeeds once $UP_DIR/HOST exists, and is refused before, as ssh says it.
+host=""
+for a; do case "$a" in -*|BatchMode=*|ConnectTimeout=*|true) ;; *) host=$a ;; esac; done
+[ -e "$UP_DIR/$host" ] && exit 0
+echo "ssh: connect to host $host port 2222: Connection refused" >&2
+exit 255
+"""
+
+
+def run_entrypoint(tmp_path, hosts: str, role: str = "launcher", wait: str = "3", up: tuple[str, ...] = ("localhost",),
+                   up_after: tuple[str, float] | None = None):
     hostfile = tmp_path / "hostfile"
     hostfile.write_text(hosts)
-    env = dict(os.environ, K_MPI_JOB_ROLE=role, SHARDBENCH_HOSTFILE=str(hostfile), SHARDBENCH_DNS_WAIT_S=wait)
-    return subprocess.run(["bash", str(ENTRYPOINT), "echo", "launched"], capture_output=True, text=True,
-                          env=env, timeout=30)
+    bin_dir, up_dir = tmp_path / "bin", tmp_path / "up"
+    bin_dir.mkdir(exist_ok=True)
+    up_dir.mkdir(exist_ok=True)
+    (bin_dir / "ssh").write_text(FAKE_SSH)
+    (bin_dir / "ssh").chmod(0o755)
+    for host in up:
+        (up_dir / host).touch()
+    env = dict(os.environ, K_MPI_JOB_ROLE=role, SHARDBENCH_HOSTFILE=str(hostfile), SHARDBENCH_WORKER_WAIT_S=wait,
+               UP_DIR=str(up_dir), PATH=f"{bin_dir}:{os.environ['PATH']}")
+    proc = subprocess.Popen(["bash", str(ENTRYPOINT), "echo", "launched"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    if up_after:  # a worker whose sshd comes up late (an image still pulling)
+        time.sleep(up_after[1])
+        (up_dir / up_after[0]).touch()
+    out, err = proc.communicate(timeout=30)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def test_entrypoint_runs_the_command_once_hosts_resolve(tmp_path):
@@ -205,6 +231,23 @@ def test_entrypoint_gives_up_on_a_host_that_never_resolves(tmp_path):
     proc = run_entrypoint(tmp_path, "localhost slots=1\nno-such-host.invalid slots=1\n", wait="1")
     assert proc.returncode == 1 and "launched" not in proc.stdout
     assert "no-such-host.invalid (from" in proc.stderr and "did not resolve within 1s" in proc.stderr
+
+
+def test_entrypoint_waits_for_a_late_worker_to_answer_ssh(tmp_path):
+    """Under Kueue the launcher may start before the workers (kubeflow/mpi-operator#868): a
+    worker that resolves but does not answer ssh yet is waited for, not raced."""
+    proc = run_entrypoint(tmp_path, "localhost slots=1\n127.0.0.1 slots=1\n", wait="20",
+                          up=("localhost",), up_after=("127.0.0.1", 3))
+    assert proc.returncode == 0 and proc.stdout == "launched\n", proc.stderr
+    assert "waiting for 127.0.0.1 to answer ssh (up to 20s)" in proc.stderr
+    assert "every worker answers ssh (2 hosts" in proc.stderr
+
+
+def test_entrypoint_gives_up_on_a_worker_that_never_answers_ssh(tmp_path):
+    proc = run_entrypoint(tmp_path, "localhost slots=1\n", wait="1", up=())
+    assert proc.returncode == 1 and "launched" not in proc.stdout
+    assert ("localhost (from" in proc.stderr and "did not answer ssh within 1s: ssh: connect to host localhost "
+            "port 2222: Connection refused" in proc.stderr)
 
 
 @pytest.mark.parametrize("role", ["worker", ""])
