@@ -89,6 +89,7 @@ with the configuration hash only it computes (trainer.contract.run_id), so no --
 {{- fail "rdma.mode sriov needs rdma.networks: the Multus network(s) of the VFs, e.g. rdma-vf,rdma-vf (k8s.v1.cni.cncf.io/networks)" }}
 {{- end }}
 {{- $_ := include "shardbench.gradAccum" . }}
+{{- include "shardbench.validateStorage" . }}
 {{- end }}
 
 {{/*
@@ -107,7 +108,7 @@ writes them (tests/chart/test_launch_command.py checks they agree). One JSON lis
 {{- end }}
 {{- if .Values.checkpoint.enabled }}
 {{- /* --resume auto is the trainer's default: a retried launcher continues from here. */}}
-{{- $a = concat $a (list "--checkpoint-dir" (printf "%s/%s/checkpoints" .Values.persistence.mountPath (include "shardbench.runName" .)) "--checkpoint-every" (toString (int .Values.checkpoint.every)) "--keep-checkpoints" (toString (int .Values.checkpoint.keep))) }}
+{{- $a = concat $a (list "--checkpoint-dir" (include "shardbench.checkpointDir" .) "--checkpoint-every" (toString (int .Values.checkpoint.every)) "--keep-checkpoints" (toString (int .Values.checkpoint.keep))) }}
 {{- end }}
 {{- $a = concat $a $r.extraArgs }}
 {{- if and .Values.deepspeed.config (include "shardbench.isDeepSpeed" .) }}

@@ -35,7 +35,12 @@ def main(argv: list[str] | None = None) -> int:
         matrix.backend = args.backend
     from tui.app.app import BenchApp
 
-    app = BenchApp(matrix=matrix, matrix_path=args.matrix, cluster=cluster_options(args), results_dir=args.results)
+    try:
+        cluster = cluster_options(args)
+    except ValueError as exc:
+        print(f"benchtui: {exc}", file=sys.stderr)
+        return 2
+    app = BenchApp(matrix=matrix, matrix_path=args.matrix, cluster=cluster, results_dir=args.results)
     app.run()
     return 0
 
