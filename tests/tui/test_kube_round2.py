@@ -230,3 +230,17 @@ async def test_a_replacement_worker_that_fails_after_kill_rank_ends_the_run(clus
                                       "its predecessor: container worker exited with code 255 (Error)")
     assert "Address already in use" in record["error"] and "does not recreate a failed worker" in record["error"]
     assert mpijobs(emu) == {}  # uninstalled
+
+
+def test_image_flags_are_cluster_options_of_both_clis():
+    from tui.app.main import parse_args
+    from tui.suite.backends import cluster_options, get_backend
+    from tui.suite.cli import build_parser
+
+    for args in (parse_args(["--image", IMAGE, "--image-pull-policy", "Never", "--resume-checkpoints"]),
+                 build_parser().parse_args(["run", "--image", IMAGE, "--image-pull-policy", "Never",
+                                            "--resume-checkpoints"])):
+        b = get_backend("kubernetes", cluster_options(args))
+        assert b.image == ImageChoice("registry.example.com/team/shardbench", "0.2.0-cu126", None, "Never")
+        assert b.resume_checkpoints is True
+    assert get_backend("kubernetes", cluster_options(parse_args([]))).image == ImageChoice()
