@@ -132,7 +132,8 @@ def test_helm_test_pod_is_a_hook_that_checks_the_record():
 
 
 def test_optional_objects():
-    docs = render("helm3", ("a100.yaml",), ("persistence.enabled=true", "workers=2", "rdma.mode=none"))
+    docs = render("helm3", ("a100.yaml",), ("persistence.enabled=true", "workers=2", "rdma.mode=none",
+                                                 "persistence.accessModes={ReadWriteMany}"))
     kinds = sorted(d["kind"] for d in docs)
     assert kinds == ["ConfigMap", "MPIJob", "NetworkPolicy", "NetworkPolicy", "NetworkPolicy",
                      "PersistentVolumeClaim", "Pod", "ServiceAccount"]
