@@ -128,6 +128,7 @@ def _run_preflight(tmp_path, *wrap: str, args: tuple[str, ...] = ()) -> subproce
                           capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path)
 
 
+@pytest.mark.slow  # three interpreters importing torch
 def test_a_rank_without_lockable_memory_fails_naming_the_fix(tmp_path):
     """The real check: a 64 KiB memlock limit (prlimit) and no CAP_IPC_LOCK (dropped from the
     bounding set, so not even root keeps it across exec), as a non-root rank in a stock container."""
