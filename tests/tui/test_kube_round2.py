@@ -8,18 +8,21 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
 from tui.suite.backends import ClusterOptions
+from tui.suite.backends.kube.backend import WORKERS_READY, WORKERS_WAITING
 from tui.suite.backends.kube.overrides import ImageChoice, attempt_values, image_choice
 from tui.suite.cli import main as shardbench
 
 from .kube_emulator import (NAMESPACE, PodLog, add_event, add_pod, mpijobs, set_conditions, set_pod_status,
                             wait_for_mpijob)
-from .test_kube_backend import (backend, cluster, helm, log_lines, pod_gone, progress_line,  # noqa: F401
-                                run_in_thread, spec)
+from .test_kube_backend import (backend, cluster, helm, launcher_log, log_lines, pod_gone,  # noqa: F401
+                                progress_line, run_in_thread, spec)
 
+REPO = Path(__file__).resolve().parents[2]
 HELM3 = pytest.mark.parametrize("helm", ["helm3"], indirect=True)  # one helm is enough here
 IMAGE = "registry.example.com/team/shardbench:0.2.0-cu126"
 
@@ -244,3 +247,33 @@ def test_image_flags_are_cluster_options_of_both_clis():
         assert b.image == ImageChoice("registry.example.com/team/shardbench", "0.2.0-cu126", None, "Never")
         assert b.resume_checkpoints is True
     assert get_backend("kubernetes", cluster_options(parse_args([]))).image == ImageChoice()
+
+
+@HELM3
+async def test_the_run_timeout_starts_once_every_worker_answers_ssh(cluster, tmp_path):
+    """Under Kueue the launcher may run while the workers still pull their image: its entrypoint's
+    wait (docker/entrypoint.sh, bounded by the start timeout) is start-up, not the run."""
+    emu, kubeconfig, helm = cluster
+    s = spec()
+    waiting = [f"shardbench-entrypoint: waiting for {s.run_id}-shardbench-worker-0 to answer ssh (up to 30s)"]
+
+    async def operator():
+        name = (await wait_for_mpijob(emu))["metadata"]["name"]
+        await set_conditions(emu, name, "Created", "Running")
+        pod = add_pod(emu, name, "launcher", "Running")
+        # 3 s of waiting (longer than the 1.5 s run timeout below), then the run.
+        log = PodLog(emu, pod)
+        log.write(waiting[0])
+        await asyncio.sleep(3.0)
+        await log.play([f"{WORKERS_READY} (1 hosts, 3s)", *launcher_log(s, 55.5)], delay_s=0.01)
+        await set_conditions(emu, name, "Created", "Running", "Succeeded")
+
+    op = asyncio.create_task(operator())
+    record, _ = await run_in_thread(backend(kubeconfig, helm, start_timeout_s=30), s, tmp_path / "run", timeout_s=1.5)
+    await op
+    assert record["status"] == "ok" and record["tokens_per_s"] == 55.5, record.get("error")
+
+
+def test_the_entrypoint_prints_what_the_backend_waits_for():
+    text = (REPO / "docker" / "entrypoint.sh").read_text()
+    assert f'echo "{WORKERS_READY} (' in text and f'echo "{WORKERS_WAITING}$host to answer ssh' in text

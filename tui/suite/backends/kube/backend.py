@@ -36,6 +36,12 @@ from tui.suite.faults import merge, parse_fault
 from tui.suite.matrix import RunSpec
 
 
+WORKERS_WAITING = "shardbench-entrypoint: waiting for "
+WORKERS_READY = "shardbench-entrypoint: every worker answers ssh"
+"""What docker/entrypoint.sh prints while it waits for a worker's ssh and once it may start
+mpirun: the wait between (bounded by workerWaitSeconds, the start timeout) is not run time."""
+
+
 class KubeBackend:
     """Runs each RunSpec as a Helm release of chart/ on the cluster of a kubeconfig."""
 
@@ -213,6 +219,8 @@ class Attempt:
         self.claim: str | None = None  # the results volume's claim, when the release mounts one
         self.volume_waiting: str | None = None  # why that volume is not usable yet
         self.kill: tuple[LaunchWatch, str] | None = None  # kill-rank's watch and the pod it deletes
+        self.workers_waiting = False  # the launcher's entrypoint said it waits for a worker's ssh
+        self.workers_ready_at: float | None = None  # ... and then that every worker answers
 
     def execute(self) -> dict[str, Any]:
         self.emit(RunStateChanged(self.spec.run_id, "installing", f"helm release {self.release}"))
@@ -396,10 +404,19 @@ class Attempt:
         def line(text: str) -> None:
             self.log.line(text)
             watch(text)
+            if text.startswith(WORKERS_WAITING):
+                self.workers_waiting = True
+            if WORKERS_READY in text and self.workers_ready_at is None:
+                self.workers_ready_at = time.monotonic()
 
         stream = LauncherLog(self.api, self.namespace, name, line, self.b.poll_s, self.b.log_read_timeout_s)
         stream.start()
         while stream.is_alive():
+            if deadline is not None and self.workers_waiting:
+                # The entrypoint's wait for the workers' ssh (bounded by the start timeout) is
+                # start-up, not the run: the run timeout counts from its end.
+                ready = self.workers_ready_at or time.monotonic()
+                deadline = max(deadline, ready + (self.timeout_s or 0))
             if self.cancel.is_set() or (deadline is not None and time.monotonic() > deadline):
                 stream.abandon()
                 return self._cancelled() if self.cancel.is_set() else self._run_timed_out()
@@ -451,5 +468,6 @@ class Attempt:
     def _run_timed_out(self) -> dict[str, Any]:
         return failed_record(
             self.spec, f"timed out: the run took longer than the {self.timeout_s:g} s run timeout (counted "
-                       f"from the launcher's start, {self.start_s:.0f} s after install; start timeout "
+                       f"from the launcher's start, {self.start_s:.0f} s after install, or from when every worker answered "
+                       f"ssh; start timeout "
                        f"{self.b.start_timeout_s:g} s)", status="timeout")
