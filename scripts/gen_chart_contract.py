@@ -75,7 +75,8 @@ def contract() -> dict:
     return {
         "_generated": "by scripts/gen_chart_contract.py from the trainer's tables: do not edit",
         "strategies": strategy_facts(),
-        "presets": {name: {"blockSize": p.block_size, "defaultSeqLen": p.default_seq_len}
+        # params: what the chart sizes the checkpoint volume from.
+        "presets": {name: {"blockSize": p.block_size, "defaultSeqLen": p.default_seq_len, "params": p.n_params()}
                     for name, p in PRESETS.items()},
         "precisions": list(PRECISIONS),
         "devices": list(DEVICES),

@@ -13,6 +13,8 @@ from trainer.rules import check_fits
 # The oldest Linux driver each CUDA major version runs on (NVIDIA's CUDA compatibility guide:
 # minor-version compatibility across 12.x from 525.60.13; CUDA 13 from 580.65.06).
 MIN_DRIVER = {12: "525.60.13", 13: "580.65.06"}
+OLD_DRIVER_VARIANT = "VARIANT=cu126 (CUDA 12.6 wheels on a CUDA 12.6 base, driver R560+)"
+"""The image for drivers older than R580 (Dockerfile): PyTorch 2.13 has no CUDA 12.8 wheels."""
 
 
 class CudaUnusable(RuntimeError):
@@ -44,7 +46,7 @@ def cuda_problem(driver: dict[str, str | None], built: str | None = None) -> str
     has = f"driver {driver.get('driver') or '?'} supports CUDA up to {driver.get('driver_cuda') or '?'}"
     if driver.get("driver_cuda") and int(driver["driver_cuda"].split(".")[0]) < major:
         return (f"--device cuda: the {has}, but {torch_is} is {needs}: build the image with "
-                "--build-arg VARIANT=cu128 (CUDA 12.8 wheels, driver R570+) or upgrade the driver")
+                f"--build-arg {OLD_DRIVER_VARIANT} or upgrade the driver")
     visible = ", ".join(f"{k}={os.environ[k]!r}" for k in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
                         if k in os.environ) or "no *_VISIBLE_DEVICES set"
     return f"--device cuda: torch sees no GPU although the {has} and {torch_is} is {needs} ({visible})"

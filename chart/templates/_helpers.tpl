@@ -89,6 +89,7 @@ with the configuration hash only it computes (trainer.contract.run_id), so no --
 {{- fail "rdma.mode sriov needs rdma.networks: the Multus network(s) of the VFs, e.g. rdma-vf,rdma-vf (k8s.v1.cni.cncf.io/networks)" }}
 {{- end }}
 {{- $_ := include "shardbench.gradAccum" . }}
+{{- include "shardbench.validateStorage" . }}
 {{- end }}
 
 {{/*
@@ -124,7 +125,7 @@ RunConfig fields marked chart=True), e.g. run.microBatch -> --micro-batch.
 {{- end }}
 {{- if .Values.checkpoint.enabled }}
 {{- /* --resume auto is the trainer's default: a retried launcher continues from here. */}}
-{{- $a = concat $a (list "--checkpoint-dir" (printf "%s/%s/checkpoints" .Values.persistence.mountPath (include "shardbench.runName" .)) "--checkpoint-every" (toString (int .Values.checkpoint.every)) "--keep-checkpoints" (toString (int .Values.checkpoint.keep))) }}
+{{- $a = concat $a (list "--checkpoint-dir" (include "shardbench.checkpointDir" .) "--checkpoint-every" (toString (int .Values.checkpoint.every)) "--keep-checkpoints" (toString (int .Values.checkpoint.keep))) }}
 {{- end }}
 {{- $a = concat $a $r.extraArgs }}
 {{- if and .Values.deepspeed.config (include "shardbench.isDeepSpeed" .) }}
@@ -140,8 +141,14 @@ RunConfig fields marked chart=True), e.g. run.microBatch -> --micro-batch.
 {{/* Arguments of files/preflight.py (mode preflight), one JSON list. */}}
 {{- define "shardbench.preflightArgs" -}}
 {{- $p := .Values.preflight }}
-{{- $a := list "--sizes-mib" }}
+{{- $a := list }}
+{{- if $p.sizesMiB }}
+{{- $a = list "--sizes-mib" }}
 {{- range $p.sizesMiB }}{{ $a = append $a (toString .) }}{{ end }}
+{{- else }}
+{{- $a = list "--min-size-mib" (toString $p.minSizeMiB) "--max-size-mib" (toString $p.maxSizeMiB) "--plateau-gain" (toString $p.plateauGain) }}
+{{- end }}
+{{- $a = concat $a (list "--rdma-mode" .Values.rdma.mode) }}
 {{- $a = concat $a (list "--iters" (toString (int $p.iters)) "--warmup-iters" (toString (int $p.warmupIters)) "--device" (ternary "cuda" "cpu" (not (empty .Values.gpuResource))) "--min-fraction" (toString $p.minFraction)) }}
 {{- with $p.expectedBusbwGBps }}{{ $a = concat $a (list "--expected-busbw-gbps" (toString .)) }}{{ end }}
 {{- toJson $a }}
@@ -168,7 +175,7 @@ container's (PATH, LD_LIBRARY_PATH, caches, image) and every nccl:/env: key, sor
 */}}
 {{- define "shardbench.forwardEnv" -}}
 {{- $c := include "shardbench.contract" . | fromJson }}
-{{- $names := concat $c.containerEnvVars (keys .Values.nccl) (keys .Values.env) | uniq | sortAlpha }}
+{{- $names := concat $c.containerEnvVars (keys (include "shardbench.ncclEnv" . | fromJson)) (keys .Values.env) | uniq | sortAlpha }}
 {{- $out := list }}
 {{- range $names }}{{ if not (has . $c.runEnvVars) }}{{ $out = append $out . }}{{ end }}{{ end }}
 {{- toJson $out }}
@@ -270,9 +277,10 @@ MASTER_* is the torch.distributed rendezvous on worker 0.
   value: {{ printf "/home/%s/.cache/triton" .Values.ssh.user | quote }}
 - name: SHARDBENCH_IMAGE
   value: {{ include "shardbench.image" . | quote }}
-{{- range $k := keys .Values.nccl | sortAlpha }}
+{{- $nccl := include "shardbench.ncclEnv" . | fromJson }}
+{{- range $k := keys $nccl | sortAlpha }}
 - name: {{ $k | quote }}
-  value: {{ get $.Values.nccl $k | toString | quote }}
+  value: {{ get $nccl $k | toString | quote }}
 {{- end }}
 {{- range $k := keys .Values.env | sortAlpha }}
 - name: {{ $k | quote }}
@@ -282,22 +290,33 @@ MASTER_* is the torch.distributed rendezvous on worker 0.
 
 {{/*
 Container securityContext: non-root, no privilege escalation, every capability dropped. Called
-with (dict "root" $ "privileged" bool): rdma.mode host-network workers are privileged (the only
-way a container may open the host's /dev/infiniband devices) but still run as the non-root user.
-No IPC_LOCK: a non-root process gets no added capability (Kubernetes has no ambient
-capabilities), so RDMA memory registration relies on the runtime's RLIMIT_MEMLOCK (unlimited
-under containerd's default unit; check `ulimit -l` in a worker).
+with (dict "root" $ "privileged" bool), plus "asRoot" and "worker" from the MPIJob: rdma.mode
+host-network workers are privileged (the only way a container may open the host's
+/dev/infiniband devices). The RDMA modes run as root (templates/_rdma.tpl: IPC_LOCK is effective
+only for root); root keeps the runtime's default capabilities (its sshd switches users and
+chroots) but NET_RAW, and a worker adds IPC_LOCK, which RDMA memory registration needs.
 */}}
 {{- define "shardbench.containerSecurityContext" -}}
 {{- $v := .root.Values -}}
 allowPrivilegeEscalation: {{ .privileged | toJson }}
 privileged: {{ .privileged | toJson }}
 readOnlyRootFilesystem: {{ $v.readOnlyRootFilesystem | toJson }}
+{{- if .asRoot }}
+runAsNonRoot: false
+runAsUser: 0
+runAsGroup: 0
+capabilities:
+  drop: [NET_RAW]
+  {{- if .worker }}
+  add: {{ include "shardbench.addedCapabilities" .root }}
+  {{- end }}
+{{- else }}
 runAsNonRoot: true
 runAsUser: {{ int $v.ssh.uid }}
 runAsGroup: {{ int $v.ssh.uid }}
 capabilities:
   drop: [ALL]
+{{- end }}
 {{- end }}
 
 {{/* Pod securityContext. fsGroup makes the operator's SSH key Secret readable by the non-root user. */}}

@@ -27,6 +27,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -165,11 +166,26 @@ def as_user(spec: dict) -> dict:
 
 
 def start_workers(spec: dict) -> list[subprocess.Popen]:
-    procs = []
-    for addr, env in zip(spec["worker_addrs"], spec["worker_envs"]):
+    """Each worker's sshd; a worker in spec["late_workers"] ({index: seconds}) starts that late,
+    and nobody waits for it: the launcher starts with the workers, as under Kueue when the
+    operator's wait-for-workers check passes with 0 of 0 (kubeflow/mpi-operator#868)."""
+    procs: list[subprocess.Popen] = []
+    late = {int(i): s for i, s in (spec.get("late_workers") or {}).items()}
+
+    def start(addr: str, env: dict) -> None:
         cmd = [*spec["worker_command"], "-o", f"ListenAddress={addr}"]
         procs.append(subprocess.Popen(cmd, env=env, cwd=f"/home/{spec['user']}", **as_user(spec)))
-    for addr in spec["worker_addrs"]:  # the readinessProbe: sshd accepts connections
+
+    for i, (addr, env) in enumerate(zip(spec["worker_addrs"], spec["worker_envs"])):
+        if i in late:
+            timer = threading.Timer(late[i], start, (addr, env))
+            timer.daemon = True
+            timer.start()
+        else:
+            start(addr, env)
+    for i, addr in enumerate(spec["worker_addrs"]):  # the readinessProbe: sshd accepts connections
+        if i in late:
+            continue
         deadline = time.time() + 30
         while True:
             try:
@@ -201,9 +217,9 @@ def main(spec_path: str) -> int:
         subprocess.run(["ps", "-eo", "pid,ppid,user,stat,etime,args"], stdout=sys.stderr)
         return 124
     finally:
-        for proc in workers:
+        for proc in list(workers):
             proc.terminate()
-        for proc in workers:
+        for proc in list(workers):
             proc.wait(timeout=10)
 
 

@@ -75,7 +75,8 @@ def test_mpijob_follows_values(helm, values):
     assert spec["slotsPerWorker"] == gpw
     assert spec["launcherCreationPolicy"] == "WaitForWorkersReady"
     assert spec["mpiImplementation"] == "OpenMPI"
-    assert spec["sshAuthMountPath"] == "/home/mpiuser/.ssh"
+    rdma = vals["rdma"]["mode"] != "none"  # root with IPC_LOCK (test_chart_rdma.py)
+    assert spec["sshAuthMountPath"] == ("/root/.ssh" if rdma else "/home/mpiuser/.ssh")
     assert set(spec["runPolicy"]) == {"cleanPodPolicy", "backoffLimit", "activeDeadlineSeconds",
                                       "ttlSecondsAfterFinished"}
     assert spec["mpiReplicaSpecs"]["Worker"]["replicas"] == 2
@@ -95,10 +96,10 @@ def test_mpijob_follows_values(helm, values):
 
     host_net = vals["rdma"]["mode"] == "host-network"
     caps = worker["containers"][0]["securityContext"]["capabilities"]
-    assert caps == {"drop": ["ALL"]}  # no IPC_LOCK: a non-root process could not use it
+    assert caps == ({"drop": ["NET_RAW"], "add": ["IPC_LOCK"]} if rdma else {"drop": ["ALL"]})
     for pod in (launcher, worker):
         ctx = pod["containers"][0]["securityContext"]
-        assert ctx["runAsNonRoot"] and ctx["runAsUser"] >= 10000
+        assert (ctx["runAsUser"] == 0) if rdma else (ctx["runAsNonRoot"] and ctx["runAsUser"] >= 10000)
         assert ctx["allowPrivilegeEscalation"] is (host_net and pod is worker)
         assert pod["automountServiceAccountToken"] is False
         assert pod.get("hostNetwork", False) is host_net
@@ -132,7 +133,8 @@ def test_helm_test_pod_is_a_hook_that_checks_the_record():
 
 
 def test_optional_objects():
-    docs = render("helm3", ("a100.yaml",), ("persistence.enabled=true", "workers=2", "rdma.mode=none"))
+    docs = render("helm3", ("a100.yaml",), ("persistence.enabled=true", "workers=2", "rdma.mode=none",
+                                                 "persistence.accessModes={ReadWriteMany}"))
     kinds = sorted(d["kind"] for d in docs)
     assert kinds == ["ConfigMap", "MPIJob", "NetworkPolicy", "NetworkPolicy", "NetworkPolicy",
                      "PersistentVolumeClaim", "Pod", "ServiceAccount"]
@@ -223,7 +225,8 @@ def test_rdma_mode_renders_what_it_needs(mode):
         assert spec.get("hostNetwork", False) is host_net
         assert (spec.get("dnsPolicy") == "ClusterFirstWithHostNet") is host_net
     assert wc["securityContext"]["privileged"] is host_net
-    assert wc["securityContext"]["runAsNonRoot"] is True  # root nowhere, whatever the mode
+    # The RDMA modes run as root with IPC_LOCK (tests/chart/test_chart_rdma.py), none as the user.
+    assert wc["securityContext"]["runAsNonRoot"] is (mode == "none")
     devices = [v for v in w["volumes"] if v.get("hostPath", {}).get("path") == "/dev/infiniband"]
     assert bool(devices) is host_net
     assert ("rdma/rdma_shared_device_a" in limits) is (mode == "shared-device")
@@ -237,7 +240,7 @@ def test_rdma_mode_renders_what_it_needs(mode):
 
 def test_sriov_needs_its_network():
     proc = helm_cmd("helm3", "template", RELEASE, str(CHART), "-f", str(VALUES_DIR / "h100.yaml"),
-                    "--set", "rdma.mode=sriov")
+                    "--set", "rdma.mode=sriov", "--set", "rdma.networks=")
     assert proc.returncode != 0 and "rdma.mode sriov needs rdma.networks" in proc.stderr
 
 

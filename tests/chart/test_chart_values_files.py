@@ -22,6 +22,8 @@ EXPECTED = {
     "h200": dict(peak=989, instance="BM.GPU.H200.8", gpu="H200", memory=141),
 }
 RDMA_SHAPES = ("a100", "h100", "h200")
+# The oracle-quickstart/oci-hpc-oke commit whose manifests the RDMA values files cite.
+OCI_COMMIT = "61d210acc37f1990f27012aa4f108c5db4e52ab2"
 
 
 def load(name: str) -> dict:
@@ -104,8 +106,15 @@ def test_bare_metal_uses_rdma_and_nvlink(name):
     text = (VALUES_DIR / f"{name}.yaml").read_text()
     # OCI's published list for the shape, named in a comment as the source.
     instance = v["shape"]["instanceType"]
-    assert f"oci-hpc-oke/blob/main/manifests/nccl-tests/host-network/mpi-operator/{instance}.yaml" in text
-    assert nccl["NCCL_IB_HCA"].startswith("=mlx5_")  # exactly the RDMA NICs, not the front-end one
+    # Pinned to the commit read (the host-network/mpi-operator/ path cited before is gone from
+    # main): the host-network manifest and the virtual-functions (SR-IOV) one.
+    assert f"oci-hpc-oke/blob/{OCI_COMMIT}/manifests/nccl-tests/kueue/{instance}.yaml" in text
+    assert f"oci-hpc-oke/blob/{OCI_COMMIT}/manifests/nccl-tests/kueue/virtual-functions/{instance}.yaml" in text
+    assert "host-network/mpi-operator" not in text
+    hca = v["rdma"]["hca"]
+    assert "NCCL_IB_HCA" not in nccl  # per mode, from rdma.hca
+    assert hca["host-network"].startswith("=mlx5_")  # exactly the RDMA NICs, not the front-end one
+    assert hca["shared-device"] == hca["host-network"] and hca["sriov"] == "mlx5"
     assert (nccl["NCCL_IB_GID_INDEX"], nccl["NCCL_IB_TC"], nccl["NCCL_IB_SL"]) == ("3", "41", "0")
     assert nccl["NCCL_SOCKET_IFNAME"]
     if name in ("h100", "h200"):

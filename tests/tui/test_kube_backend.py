@@ -50,6 +50,11 @@ def spec(run_id: str = "ddp-w2-s64-mb4-ga1-r0") -> RunSpec:
                    device="cpu", timeout_s=60)
 
 
+UNSCHEDULABLE = {"phase": "Pending", "conditions": [
+    {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+     "message": "0/4 nodes are available: 4 Insufficient cpu"}]}
+
+
 def record_for(s: RunSpec, tokens_per_s: float) -> dict:
     """What the trainer's rank 0 prints at the end of this run (a full record)."""
     record = synthetic_record(s.strategy, s.world_size, tokens_per_s, 0.5)
@@ -272,8 +277,10 @@ def test_pod_states_split_into_fatal_now_and_waiting_within_the_start_timeout():
 
     crash = pod(state={"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 20s"}})
     assert pod_failure(crash) == "container worker CrashLoopBackOff: back-off 20s" and pod_waiting(crash) is None
-    pull = pod(state={"waiting": {"reason": "ImagePullBackOff", "message": "pulling"}})
-    assert pod_failure(pull) is None and pod_waiting(pull) == "ImagePullBackOff: pulling"
+    # A failed pull ends the run at once (issue 20): a wrong image does not heal within the start timeout.
+    for reason in ("ErrImagePull", "ImagePullBackOff", "InvalidImageName"):
+        pull = pod(state={"waiting": {"reason": reason, "message": "pulling"}})
+        assert pod_failure(pull).startswith(f"container worker cannot pull image ?: {reason}")
     unschedulable = pod(conditions=[{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
                                      "message": "0/4 nodes have nvidia.com/gpu"}])
     assert pod_failure(unschedulable) is None and pod_waiting(unschedulable).startswith("Unschedulable: 0/4")
@@ -381,7 +388,8 @@ async def test_start_timeout_is_separate_from_the_run_timeout(cluster, tmp_path)
     async def operator():
         name = (await wait_for_mpijob(emu))["metadata"]["name"]
         await set_conditions(emu, name, "Created")
-        pod = add_pod(emu, name, "launcher", "Pending", waiting="ImagePullBackOff")
+        pod = add_pod(emu, name, "launcher", "Pending")
+        set_pod_status(emu, pod, UNSCHEDULABLE)  # a cluster scaling up: time fixes it
         await asyncio.sleep(2.5)  # longer than the 1.5 s run timeout below
         add_pod(emu, name, "launcher", "Running")
         await set_conditions(emu, name, "Created", "Running")
@@ -393,7 +401,7 @@ async def test_start_timeout_is_separate_from_the_run_timeout(cluster, tmp_path)
                                     timeout_s=1.5)
     await op
     assert record["status"] == "ok" and record["tokens_per_s"] == 9.5, record.get("error")
-    assert any("is waiting: ImagePullBackOff" in x for x in log_lines(tmp_path / "run"))
+    assert any("is waiting: Unschedulable: 0/4 nodes" in x for x in log_lines(tmp_path / "run"))
 
 
 @pytest.mark.slow  # waits out timeouts / two attempts by design
@@ -404,8 +412,9 @@ async def test_launcher_that_never_starts_times_out_naming_both_timeouts(cluster
     async def operator():
         name = (await wait_for_mpijob(emu))["metadata"]["name"]
         await set_conditions(emu, name, "Created")
-        pod = add_pod(emu, name, "launcher", "Pending", waiting="ImagePullBackOff")
-        add_event(emu, pod, "Failed", 'Failed to pull image "shardbench:0.1.0-cpu": not found')
+        pod = add_pod(emu, name, "launcher", "Pending")
+        set_pod_status(emu, pod, UNSCHEDULABLE)
+        add_event(emu, pod, "FailedScheduling", "0/4 nodes are available: 4 Insufficient cpu")
 
     op = asyncio.create_task(operator())
     record, events = await run_in_thread(backend(kubeconfig, helm, keep_failed=True, start_timeout_s=1.5), s,
@@ -413,9 +422,9 @@ async def test_launcher_that_never_starts_times_out_naming_both_timeouts(cluster
     await op
     assert record["status"] == "timeout"
     assert "not running 1.5 s after install (start timeout" in record["error"]
-    assert "the 600 s run timeout had not started" in record["error"] and "ImagePullBackOff" in record["error"]
+    assert "the 600 s run timeout had not started" in record["error"] and "Unschedulable" in record["error"]
     lines = [e.line for e in events if isinstance(e, RunLogLine)]
-    assert any("[event]" in line and "Failed to pull image" in line for line in lines)
+    assert any("[event]" in line and "Insufficient cpu" in line for line in lines)
     assert any("kept release" in line for line in lines)
     assert len(mpijobs(emu)) == 1 and not requests(emu, "DELETE", "/mpijobs/")
 

@@ -40,7 +40,12 @@ def main(argv: list[str] | None = None) -> int:
 
     if not args.matrix:  # results/default is `make bench`'s: benchtui's runs must not change its report
         matrix.results = BENCHTUI_RESULTS
-    app = BenchApp(matrix=matrix, matrix_path=args.matrix, cluster=cluster_options(args), results_dir=args.results,
+    try:
+        cluster = cluster_options(args)
+    except ValueError as exc:
+        print(f"benchtui: {exc}", file=sys.stderr)
+        return 2
+    app = BenchApp(matrix=matrix, matrix_path=args.matrix, cluster=cluster, results_dir=args.results,
                    show_results=bool(args.results))
     app.run()
     return 0

@@ -162,7 +162,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     from tui.suite.runner import Runner
     from tui.suite.store import ResultsDirError
 
-    backend = get_backend(matrix.backend, cluster_options(args))
+    try:
+        cluster = cluster_options(args)
+    except ValueError as exc:
+        return fail(str(exc))
+    backend = get_backend(matrix.backend, cluster)
     ok, why = backend.availability()
     if not ok:
         return fail(f"backend {matrix.backend} unavailable: {why}")

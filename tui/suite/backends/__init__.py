@@ -11,6 +11,9 @@ from dataclasses import dataclass, fields
 from trainer.contract import BACKENDS
 from trainer.flags import add_flags
 
+PULL_POLICIES = ("Always", "IfNotPresent", "Never")
+"""Kubernetes' imagePullPolicy values (--image-pull-policy)."""
+
 
 @dataclass
 class ClusterOptions:
@@ -27,6 +30,23 @@ class ClusterOptions:
     start_timeout_s: float = 900.0
     """seconds from helm install until the launcher pod runs (scheduling, image pulls); the run's
     own timeout starts only then."""
+    image: str | None = None
+    """image the pods run, REPOSITORY[:TAG] or REPOSITORY@sha256:... (default: the values file's)."""
+    image_repository: str | None = None
+    """image repository only (the values file's tag), e.g. registry.example.com/team/shardbench."""
+    image_tag: str | None = None
+    """image tag only (the values file's repository), e.g. 0.1.0-cu126."""
+    image_pull_policy: str | None = None
+    """Always, IfNotPresent or Never (default: the chart's IfNotPresent)."""
+    resume_checkpoints: bool = False
+    """continue from the checkpoints an earlier attempt of the same run left on the results volume
+    (default: every attempt starts fresh)."""
+
+    def image_choice(self):
+        """The image flags as chart values; ValueError (one line) when they are malformed or conflict."""
+        from tui.suite.backends.kube.overrides import image_choice
+
+        return image_choice(self.image, self.image_repository, self.image_tag, self.image_pull_policy)
 
 
 def add_cluster_flags(parser: argparse.ArgumentParser) -> None:
@@ -35,7 +55,10 @@ def add_cluster_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def cluster_options(args: argparse.Namespace) -> ClusterOptions:
-    return ClusterOptions(**{f.name: getattr(args, f.name) for f in fields(ClusterOptions)})
+    """The parsed cluster flags; ValueError (one line) when the image flags are malformed or conflict."""
+    options = ClusterOptions(**{f.name: getattr(args, f.name) for f in fields(ClusterOptions)})
+    options.image_choice()
+    return options
 
 
 def get_backend(name: str, cluster: ClusterOptions | None = None):
@@ -50,7 +73,8 @@ def get_backend(name: str, cluster: ClusterOptions | None = None):
 
         c = cluster or ClusterOptions()
         return KubeBackend(kubeconfig=c.kubeconfig, context=c.context, namespace=c.namespace,
-                           keep_failed=c.keep_failed, start_timeout_s=c.start_timeout_s)
+                           keep_failed=c.keep_failed, start_timeout_s=c.start_timeout_s,
+                           image=c.image_choice(), resume_checkpoints=c.resume_checkpoints)
     raise ValueError(f"unknown backend {name!r}: use one of {', '.join(BACKENDS)}")
 
 

@@ -7,6 +7,8 @@ api.py       the Kubernetes API client from a kubeconfig, and the reads the back
 diagnosis.py pure: what job conditions, pod status and events say (why a run cannot start)
 values.py    pure: release names and the chart values of a run
 faults.py    the fault axis on the cluster: delete a rank's worker pod, note each launcher's steps
+overrides.py pure: the image flags and the values each attempt adds (attempt id, RWX, ssh wait)
+storage.py   the results volume's claim and events -> why the pods cannot start
 """
 from tui.suite.backends.kube.backend import KubeBackend
 

@@ -24,15 +24,23 @@ from typing import Any
 
 from tui.suite.backends.kube import api as kapi
 from tui.suite.backends.kube import diagnosis as dx
-from tui.suite.backends.kube.faults import LaunchWatch, worker_pod
+from tui.suite.backends.kube import storage
+from tui.suite.backends.kube.faults import LaunchWatch, replacement_failure, worker_pod
 from tui.suite.backends.kube.helm import NOT_FOUND, REPO_ROOT, Helm, find_helm
-from tui.suite.backends.kube.values import release_name, release_values
+from tui.suite.backends.kube.overrides import ImageChoice, attempt_values
+from tui.suite.backends.kube.values import deep_merge, release_name, release_values
 from tui.suite.backends.kube.watch import JobWatch, LauncherLog
 from tui.suite.collect import extract, failed_record, now_iso
 from tui.suite.events import Emit, RunStateChanged
 from tui.suite.faults import merge, parse_fault
 from tui.suite.matrix import RunSpec
 from tui.suite.runlines import LineReader
+
+
+WORKERS_WAITING = "shardbench-entrypoint: waiting for "
+WORKERS_READY = "shardbench-entrypoint: every worker answers ssh"
+"""What docker/entrypoint.sh prints while it waits for a worker's ssh and once it may start
+mpirun: the wait between (bounded by workerWaitSeconds, the start timeout) is not run time."""
 
 
 class KubeBackend:
@@ -46,7 +54,8 @@ class KubeBackend:
                  keep_failed: bool = False, start_timeout_s: float = 900.0,
                  poll_s: float = 2.0, server_side: str | None = None,
                  no_status_s: float = 60.0, log_read_timeout_s: float = 60.0,
-                 cleanup_timeout_s: float = 180.0):
+                 cleanup_timeout_s: float = 180.0, image: ImageChoice | None = None,
+                 resume_checkpoints: bool = False):
         self.kubeconfig = kubeconfig
         self.context = context
         self.namespace = namespace
@@ -69,6 +78,10 @@ class KubeBackend:
         """A launcher log connection silent this long is reopened (a dead connection looks silent)."""
         self.cleanup_timeout_s = cleanup_timeout_s
         """Seconds a kept earlier attempt's MPIJob and pods may take to go before a rerun gives up."""
+        self.image = image or ImageChoice()
+        """The image the pods run (--image...): overrides the values file's."""
+        self.resume_checkpoints = resume_checkpoints
+        """Continue from an earlier attempt's checkpoints instead of a fresh directory per attempt."""
         self._api = None
 
     # -- availability -------------------------------------------------------------------------
@@ -188,6 +201,11 @@ class Attempt:
         self.start_s: float | None = None  # install -> launcher running
         self.fault = parse_fault(spec.fault)
         self.began = time.time()  # the fault record's total wall time counts from here
+        self.claim: str | None = None  # the results volume's claim, when the release mounts one
+        self.volume_waiting: str | None = None  # why that volume is not usable yet
+        self.kill: tuple[LaunchWatch, str] | None = None  # kill-rank's watch and the pod it deletes
+        self.workers_waiting = False  # the launcher's entrypoint said it waits for a worker's ssh
+        self.workers_ready_at: float | None = None  # ... and then that every worker answers
 
     def execute(self) -> dict[str, Any]:
         self.emit(RunStateChanged(self.spec.run_id, "installing", f"helm release {self.release}"))
@@ -196,11 +214,13 @@ class Attempt:
             return ended
         self.log.line(f"[shardbench] helm upgrade --install {self.release} {self.b.chart} "
                       f"(namespace {self.namespace}, shape {self.spec.shape})")
-        values = release_values(self.spec, self.b.values_directory)
+        values = deep_merge(release_values(self.spec, self.b.values_directory), self.b.image.values())
+        values = deep_merge(values, attempt_values(values, self.b.start_timeout_s, self.b.resume_checkpoints))
         resources = self.b.helm_client().install(self.b.chart, self.release, values, self.namespace)
         self.installed_at = time.monotonic()
         self.job_name = next((r["metadata"]["name"] for r in resources if r and r.get("kind") == "MPIJob"),
                              self.release)
+        self.claim = storage.claim_name(values, self.job_name)
         self.watch = JobWatch(self.api, self.namespace, self.job_name, self.b.poll_s)
         self.watch.start()
         try:
@@ -271,6 +291,9 @@ class Attempt:
 
     def _cannot_start(self, pods: list[dict]) -> str | None:
         """Why this attempt will never get a running launcher, judged from what the API shows now."""
+        replaced = self._replacement_failure()
+        if replaced:
+            return replaced
         job = self.watch.job if self.watch else None
         if dx.job_phase(job) == "Failed":
             return f"MPIJob failed before its launcher started ({dx.job_message(job)})"
@@ -286,6 +309,12 @@ class Attempt:
         refused = dx.rejection(kapi.list_events(self.api, self.namespace, names), names)
         if refused:
             return f"a pod of the run was refused by the cluster: {refused}"
+        fatal, waiting = storage.diagnose(self.api, self.namespace, self.claim, pods)
+        if waiting and waiting != self.volume_waiting:
+            self.log.line(f"[shardbench] {waiting}")
+        self.volume_waiting = waiting
+        if fatal:
+            return fatal
         if not dx.has_status(job) and time.monotonic() - self.installed_at > self.b.no_status_s:
             return (f"MPIJob {self.job_name} has no status {self.b.no_status_s:g} s after install: the MPI "
                     f"Operator is not running or does not watch namespace {self.namespace} "
@@ -312,6 +341,8 @@ class Attempt:
         run = "no run timeout" if self.timeout_s is None else f"the {self.timeout_s:g} s run timeout"
         text = (f"timed out: the launcher pod was not running {self.b.start_timeout_s:g} s after install "
                 f"(start timeout: scheduling and image pulls; {run} had not started)")
+        if self.volume_waiting:  # the cause, when the volume is what the pods wait for
+            text = f"timed out: {self.volume_waiting}; " + text.removeprefix("timed out: ")
         return f"{text}; pods waiting: {waiting}" if waiting else text
 
     # -- the run (run timeout) ----------------------------------------------------------------
@@ -328,6 +359,8 @@ class Attempt:
             name = dx.name_of(launcher)
             followed.append(name)
             watch = LaunchWatch(None if launches else self.fault, self.api, self.namespace, target, self.log.line)
+            if self.fault and not launches:
+                self.kill = (watch, target)
             ended = self._stream(name, watch, deadline, len(launches))
             if ended:
                 return ended
@@ -356,15 +389,35 @@ class Attempt:
         def line(text: str) -> None:
             self.log.line(text)
             watch(text)
+            if text.startswith(WORKERS_WAITING):
+                self.workers_waiting = True
+            if WORKERS_READY in text and self.workers_ready_at is None:
+                self.workers_ready_at = time.monotonic()
 
         stream = LauncherLog(self.api, self.namespace, name, line, self.b.poll_s, self.b.log_read_timeout_s)
         stream.start()
         while stream.is_alive():
+            if deadline is not None and self.workers_waiting:
+                # The entrypoint's wait for the workers' ssh (bounded by the start timeout) is
+                # start-up, not the run: the run timeout counts from its end.
+                ready = self.workers_ready_at or time.monotonic()
+                deadline = max(deadline, ready + (self.timeout_s or 0))
             if self.cancel.is_set() or (deadline is not None and time.monotonic() > deadline):
                 stream.abandon()
                 return self._cancelled() if self.cancel.is_set() else self._run_timed_out()
+            replaced = self._replacement_failure()
+            if replaced:
+                stream.abandon()
+                self.log.line(f"[shardbench] {replaced}")
+                return failed_record(self.spec, replaced)
             stream.join(self.b.poll_s)
         return None
+
+    def _replacement_failure(self) -> str | None:
+        """After kill-rank deleted a worker pod: why its replacement failed, or None (kube/faults.py)."""
+        if not self.kill or self.kill[0].injected_at is None:
+            return None
+        return replacement_failure(self.api, self.namespace, self.kill[1], self.fault)
 
     def _with_fault(self, record: dict[str, Any], launches: list[tuple[dict, LaunchWatch, float]]) -> dict[str, Any]:
         """The run's record with the fault's detection, restart and redone steps over all launches."""
@@ -400,5 +453,6 @@ class Attempt:
     def _run_timed_out(self) -> dict[str, Any]:
         return failed_record(
             self.spec, f"timed out: the run took longer than the {self.timeout_s:g} s run timeout (counted "
-                       f"from the launcher's start, {self.start_s:.0f} s after install; start timeout "
+                       f"from the launcher's start, {self.start_s:.0f} s after install, or from when every worker answered "
+                       f"ssh; start timeout "
                        f"{self.b.start_timeout_s:g} s)", status="timeout")

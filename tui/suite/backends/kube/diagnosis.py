@@ -18,12 +18,15 @@ ROLE_LABEL = "training.kubeflow.org/job-role"
 INSTANCE_LABEL = "app.kubernetes.io/instance"
 """The chart puts the release name on the MPIJob and on both pod templates."""
 
-# Waiting reasons that will not fix themselves: the run fails as soon as one is seen.
-FATAL_WAITING = ("InvalidImageName", "ErrImageNeverPull", "CreateContainerConfigError",
-                 "CreateContainerError", "CrashLoopBackOff", "RunContainerError")
-# Waiting reasons that time may fix (a cold node pulling a large image, a cluster scaling up):
-# shown in the log and counted against the start timeout.
-SLOW_WAITING = ("ErrImagePull", "ImagePullBackOff")
+# Waiting reasons that will not fix themselves: the run fails as soon as one is seen. A failed
+# pull (ErrImagePull, then ImagePullBackOff) is one: a wrong name, tag or registry credential
+# does not heal, and waiting it out cost every run the whole start timeout (a slow pull of a
+# large image is no error: it shows as ContainerCreating).
+PULL_ERRORS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull")
+FATAL_WAITING = (*PULL_ERRORS, "CreateContainerConfigError", "CreateContainerError", "CrashLoopBackOff",
+                 "RunContainerError")
+# Waiting reasons that time may fix: shown in the log and counted against the start timeout.
+SLOW_WAITING: tuple[str, ...] = ()
 # Warning events that mean a pod was refused by the API server, so it will never exist.
 REJECTION_EVENTS = ("FailedCreate", "MPIJobFailed")
 
@@ -83,6 +86,10 @@ def pod_failure(pod: dict) -> str | None:
     for cs in _containers(pod):
         state = cs.get("state") or {}
         waiting = state.get("waiting") or {}
+        if waiting.get("reason") in PULL_ERRORS:
+            head = (f"container {cs.get('name')} cannot pull image {cs.get('image') or '?'}: {waiting['reason']} "
+                    "(set the image with --image, or --image-repository / --image-tag)")
+            return _joined(head, waiting.get("message"))
         if waiting.get("reason") in FATAL_WAITING:
             return _joined(f"container {cs.get('name')} {waiting['reason']}", waiting.get("message"))
         done = state.get("terminated") or {}

@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 
 from tui.suite.backends.kube import api as kapi
+from tui.suite.backends.kube.diagnosis import pod_failure
 from tui.suite.collect import parse_progress
 from tui.suite.fault_grammar import Fault
 
@@ -58,3 +59,22 @@ class LaunchWatch:
     def resumed_from(self) -> int:
         """The step this launch resumed after: its first reported step less one."""
         return max(0, (self.first_step or 1) - 1)
+
+
+def replacement_failure(api, namespace: str, pod: str, fault: Fault) -> str | None:
+    """Why the pod the operator made in place of the deleted worker `pod` failed, or None.
+
+    The operator recreates a deleted worker, but never a failed one (restartPolicy Never), so a
+    replacement that fails (the deleted pod's port or GPUs still held on its node) leaves every
+    launcher retry without that worker: the run ends with this reason instead of waiting."""
+    try:
+        found = kapi.get_pod(api, namespace, pod)
+    except Exception:  # noqa: BLE001 - an API hiccup: look again at the next poll
+        return None
+    failure = pod_failure(found) if found else None
+    if not failure:
+        return None
+    tail = kapi.log_tail(api, namespace, pod, 3)
+    said = f"; its log ends: {' | '.join(tail)}" if tail else ""
+    return (f"replacement worker pod {pod} failed after {fault} deleted its predecessor: {failure}{said}; "
+            "the MPI Operator does not recreate a failed worker, so the run cannot recover")
