@@ -61,6 +61,7 @@ class Trainer:
         self.ckpt: Checkpointer | None = None
         self.ckpt_step_times: list[float] = []
         self.restarts = 0
+        self.observers: list = []  # after_step(trainer, step, dt, loss, measured), outside the timer
         # Before DeepSpeed's comm layer captures references to torch.distributed's functions.
         COMM.install()
         self.record = self._base_record()
@@ -199,6 +200,8 @@ class Trainer:
                 self.comm_per_step = COMM.per_step(self.measured_here)
                 self._count_h2d()
             self._progress(step, dt, loss, time.perf_counter() - loop_start)
+            for observer in self.observers:  # e.g. the metrics exporter (trainer/exporter.py)
+                observer.after_step(self, step, dt, loss, measured)
         if self.ckpt:
             self.ckpt.wait()
         self.record.load_avg_1m_end = load_avg_1m()
