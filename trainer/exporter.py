@@ -43,7 +43,7 @@ class Metrics:
                         "Global tokens/s of the last measured step (tokens per step / its time)")
         self.expected = g("shardbench_expected_tokens_per_second",
                           "The throughput this run is expected to reach (--expected-tokens-per-s)")
-        self.step_last = g("shardbench_step_last_seconds", "Time of the last step (warm-up included)")
+        self.step_last = g("shardbench_step_last_seconds", "Time of the last measured step")
         self.step_hist = Histogram("shardbench_step_duration_seconds", "Time of each measured step",
                                    LABELS, buckets=STEP_BUCKETS, registry=r)
         self.last_step_ts = g("shardbench_last_step_timestamp_seconds", "Unix time the last step ended")
@@ -124,10 +124,10 @@ class Exporter:
         m, lab = self.m, self.labels
         m.step.labels(**lab).set(step + 1)
         m.loss.labels(**lab).set(loss)
-        m.step_last.labels(**lab).set(dt)
         m.last_step_ts.labels(**lab).set(time.time())
         if measured:
             m.tokens.labels(**lab).set(self.tokens_per_step / dt)
+            m.step_last.labels(**lab).set(dt)
             m.step_hist.labels(**lab).observe(dt)
             self._comm(trainer)
         self._memory(trainer)
