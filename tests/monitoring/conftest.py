@@ -113,25 +113,29 @@ def start_prometheus(tmp: Path, targets: list[str], rules: dict | None = None) -
 
 @pytest.fixture(scope="session")
 def live_run(tmp_path_factory) -> LiveRun:
-    """A real two-rank ddp run (torchrun, gloo) with checkpoints, rank 0 exporting on a free
-    port, scraped every 250 ms by a real Prometheus that also evaluates the chart's alert rules."""
+    """A real two-rank ddp run (torchrun, gloo) scraped every 250 ms by a real Prometheus that
+    also evaluates the chart's alert rules. The run resumes from a checkpoint an earlier, identical
+    run left (60 steps, one every 25), so checkpoint load, saves and the restart are live too;
+    rank 0 exports on a free port and holds its final values 2 s."""
     from tests.trainer.conftest import command, cpu_env  # the trainer launch helpers
+    from trainer.record import END_MARKER, START_MARKER
 
     tmp = tmp_path_factory.mktemp("prom")
+    args = ["--strategy", "ddp", "--seq-len", "32", "--micro-batch", "2", "--steps", "60", "--warmup-steps", "2",
+            "--device", "cpu", "--precision", "fp32", "--checkpoint-dir", str(tmp / "ckpt"),
+            "--checkpoint-every", "25", "--run-id", "live-prom-r0"]
+    first = subprocess.run(command(args, "torchrun", 2, tmp), cwd=REPO, env=cpu_env(), capture_output=True,
+                           text=True, timeout=240)
+    assert first.returncode == 0, first.stderr[-3000:]
     port = free_port()
     prom, api = start_prometheus(tmp, [f"127.0.0.1:{port}"], chart_rule_groups())
-    args = ["--strategy", "ddp", "--seq-len", "32", "--micro-batch", "2", "--steps", "40", "--warmup-steps", "5",
-            "--device", "cpu", "--precision", "fp32", "--metrics-port", str(port), "--metrics-hold-s", "2",
-            "--expected-tokens-per-s", "1e9", "--checkpoint-dir", str(tmp / "ckpt"), "--checkpoint-every", "15",
-            "--run-id", "live-prom-r0"]
+    args += ["--metrics-port", str(port), "--metrics-hold-s", "2", "--expected-tokens-per-s", "1e9"]
     try:
         start = time.time()
         run = subprocess.run(command(args, "torchrun", 2, tmp), cwd=REPO, env=cpu_env(), capture_output=True,
                              text=True, timeout=240)
         end = time.time()
         assert run.returncode == 0, run.stderr[-3000:]
-        from trainer.record import END_MARKER, START_MARKER
-
         record = json.loads(run.stdout.split(START_MARKER, 1)[1].split(END_MARKER, 1)[0])
         time.sleep(1.0)  # one more rule evaluation over the last samples
         yield LiveRun(api, record, start, end, run.stderr)
