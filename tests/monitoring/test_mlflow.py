@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -16,7 +17,7 @@ import pytest
 from tests.monitoring.conftest import REPO, TOOLS, free_port, tool
 
 MLFLOW = TOOLS / "mlflow-venv" / "bin" / "mlflow"
-MATRIX = ["--strategies", "ddp", "--world-sizes", "2", "--seq-lens", "64", "--steps", "6", "--warmup-steps", "2",
+MATRIX = ["--strategies", "ddp", "--world-sizes", "1", "--seq-lens", "64", "--steps", "6", "--warmup-steps", "2",
           "--micro-batch", "4", "--device", "cpu", "--precision", "fp32", "--repeats", "1", "--quiet",
           "--timeout-s", "180"]
 
@@ -53,8 +54,8 @@ def mlflow_server(tmp_path_factory):
             time.sleep(0.5)
         yield url
     finally:
-        os.killpg(proc.pid, 15)  # its own session: the server and its uvicorn worker
-        proc.wait(timeout=30)
+        os.killpg(proc.pid, signal.SIGKILL)  # its own session: the server and its uvicorn worker (a
+        proc.wait(timeout=30)                # graceful stop takes half a minute; its data is scratch)
 
 
 @pytest.mark.slow
@@ -74,15 +75,14 @@ def test_a_suite_run_reaches_the_mlflow_server(mlflow_server, tmp_path):
     (run,) = client.search_runs([exp.experiment_id])
     assert run.info.run_name == record["run_id"] and run.info.status == "FINISHED"
     p = run.data.params
-    assert (p["strategy"], p["world_size"], p["seq_len"], p["steps"], p["precision"]) == ("ddp", "2", "64", "6", "fp32")
+    assert (p["strategy"], p["world_size"], p["seq_len"], p["steps"], p["precision"]) == ("ddp", "1", "64", "6", "fp32")
     losses = client.get_metric_history(run.info.run_id, "loss")
     assert [m.step for m in sorted(losses, key=lambda m: m.step)] == [1, 2, 3, 4, 5, 6]
     assert [m.value for m in sorted(losses, key=lambda m: m.step)] == pytest.approx(record["loss_per_step"])
     times = client.get_metric_history(run.info.run_id, "step_time_s")
     assert sorted(m.value for m in times) == pytest.approx(sorted(record["step_time_s"]["all"]))
     assert run.data.metrics["tokens_per_s"] == pytest.approx(record["tokens_per_s"])
-    assert run.data.metrics["comm_all_reduce_bytes_per_step"] == pytest.approx(
-        record["comm_per_step"]["all_reduce"]["bytes"])
+    assert run.data.metrics["step_time_p90_s"] == pytest.approx(record["step_time_s"]["p90"])
     tags = run.data.tags
     head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     assert tags["mlflow.source.git.commit"] == head
@@ -122,7 +122,8 @@ def test_default_store_is_a_local_file_store_under_the_results(tmp_path):
     (tmp_path / "ddp-w1-r0").mkdir()
     (tmp_path / "ddp-w1-r0" / "log.txt").write_text("a log\n")
     tracker.on_event(RunQueued("ddp-w1-r0", 0, 2, {"strategy": "ddp"}))
-    tracker.on_event(RunFinished("ddp-w1-r0", {"run_id": "ddp-w1-r0", "status": "ok", "tokens_per_s": 12.5}))
+    tracker.on_event(RunFinished("ddp-w1-r0", {"run_id": "ddp-w1-r0", "status": "ok", "tokens_per_s": 12.5,
+                                                 "comm_per_step": {"all_reduce": {"calls": 2, "bytes": 4096}}}))
     # A run kept from an earlier suite (resume) was logged back then: not again.
     tracker.on_event(RunStateChanged("kept-r0", "skipped", "result already there (resume)"))
     tracker.on_event(RunFinished("kept-r0", {"run_id": "kept-r0", "status": "ok"}))
@@ -130,6 +131,7 @@ def test_default_store_is_a_local_file_store_under_the_results(tmp_path):
     client = MlflowClient(tracking_uri=uri)
     (run,) = client.search_runs([client.get_experiment_by_name("shardbench").experiment_id])
     assert run.data.metrics["tokens_per_s"] == 12.5
+    assert run.data.metrics["comm_all_reduce_bytes_per_step"] == 4096
     assert [a.path for a in client.list_artifacts(run.info.run_id)] == ["log.txt"]
 
 
