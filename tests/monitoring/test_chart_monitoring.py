@@ -62,7 +62,7 @@ def test_trainer_gets_and_parses_the_metrics_flags():
                                                            "metrics.port=9500"))
     (run_cm,) = [d for d in docs if d["kind"] == "ConfigMap" and "trainer-args.json" in d["data"]]
     cfg = parse_args(json.loads(run_cm["data"]["trainer-args.json"]))
-    assert (cfg.metrics_port, cfg.metrics_hold_s, cfg.expected_tokens_per_s) == (9500, 60.0, 250000.0)
+    assert (cfg.metrics_port, cfg.metrics_hold_s, cfg.expected_tokens_per_s) == (9500, 30.0, 250000.0)
 
 
 def test_core_objects_validate_strict():
