@@ -78,14 +78,19 @@ fi
 PROM="$TOOLS/prometheus"
 if ! [ -x "$PROM/prometheus" ] || ! [ -x "$PROM/promtool" ] || [ "$(cat "$PROM/.version" 2>/dev/null)" != "$PROMETHEUS_DEB_VERSION" ]; then
   work=$(mktemp -d)
-  if ! (cd "$work" && apt-get download -q "prometheus=$PROMETHEUS_DEB_VERSION" >/dev/null 2>&1); then
-    [ "$(id -u)" = 0 ] && apt-get update -q >/dev/null
-    (cd "$work" && apt-get download -q "prometheus=$PROMETHEUS_DEB_VERSION")
+  if ! (cd "$work" && apt-get download -q "prometheus=$PROMETHEUS_DEB_VERSION" >/dev/null 2>&1) \
+     && [ "$(id -u)" = 0 ]; then
+    apt-get update -q >/dev/null  # a fresh machine has no package lists yet
+    (cd "$work" && apt-get download -q "prometheus=$PROMETHEUS_DEB_VERSION" >/dev/null) || true
   fi
-  dpkg -x "$work"/prometheus_*.deb "$work/x"
-  mkdir -p "$PROM"
-  cp "$work/x/usr/bin/prometheus" "$work/x/usr/bin/promtool" "$PROM/"
-  echo "$PROMETHEUS_DEB_VERSION" > "$PROM/.version"
+  if ls "$work"/prometheus_*.deb >/dev/null 2>&1; then
+    dpkg -x "$work"/prometheus_*.deb "$work/x"
+    mkdir -p "$PROM"
+    cp "$work/x/usr/bin/prometheus" "$work/x/usr/bin/promtool" "$PROM/"
+    echo "$PROMETHEUS_DEB_VERSION" > "$PROM/.version"
+  else
+    echo "install-tools: could not download Debian's prometheus=$PROMETHEUS_DEB_VERSION (tests/monitoring need it): run apt-get update as root" >&2
+  fi
   rm -rf "$work"
 fi
 
