@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         record.error = describe(exc)
         print(f"rank {denv.rank}: {record.status}: {record.error}", file=sys.stderr, flush=True)
         _report(record, cfg, denv.rank)
-        _end_metrics(metrics, record, cfg)
+        _end_metrics(metrics, record, cfg, hold=not isinstance(exc, Terminated))  # stopped: no lingering
         # A broken process group can hang in its destructors: skip them.
         _exit_now(1)
     saved = _report(record, cfg, denv.rank)
@@ -174,11 +174,11 @@ def _report(record, cfg: RunConfig, rank: int) -> bool:
     return saved
 
 
-def _end_metrics(metrics, record, cfg: RunConfig) -> None:
+def _end_metrics(metrics, record, cfg: RunConfig, hold: bool = True) -> None:
     """After the record is out: the final values, served --metrics-hold-s more seconds."""
     if metrics is not None:
         metrics.finish(record)
-        metrics.close(cfg.metrics_hold_s)
+        metrics.close(cfg.metrics_hold_s if hold else 0.0)
 
 
 def _shutdown() -> None:

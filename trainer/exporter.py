@@ -17,9 +17,6 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
-
 # Step times run from about a millisecond (tiny model on CPU) to tens of seconds (7B on GPUs).
 STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 60.0)
 LABELS = ("run", "strategy", "shape")
@@ -29,6 +26,9 @@ class Metrics:
     """The series, in a registry of their own (nothing of the process's default registry)."""
 
     def __init__(self) -> None:
+        # Imported here: a trainer without prometheus-client runs, it only cannot export (start()).
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
         r = self.registry = CollectorRegistry(auto_describe=True)
 
         def g(name, doc, extra=()):
@@ -71,7 +71,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         body = self.server.exporter.scraped()
         self.send_response(200)
-        self.send_header("Content-Type", CONTENT_TYPE_LATEST)
+        self.send_header("Content-Type", self.server.exporter.content_type)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
@@ -85,7 +85,10 @@ class Exporter:
     outside the timed window; the server thread serves the last rendering."""
 
     def __init__(self, cfg, record, port: int, host: str = "0.0.0.0"):
+        from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
         self.m = Metrics()
+        self.content_type = CONTENT_TYPE_LATEST
         self.labels = {"run": record.run_id, "strategy": record.strategy, "shape": record.gpu_shape or "none"}
         self.m.info.labels(**self.labels, world_size=str(record.world_size), launcher=str(record.launcher),
                            model=str(record.model.get("preset")), precision=record.precision,
@@ -115,6 +118,8 @@ class Exporter:
 
     # -- the trainer's thread, outside the timed window -------------------------------------------
     def _render(self) -> None:
+        from prometheus_client.exposition import generate_latest
+
         body = generate_latest(self.m.registry)
         self.renders += 1
         with self._lock:
@@ -224,4 +229,6 @@ def start(cfg, record, rank: int):
         return Exporter(cfg, record, cfg.metrics_port)
     except OSError as exc:
         record.warnings.append(f"metrics: could not serve on port {cfg.metrics_port}: {exc.strerror or exc}")
-        return None
+    except ImportError as exc:  # an image built without prometheus-client
+        record.warnings.append(f"metrics: not served, prometheus-client missing ({exc})")
+    return None

@@ -79,3 +79,28 @@ def test_only_rank_0_exports(rank):
 
     cfg = parse_args(["--strategy", "ddp", "--metrics-port", "0"])
     assert exporter.start(cfg, None, rank) is None
+
+
+@pytest.mark.slow
+def test_a_stopped_run_does_not_linger_for_the_hold(tmp_path):
+    """--metrics-hold-s keeps a finished run's values up; a run stopped by SIGTERM (the suite
+    cancelling it) reports and exits at once instead of holding its endpoint for 300 s."""
+    import signal
+    import subprocess
+
+    from tests.trainer.conftest import REPO, command, cpu_env
+
+    args = ["--strategy", "ddp", "--seq-len", "32", "--steps", "100000", "--device", "cpu", "--precision", "fp32",
+            "--metrics-port", "0", "--metrics-hold-s", "300"]
+    proc = subprocess.Popen(command(args, None, 1, tmp_path), cwd=REPO, env=cpu_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stdout:  # the first progress line: training has started
+            if line.startswith("SHARDBENCH_PROGRESS"):
+                break
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert "rank 0: metrics on port" in err
+    assert proc.returncode == 1 and "terminated by signal SIGTERM" in err

@@ -163,7 +163,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         try:
             tracker = Tracker(args.mlflow_uri or default_uri(matrix.results), matrix.results,
-                              args.mlflow_experiment, warn=lambda text: print(text, file=sys.stderr))
+                              args.mlflow_experiment, warn=view.note)
         except TrackingError as exc:
             return fail(str(exc))
         emit = tracker.wrap(view.emit)
