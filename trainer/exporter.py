@@ -167,10 +167,10 @@ class Exporter:
             mem.labels(**self.labels, category="rss").set(rss)
 
     def _checkpoints(self, trainer) -> None:
-        ck = getattr(trainer, "ckpt", None)
-        self.m.restarts.labels(**self.labels).set(getattr(trainer, "restarts", 0))
-        if ck is None:
+        self.m.restarts.labels(**self.labels).set(trainer.history.restarts)
+        if trainer.ckpt is None:
             return
+        ck = trainer.ckpt.ckpt  # trainer.history.CheckpointHooks around the Checkpointer
         s = ck.stats
         self.m.ckpt_saves.labels(**self.labels).set(s.saves)
         if s.save_s:
