@@ -26,7 +26,7 @@ def test_scrapes_during_steps_cost_no_rendering(restore_cpu):  # noqa: F811
     ex = exporter.start(cfg, t.record, 0)
     t.observers.append(ex)
     timing, renders, scrapes = [False], [], []
-    timed, render, scraped = t._timed_step, ex._render, ex.scraped
+    timed, render, scraped = t.steps.timed, ex._render, ex.scraped
 
     def timed_step(host):
         timing[0] = True
@@ -35,7 +35,7 @@ def test_scrapes_during_steps_cost_no_rendering(restore_cpu):  # noqa: F811
         finally:
             timing[0] = False
 
-    t._timed_step = timed_step
+    t.steps.timed = timed_step
     ex._render = lambda: renders.append(timing[0]) or render()
     ex.scraped = lambda: scrapes.append(timing[0]) or scraped()
     stop = threading.Event()
