@@ -20,5 +20,5 @@ if ! "$VENV/bin/python" -c "import deepspeed" 2>/dev/null; then
   # SHM_COMM prebuilt: otherwise DeepSpeed JIT-compiles it (~45 s) at the first init on CPU.
   DS_BUILD_OPS=0 DS_BUILD_SHM_COMM=1 pip install --no-build-isolation "deepspeed==0.19.8"
 fi
-pip install -e ".[dev]"
+pip install -e ".[dev,tracking]"
 echo "$want" > "$STAMP"

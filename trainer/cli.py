@@ -123,6 +123,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     process_start = min(process_start, process_start_time())
+    from trainer import exporter
+
+    metrics = exporter.start(cfg, trainer.record, denv.rank)
+    if metrics is not None:
+        trainer.observers.append(metrics)
+        print(f"rank 0: metrics on port {metrics.port}", file=sys.stderr, flush=True)
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
     try:
@@ -137,9 +143,12 @@ def main(argv: list[str] | None = None) -> int:
         record.error = describe(exc)
         print(f"rank {denv.rank}: {record.status}: {record.error}", file=sys.stderr, flush=True)
         _report(record, cfg, denv.rank)
+        _end_metrics(metrics, record, cfg, hold=not isinstance(exc, Terminated))  # stopped: no lingering
         # A broken process group can hang in its destructors: skip them.
         _exit_now(1)
-    if not _report(record, cfg, denv.rank):
+    saved = _report(record, cfg, denv.rank)
+    _end_metrics(metrics, record, cfg)
+    if not saved:
         _exit_now(1)
     _shutdown()
     # Even a clean group can abort in interpreter teardown: gloo's C++ threads are destroyed
@@ -163,6 +172,13 @@ def _report(record, cfg: RunConfig, rank: int) -> bool:
             print(f"rank 0: could not write {path}: {exc.strerror or exc}", file=sys.stderr, flush=True)
     emit(record)
     return saved
+
+
+def _end_metrics(metrics, record, cfg: RunConfig, hold: bool = True) -> None:
+    """After the record is out: the final values, served --metrics-hold-s more seconds."""
+    if metrics is not None:
+        metrics.finish(record)
+        metrics.close(cfg.metrics_hold_s if hold else 0.0)
 
 
 def _shutdown() -> None:

@@ -135,6 +135,14 @@ class RunConfig:
     resume: str = knob("auto", recorded_only=True)
     """auto (the newest valid checkpoint in --checkpoint-dir, if any), never, or a checkpoint
     directory."""
+    metrics_port: int | None = knob(None, min=0, recorded_only=True)
+    """Serve live Prometheus metrics from rank 0 on this TCP port (0: any free port); default:
+    none (trainer/exporter.py)."""
+    metrics_hold_s: float = knob(0.0, min=0, recorded_only=True)
+    """With --metrics-port: keep serving the final values this many seconds after the record."""
+    expected_tokens_per_s: float | None = knob(None, above=0, recorded_only=True)
+    """Throughput the run is expected to reach (a planner's prediction or the shape's), exported
+    as shardbench_expected_tokens_per_second for the throughput alert."""
     argv: list[str] = field(default_factory=list, metadata={"recorded_only": "argv"})
     """The command line this config came from (recorded; not a flag)."""
 

@@ -49,6 +49,7 @@ class Trainer:
         self.setup_peak: int | None = None
         self.affinity: list[int] = []
         self.distributed = False
+        self.observers: list = []  # after_step(trainer, step, dt, loss, measured), outside the timer
         # Before DeepSpeed's comm layer captures references to torch.distributed's functions.
         COMM.install()
         self.record = run_record.base_record(cfg, denv, self.device, self.precision, self.mcfg,
@@ -112,6 +113,8 @@ class Trainer:
                 h.comm_per_step = COMM.per_step(h.measured_here)
                 self.steps.count_h2d()
             self._progress(step, dt, loss, time.perf_counter() - loop_start)
+            for observer in self.observers:  # e.g. the metrics exporter (trainer/exporter.py)
+                observer.after_step(self, step, dt, loss, measured)
         if self.ckpt:
             self.ckpt.ckpt.wait()
         self.record.load_avg_1m_end = load_avg_1m()

@@ -127,6 +127,11 @@ RunConfig fields marked chart=True), e.g. run.microBatch -> --micro-batch.
 {{- /* --resume auto is the trainer's default: a retried launcher continues from here. */}}
 {{- $a = concat $a (list "--checkpoint-dir" (include "shardbench.checkpointDir" .) "--checkpoint-every" (toString (int .Values.checkpoint.every)) "--keep-checkpoints" (toString (int .Values.checkpoint.keep))) }}
 {{- end }}
+{{- if .Values.metrics.enabled }}
+{{- /* Live metrics from rank 0 (trainer/exporter.py); the alert's throughput hook. */}}
+{{- $a = concat $a (list "--metrics-port" (toString (int .Values.metrics.port)) "--metrics-hold-s" (toString .Values.metrics.holdSeconds)) }}
+{{- with .Values.metrics.expectedTokensPerSecond }}{{ $a = concat $a (list "--expected-tokens-per-s" (toString .)) }}{{ end }}
+{{- end }}
 {{- $a = concat $a $r.extraArgs }}
 {{- if and .Values.deepspeed.config (include "shardbench.isDeepSpeed" .) }}
 {{- $a = concat $a (list "--deepspeed-config" "/etc/shardbench/deepspeed.json") }}

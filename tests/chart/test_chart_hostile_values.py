@@ -22,7 +22,9 @@ FEATURES = {"persistence": {"enabled": True}, "image": {"pullSecrets": ["regcred
             "priorityClassName": "bench", "podAnnotations": {"team": "ml"},
             "nodeSelector": {"pool": "gpu"}, "nccl": {"NCCL_DEBUG": "INFO"},
             "launcherPlacement": {"nodeSelector": {"pool": "cpu"}},
-            "run": {"extraArgs": ["--compile"], "id": "my-run"}}
+            "run": {"extraArgs": ["--compile"], "id": "my-run"},
+            "metrics": {"enabled": True, "podMonitor": {"enabled": True}, "prometheusRule": {"enabled": True},
+                        "dashboard": {"enabled": True}}}
 # Valid values for strings that are empty by default, with what they need to render.
 SAMPLES = {
     ("nameOverride",): ("bench", {}), ("fullnameOverride",): ("bench-run", {}),

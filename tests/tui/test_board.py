@@ -37,3 +37,18 @@ def test_matrix_eta_follows_a_cancel():
 
 def test_no_eta_before_a_run_ended():
     assert board_with(["running", "queued"]).eta_s() is None
+
+
+def test_live_loss_then_the_records():
+    """The Runs screen's loss column: the progress lines' loss while the run lives (what benchtui
+    already parses from them), the record's final (rank-averaged) loss once it has ended."""
+    from tui.app.screens.runs import COLUMNS, cells
+
+    board = RunBoard()
+    board.apply(ev.RunQueued("run0", 0, 1))
+    board.apply(ev.RunStateChanged("run0", "running"))
+    row = board.apply(ev.RunProgress("run0", 3, 10, tokens_per_s=1500.0, loss=9.25))
+    shown = dict(zip((key for _, key in COLUMNS), cells(row)))
+    assert (shown["tps"], shown["loss"]) == ("1,500.0", "9.2500")
+    board.apply(ev.RunFinished("run0", {"tokens_per_s": 1400.0, "final_loss": 9.125}))
+    assert dict(zip((key for _, key in COLUMNS), cells(row)))["loss"] == "9.1250"

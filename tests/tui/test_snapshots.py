@@ -57,7 +57,7 @@ def feed(app: BenchApp) -> None:
         post(ev.RunLogLine(RUNS[2], 'SHARDBENCH_PROGRESS {"step": %d, "steps": 10, "phase": "warmup", '
                                     '"loss": 9.%d, "step_time_s": 0.1, "tokens_per_s": %d.0, "eta_s": 42.0}'
                            % (step, 9 - step, 500 + step)))
-        post(ev.RunProgress(RUNS[2], step, 10, tokens_per_s=500.0 + step, eta_s=42.0))
+        post(ev.RunProgress(RUNS[2], step, 10, tokens_per_s=500.0 + step, loss=float(f"9.{9 - step}"), eta_s=42.0))
     post(ev.RunLogLine(RUNS[2], "RuntimeError: example error line"))
     post(ev.MatrixProgress(2, 4, 30.0, eta_s=75.0))
 

@@ -21,6 +21,8 @@ class RunRow:
     step: int = 0
     steps: int = 0
     tokens_per_s: float | None = None
+    loss: float | None = None
+    """Live: the last progress line's loss (rank 0's); final: the record's (averaged over ranks)."""
     run_eta_s: float | None = None
     started: float | None = None
     """monotonic time the run left the queue; None while queued."""
@@ -77,12 +79,16 @@ class RunBoard:
             row.step, row.steps, row.run_eta_s = event.step, event.steps, event.eta_s
             if event.tokens_per_s is not None:
                 row.tokens_per_s = event.tokens_per_s
+            if event.loss is not None:
+                row.loss = event.loss
         elif isinstance(event, ev.RunLogLine):
             row.log.append(event.line)
         elif isinstance(event, ev.RunFinished):
             row.record = event.record
             if event.record.get("tokens_per_s") is not None:
                 row.tokens_per_s = event.record["tokens_per_s"]
+            if event.record.get("final_loss") is not None:
+                row.loss = event.record["final_loss"]
         return row
 
     def _state(self, row: RunRow, state: str, detail: str) -> None:

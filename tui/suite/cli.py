@@ -93,6 +93,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--save-matrix", type=Path, help="write the effective matrix YAML here")
     run.add_argument("--report", type=Path, help="also write the report into this directory")
     run.add_argument("--quiet", action="store_true", help="no live progress, one line per run")
+    run.add_argument("--mlflow", action="store_true",
+                     help="log every run to MLflow (default store: RESULTS/mlruns; needs the tracking extra)")
+    run.add_argument("--mlflow-uri", default=None, metavar="URI",
+                     help="MLflow tracking URI, e.g. http://mlflow:5000 (implies --mlflow)")
+    run.add_argument("--mlflow-experiment", default="shardbench", metavar="NAME", help="MLflow experiment name")
     rep = sub.add_parser("report", help="results dir -> metrics.csv, plots/, BENCHMARK_REPORT.md")
     rep.add_argument("results", type=Path, help="a results dir, or a dir holding several (each gets a report)")
     rep.add_argument("--out", type=Path, default=None,
@@ -176,7 +181,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     if isinstance(force, str):
         return fail(force)
     view = _QuietView() if args.quiet else _RichView(len(specs))
-    runner = Runner(specs, backend, matrix.results, view.emit, force, args.order_seed)
+    emit = view.emit
+    if args.mlflow or args.mlflow_uri:
+        from tui.suite.tracking import Tracker, TrackingError, default_uri
+
+        try:
+            tracker = Tracker(args.mlflow_uri or default_uri(matrix.results), matrix.results,
+                              args.mlflow_experiment, warn=view.note)
+        except TrackingError as exc:
+            return fail(str(exc))
+        emit = tracker.wrap(view.emit)
+    runner = Runner(specs, backend, matrix.results, emit, force, args.order_seed)
     try:
         runner.open()  # refuse at once, before any progress display, when the dir is unusable or taken
     except ResultsDirError as exc:

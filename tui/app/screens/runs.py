@@ -1,4 +1,4 @@
-"""Runs screen: the queue with each run's state, live tokens/s, elapsed and ETA; cancel."""
+"""Runs screen: the queue with each run's state, live tokens/s and loss, elapsed and ETA; cancel."""
 from __future__ import annotations
 
 from textual.app import ComposeResult
@@ -9,7 +9,7 @@ from textual.widgets import DataTable, Footer, Header, Static
 from tui.app.board import RunBoard, RunRow
 from tui.app.messages import CancelRun, ShowLogs
 
-COLUMNS = (("#", "index"), ("run", "run"), ("state", "state"), ("tok/s", "tps"),
+COLUMNS = (("#", "index"), ("run", "run"), ("state", "state"), ("tok/s", "tps"), ("loss", "loss"),
            ("elapsed", "elapsed"), ("ETA", "eta"))
 
 
@@ -24,8 +24,9 @@ def duration(seconds: float | None) -> str:
 
 def cells(row: RunRow) -> tuple[str, ...]:
     tps = "" if row.tokens_per_s is None else f"{row.tokens_per_s:,.1f}"
+    loss = "" if row.loss is None else f"{row.loss:.4f}"
     eta = duration(row.run_eta_s) if row.state == "running" else ""
-    return (str(row.index + 1), row.run_id, row.state_text(), tps, duration(row.elapsed_s()), eta)
+    return (str(row.index + 1), row.run_id, row.state_text(), tps, loss, duration(row.elapsed_s()), eta)
 
 
 class RunsScreen(Screen):

@@ -1,0 +1,145 @@
+"""MLflow tracking of a suite against a real `mlflow server` (mlflow 3.17, from its own venv
+under .tools/, as scripts/install-tools.sh installs it): `shardbench run --mlflow-uri` logs each
+run, and MLflow's own client reads it back. The local default (a file store under the results)
+and the failure paths are checked without a server."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from tests.monitoring.conftest import REPO, TOOLS, free_port, tool
+
+MLFLOW = TOOLS / "mlflow-venv" / "bin" / "mlflow"
+MATRIX = ["--strategies", "ddp", "--world-sizes", "1", "--seq-lens", "64", "--steps", "6", "--warmup-steps", "2",
+          "--micro-batch", "4", "--device", "cpu", "--precision", "fp32", "--repeats", "1", "--quiet",
+          "--timeout-s", "180"]
+
+
+def cli(*args):
+    return [sys.executable, "-m", "tui.suite.cli", *args]
+
+
+def env():
+    return dict(os.environ, PYTHONWARNINGS="ignore::FutureWarning")
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("mlflow")
+    port = free_port()
+    log = open(tmp / "server.log", "w")
+    proc = subprocess.Popen([tool(MLFLOW), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+                             "--backend-store-uri", f"sqlite:///{tmp / 'mlflow.db'}",
+                             "--artifacts-destination", str(tmp / "artifacts")],
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 180  # its imports take most of a minute on a busy 2-core machine
+    try:
+        while True:
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=2) as resp:
+                    if resp.status == 200:
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.time() > deadline:
+                pytest.fail(f"mlflow server did not start:\n{(tmp / 'server.log').read_text()[-3000:]}", pytrace=False)
+            time.sleep(0.5)
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # its own session: the server and its uvicorn worker (a
+        proc.wait(timeout=30)                # graceful stop takes half a minute; its data is scratch)
+
+
+@pytest.mark.slow
+def test_a_suite_run_reaches_the_mlflow_server(mlflow_server, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    res = tmp_path / "results"
+    proc = subprocess.run(cli("run", "--results", str(res), "--mlflow-uri", mlflow_server,
+                              "--mlflow-experiment", "e2e", *MATRIX),
+                          cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (run_dir,) = [p for p in res.iterdir() if (p / "result.json").exists()]
+    record = json.loads((run_dir / "result.json").read_text())
+
+    client = MlflowClient(tracking_uri=mlflow_server)
+    exp = client.get_experiment_by_name("e2e")
+    (run,) = client.search_runs([exp.experiment_id])
+    assert run.info.run_name == record["run_id"] and run.info.status == "FINISHED"
+    p = run.data.params
+    assert (p["strategy"], p["world_size"], p["seq_len"], p["steps"], p["precision"]) == ("ddp", "1", "64", "6", "fp32")
+    losses = client.get_metric_history(run.info.run_id, "loss")
+    assert [m.step for m in sorted(losses, key=lambda m: m.step)] == [1, 2, 3, 4, 5, 6]
+    assert [m.value for m in sorted(losses, key=lambda m: m.step)] == pytest.approx(record["loss_per_step"])
+    times = client.get_metric_history(run.info.run_id, "step_time_s")
+    assert sorted(m.value for m in times) == pytest.approx(sorted(record["step_time_s"]["all"]))
+    assert run.data.metrics["tokens_per_s"] == pytest.approx(record["tokens_per_s"])
+    assert run.data.metrics["step_time_p90_s"] == pytest.approx(record["step_time_s"]["p90"])
+    tags = run.data.tags
+    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert tags["mlflow.source.git.commit"] == head
+    assert tags["version.torch"] == record["versions"]["torch"] and tags["shardbench.status"] == "ok"
+    names = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"result.json", "log.txt", "spec.json"} <= names
+    got = client.download_artifacts(run.info.run_id, "result.json", str(tmp_path))
+    assert json.loads(open(got).read()) == record
+
+
+@pytest.mark.slow
+def test_a_failed_run_is_a_failed_mlflow_run(mlflow_server, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from tui.suite.events import RunFinished, RunQueued
+    from tui.suite.tracking import Tracker
+
+    tracker = Tracker(mlflow_server, tmp_path, "failures")
+    record = {"run_id": "zero3-w2-x-r0", "status": "oom", "error": "CUDA out of memory", "strategy": "zero3",
+              "loss_per_step": [9.5, 9.4], "step_time_s": {"all": [0.5]}, "versions": {"torch": "2.13.0"}}
+    tracker.on_event(RunQueued("zero3-w2-x-r0", 0, 1, {"strategy": "zero3", "world_size": 2, "options": {"seed": 7}}))
+    tracker.on_event(RunFinished("zero3-w2-x-r0", record))
+    run = MlflowClient(tracking_uri=mlflow_server).get_run(tracker.logged["zero3-w2-x-r0"])
+    assert run.info.status == "FAILED" and run.data.tags["shardbench.error"] == "CUDA out of memory"
+    assert run.data.params == {"strategy": "zero3", "world_size": "2", "seed": "7"}
+
+
+def test_default_store_is_a_local_file_store_under_the_results(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from tui.suite.events import RunFinished, RunQueued, RunStateChanged
+    from tui.suite.tracking import Tracker, default_uri
+
+    uri = default_uri(tmp_path)
+    assert uri.startswith("file:") and uri.endswith("/mlruns")
+    tracker = Tracker(uri, tmp_path)
+    (tmp_path / "ddp-w1-r0").mkdir()
+    (tmp_path / "ddp-w1-r0" / "log.txt").write_text("a log\n")
+    tracker.on_event(RunQueued("ddp-w1-r0", 0, 2, {"strategy": "ddp"}))
+    tracker.on_event(RunFinished("ddp-w1-r0", {"run_id": "ddp-w1-r0", "status": "ok", "tokens_per_s": 12.5,
+                                                 "comm_per_step": {"all_reduce": {"calls": 2, "bytes": 4096}}}))
+    # A run kept from an earlier suite (resume) was logged back then: not again.
+    tracker.on_event(RunStateChanged("kept-r0", "skipped", "result already there (resume)"))
+    tracker.on_event(RunFinished("kept-r0", {"run_id": "kept-r0", "status": "ok"}))
+    assert list(tracker.logged) == ["ddp-w1-r0"]
+    client = MlflowClient(tracking_uri=uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("shardbench").experiment_id])
+    assert run.data.metrics["tokens_per_s"] == 12.5
+    assert run.data.metrics["comm_all_reduce_bytes_per_step"] == 4096
+    assert [a.path for a in client.list_artifacts(run.info.run_id)] == ["log.txt"]
+
+
+def test_an_unreachable_server_is_one_line_and_exit_2(tmp_path):
+    proc = subprocess.run(cli("run", "--results", str(tmp_path / "r"), "--mlflow-uri",
+                              f"http://127.0.0.1:{free_port()}", *MATRIX),
+                          cwd=REPO, env=env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("shardbench: MLflow tracking at http://127.0.0.1:") and "unusable" in line
+    assert not (tmp_path / "r").exists() or not list((tmp_path / "r").glob("*/result.json"))
