@@ -1,4 +1,5 @@
-"""Backends that run one RunSpec: local (this machine) and kubernetes (Helm + MPIJob).
+"""Backends that run one RunSpec: local (this machine), kubernetes (Helm + MPIJob) and ray (the
+ranks as Ray actors in an embedded Ray on this machine).
 
 The one place backends are named and built, and the cluster options are declared: the suite's
 CLI and benchtui generate their flags from ClusterOptions.
@@ -54,6 +55,10 @@ def get_backend(name: str, cluster: ClusterOptions | None = None):
         from tui.suite.faults import Recovering
 
         return Recovering(LocalBackend())  # checkpoints, the fault axis, relaunches
+    if name == "ray":
+        from tui.suite.backends.ray_backend import RayBackend
+
+        return RayBackend()  # an embedded Ray; Ray itself relaunches failed ranks
     if name == "kubernetes":
         from tui.suite.backends.kube import KubeBackend
 
