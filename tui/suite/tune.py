@@ -171,12 +171,21 @@ class Tuner:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         space = search_space(strategy, self._per_rank_batch(), self.given)
         default = self.default_params(strategy)
-        study = optuna.create_study(direction="maximize", study_name=strategy,
-                                    sampler=optuna.samplers.TPESampler(seed=self.seed),
+        grid = {k.name: list(k.values) for k in space}
+        points = 1
+        for values in grid.values():
+            points *= len(values)
+        # A space no larger than the trials is walked whole (each point once); a larger one is
+        # sampled by TPE after the default, which is always measured: it is the baseline.
+        small = points <= self.n_trials
+        sampler = (optuna.samplers.GridSampler(grid, seed=self.seed) if small
+                   else optuna.samplers.TPESampler(seed=self.seed))
+        study = optuna.create_study(direction="maximize", study_name=strategy, sampler=sampler,
                                     pruner=optuna.pruners.MedianPruner(n_startup_trials=1,
                                                                        n_warmup_steps=self.base.warmup_steps + 1))
-        study.enqueue_trial(default)  # the default is always measured: the baseline
-        study.optimize(lambda t: self._objective(t, strategy, space), n_trials=self.n_trials,
+        if not small:
+            study.enqueue_trial(default)
+        study.optimize(lambda t: self._objective(t, strategy, space), n_trials=min(points, self.n_trials),
                        catch=(ValueError,))
         trials = [{"number": t.number, "state": t.state.name, "params": t.params, "value": t.value,
                    **t.user_attrs} for t in study.trials]
@@ -283,7 +292,7 @@ def write_outputs(tuner: Tuner, results: list[Tuning]) -> Path:
             tuned = replace(tuner.base, strategies=[t.strategy], micro_batch=t.best.get("micro_batch", tuner.base.micro_batch),
                             options={**tuner.base.options, **{k: v for k, v in t.best.items() if k != "micro_batch"}})
             data = _matrix_dict(tuned)
-            data.update(grad_accum=None, global_batch=tuner.base.global_batch or tuner.base.micro_batch
+            data.update(results=f"results/tuned-{t.strategy}", grad_accum=None, global_batch=tuner.base.global_batch or tuner.base.micro_batch
                         * (tuner.base.grad_accum or 1) * tuner.base.world_sizes[0])
             (out / f"tuned-{t.strategy}.yaml").write_text(
                 f"# shardbench tune: the best of {tuner.n_trials} trials for {t.strategy}\n"
