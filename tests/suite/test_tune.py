@@ -52,5 +52,26 @@ def test_tune_two_strategies_rejects_over_the_limit_and_remeasures_the_best(tmp_
         # Re-measured: the repeats of the best configuration are in remeasure/, all ok.
         again = [json.loads(p.read_text()) for p in (out / "remeasure").glob(f"{strategy}-*/result.json")]
         assert len(again) == 2 and all(r["status"] == "ok" for r in again)
-    report = (out / "TUNING.md").read_text()
-    assert "| ddp |" in report and "| fsdp |" in report and "(n=2)" in report
+    tuning = (out / "TUNING.md").read_text()
+    assert "| ddp |" in tuning and "| fsdp |" in tuning and "(n=2)" in tuning
+    report = (out / "report" / "BENCHMARK_REPORT.md").read_text()
+    assert "## Tuned vs default" in report and "## Launcher start-up" in report
+    assert report.count("(n=2)") >= 4  # default and tuned tokens/s of both strategies, with intervals
+
+
+def test_launcher_startup_and_tuned_sections_from_records(tmp_path):
+    from tui.suite.tune_report import markdown
+
+    def rec(launcher, s, cid, tps):
+        return {"status": "ok", "launcher": launcher, "launcher_startup_s": s, "tokens_per_s": tps,
+                "run_id": f"ddp-w2-s32-mb4-ga1-{cid}-r0"}
+
+    records = [rec("torchrun", 1.0, "aaaaaaaa", 100.0), rec("torchrun", 1.2, "aaaaaaaa", 110.0),
+               rec("ray", 6.0, "bbbbbbbb", 120.0), rec("ray", 7.0, "bbbbbbbb", 130.0)]
+    assert "## Tuned vs default" not in markdown(records, tmp_path)
+    (tmp_path / "tuning.json").write_text(json.dumps({"ddp": {
+        "default": {"config_id": "aaaaaaaa", "params": {"micro_batch": 4}},
+        "tuned": {"config_id": "bbbbbbbb", "params": {"micro_batch": 2}}}}))
+    text = markdown(records, tmp_path)
+    assert "| ray | 6.50 [" in text and "| torchrun | 1.10 [" in text
+    assert "| ddp | micro_batch=4 | 105 [" in text and "| 1.190 [" in text

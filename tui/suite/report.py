@@ -13,7 +13,7 @@ from typing import Any
 import pandas as pd
 
 from tui.suite import analysis as an_mod
-from tui.suite import faults_report, metrics, plots
+from tui.suite import faults_report, metrics, plots, tune_report
 from tui.suite.analysis import Analysis, Config, show
 from tui.suite.stats import finite
 
@@ -285,5 +285,6 @@ def report_from_records(records: list[dict], out_dir: Path, results_dir: Path) -
     plot_files, skipped = plots.write_plots(an, out_dir / "plots")
     md = out_dir / "BENCHMARK_REPORT.md"
     fault_section = faults_report.markdown(records)  # tui/suite/faults_report.py; '' without checkpoints
+    fault_section = "\n\n".join(p for p in (fault_section, tune_report.markdown(records, results_dir)) if p)
     md.write_text(build_markdown(an, results_dir, plot_files, skipped, out_dir) + ("\n" + fault_section if fault_section else ""))
     return Report(md, csv, summary_csv, plot_files, skipped, len(an.runs), len(an.not_ok))

@@ -15,8 +15,9 @@ trial trains the same tokens to the same loss), maximising measured tokens/s:
 - Trials are runs of any backend through the runner (locally one after another), into
   <out>/trials/; a trial repeated by the sampler reuses its finished result (resume).
 Then the best configuration and the default one are re-measured `repeats` times each,
-interleaved, into <out>/remeasure/; <out>/TUNING.md gives "tuned vs default" per strategy with
-95% intervals, <out>/tune.json every trial, and <out>/tuned-<strategy>.yaml the tuned matrix.
+interleaved, into <out>/remeasure/, whose report (<out>/report/) gains "Tuned vs default" per
+strategy with 95% intervals (tui/suite/tune_report.py; also in <out>/TUNING.md); <out>/tune.json
+holds every trial and <out>/tuned-<strategy>.yaml the tuned matrix.
 """
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ import yaml
 
 from trainer.config import RunConfig
 from trainer.contract import model_state_bytes
-from tui.suite.stats import Estimate, estimate, ratio
+from tui.suite import tune_report
+from tui.suite.stats import Estimate, estimate
 
 PLANNER_MODULES = ("tui.suite.planner", "tui.suite.plan", "trainer.planner")
 """Where a planner's `peak_bytes_per_rank(cfg, world_size)` is looked for, in order."""
@@ -121,6 +123,8 @@ class Tuning:
     trials: list[dict[str, Any]] | None = None
     default_est: Estimate | None = None
     tuned_est: Estimate | None = None
+    ids: dict[str, Any] | None = None
+    """What tune_report's "Tuned vs default" reads: config id and params of default and tuned."""
 
 
 class Tuner:
@@ -244,6 +248,8 @@ class Tuner:
         default = self.spec_for(tuning.strategy, tuning.default, self.repeats)
         best = self.spec_for(tuning.strategy, tuning.best, self.repeats) if tuning.best else []
         same = best and best[0].config_id == default[0].config_id
+        tuning.ids = {"default": {"config_id": default[0].config_id, "params": tuning.default},
+                      "tuned": {"config_id": best[0].config_id, "params": tuning.best} if best else None}
         specs = default + ([] if same else best)
         records = Runner(specs, self.backend, self.out / "remeasure", self.emit, order_seed=self.seed).run()
         tps = {}
@@ -266,41 +272,45 @@ def _matrix_dict(m) -> dict[str, Any]:
 
 # --- outputs ------------------------------------------------------------------------------
 
-def _fmt(e: Estimate | None) -> str:
-    if e is None:
-        return "no ok run"
-    return f"{e.mean:,.0f} [{e.lo:,.0f}, {e.hi:,.0f}] (n={e.n})" if e.has_interval else f"{e.mean:,.0f} (n={e.n})"
-
-
 def write_outputs(tuner: Tuner, results: list[Tuning]) -> Path:
+    """tuning.json in the re-measured result set (so its report gains "Tuned vs default"), that
+    report under <out>/report/, TUNING.md (the same section, with the study's settings),
+    tune.json (every trial) and tuned-<strategy>.yaml (the tuned matrix)."""
+    from tui.suite.metrics import load_records
+    from tui.suite.report import build_report
+
     out = tuner.out
     out.mkdir(parents=True, exist_ok=True)
-    lines = ["# Tuning: tuned vs default", "",
-             f"Per strategy, {tuner.n_trials} trials (Optuna TPE, MedianPruner) at world size "
-             f"{tuner.base.world_sizes[0]} and the base matrix's global batch; memory limit "
-             + (f"{tuner.limit / 2**30:.3f} GiB per rank" if tuner.limit else "none")
-             + f"; planner: {tuner.planner_name}. Tokens/s: mean [95% interval] over {tuner.repeats} "
-             "interleaved re-measured repeats each.", "",
-             "| strategy | default | tok/s default | tuned | tok/s tuned | tuned / default |",
-             "| --- | --- | --- | --- | --- | --- |"]
+    tuning = {t.strategy: t.ids for t in results if t.ids}
+    (out / "remeasure" / tune_report.TUNING_FILE).write_text(json.dumps(tuning, indent=2, default=str))
+    intro = (f"# Tuning\n\nPer strategy, up to {tuner.n_trials} trials (Optuna: TPE, or a grid when the space "
+             f"is that small; MedianPruner) at world size {tuner.base.world_sizes[0]} and the base matrix's "
+             "global batch; memory limit " + (f"{tuner.limit / 2**30:.3f} GiB per rank" if tuner.limit else "none")
+             + f"; planner: {tuner.planner_name}; {tuner.repeats} re-measured repeats each. Every trial: "
+             "[tune.json](tune.json); the full report of the re-measured runs: [report/](report/BENCHMARK_REPORT.md).\n\n")
+    section = tune_report.tuned_section(load_records(out / "remeasure"), tuning)
+    (out / "TUNING.md").write_text(intro + section + "\n")
+    try:
+        build_report(out / "remeasure", out / "report")
+    except (OSError, ValueError) as exc:
+        (out / "TUNING.md").open("a").write(f"\nreport not written: {exc}\n")
     for t in results:
-        r = ratio(t.tuned_est, t.default_est) if t.tuned_est and t.default_est else None
-        speed = "-" if r is None else (f"{r.mean:.3f} [{r.lo:.3f}, {r.hi:.3f}]" if r.has_interval else f"{r.mean:.3f}")
-        lines.append(f"| {t.strategy} | {_params(t.default)} | {_fmt(t.default_est)} | "
-                     f"{_params(t.best) if t.best else 'none feasible'} | {_fmt(t.tuned_est)} | {speed} |")
         if t.best:
-            tuned = replace(tuner.base, strategies=[t.strategy], micro_batch=t.best.get("micro_batch", tuner.base.micro_batch),
-                            options={**tuner.base.options, **{k: v for k, v in t.best.items() if k != "micro_batch"}})
-            data = _matrix_dict(tuned)
-            data.update(results=f"results/tuned-{t.strategy}", grad_accum=None, global_batch=tuner.base.global_batch or tuner.base.micro_batch
-                        * (tuner.base.grad_accum or 1) * tuner.base.world_sizes[0])
-            (out / f"tuned-{t.strategy}.yaml").write_text(
-                f"# shardbench tune: the best of {tuner.n_trials} trials for {t.strategy}\n"
-                + yaml.safe_dump(data, sort_keys=False))
-    (out / "TUNING.md").write_text("\n".join(lines) + "\n")
+            _write_tuned_matrix(tuner, t)
     (out / "tune.json").write_text(json.dumps([{"strategy": t.strategy, "default": t.default, "best": t.best,
                                                "trials": t.trials} for t in results], indent=2, default=str))
     return out / "TUNING.md"
+
+
+def _write_tuned_matrix(tuner: Tuner, t: Tuning) -> None:
+    base = tuner.base
+    tuned = replace(base, strategies=[t.strategy], micro_batch=t.best.get("micro_batch", base.micro_batch),
+                    options={**base.options, **{k: v for k, v in t.best.items() if k != "micro_batch"}})
+    data = _matrix_dict(tuned)
+    data.update(results=f"results/tuned-{t.strategy}", grad_accum=None,
+                global_batch=base.global_batch or base.micro_batch * (base.grad_accum or 1) * base.world_sizes[0])
+    (tuner.out / f"tuned-{t.strategy}.yaml").write_text(
+        f"# shardbench tune: the best of {tuner.n_trials} trials for {t.strategy}\n" + yaml.safe_dump(data, sort_keys=False))
 
 
 def _params(p: dict[str, Any]) -> str:
@@ -359,7 +369,7 @@ def cmd_tune(args: argparse.Namespace, effective_matrix, cluster_options, fail) 
         tuning = tuner.study(strategy)
         tuner.remeasure(tuning)
         results.append(tuning)
-        print(f"{strategy}: default {_fmt(tuning.default_est)} tok/s; tuned {_params(tuning.best or {})}: "
-              f"{_fmt(tuning.tuned_est)} tok/s", flush=True)
+        print(f"{strategy}: default {tune_report._fmt(tuning.default_est)} tok/s; tuned {_params(tuning.best or {})}: "
+              f"{tune_report._fmt(tuning.tuned_est)} tok/s", flush=True)
     print(f"tuning: {write_outputs(tuner, results)}")
     return 0 if all(t.best for t in results) else 1
