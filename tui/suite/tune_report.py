@@ -51,9 +51,10 @@ def tuned_section(records: list[dict], tuning: dict) -> str:
     for strategy, t in tuning.items():
         d = estimate(tps.get(t["default"]["config_id"], []))
         tuned = t.get("tuned")
+        same = bool(tuned) and tuned["config_id"] == t["default"]["config_id"]
         b = estimate(tps.get(tuned["config_id"], [])) if tuned else None
-        r = ratio(b, d) if b and d else None
-        speed = "-" if r is None else _fmt(r, "{:.3f}")
+        r = ratio(b, d) if b and d and not same else None
+        speed = "the default is the best" if same else ("-" if r is None else _fmt(r, "{:.3f}"))
         rows.append([strategy, _params(t["default"]["params"]), _fmt(d),
                      _params(tuned["params"]) if tuned else "none feasible", _fmt(b), speed])
     return ("## Tuned vs default\n\nTokens/s per strategy, mean [95% interval] over the re-measured "
