@@ -70,6 +70,8 @@ class LaunchPlan:
     """ray only: relaunches of the whole group after a failed rank (FailureConfig max_failures)."""
     ray_local: bool = False
     """ray only: start an embedded Ray on this machine instead of joining RAY_ADDRESS's cluster."""
+    ray_gpus_per_rank: float = 0
+    """ray only: GPUs each rank's actor reserves (Ray then gives it CUDA_VISIBLE_DEVICES of its own)."""
     ray_temp_dir: str | None = None
     """ray only, with ray_local: Ray's temp dir (short: Ray's socket paths live under it)."""
 
@@ -161,6 +163,8 @@ def ray_command(plan: LaunchPlan) -> list[str]:
     to plan.max_restarts times; `--local` starts an embedded Ray (no hostfile, no cluster)."""
     cmd = [plan.python, "-m", "trainer.ray_launcher", "--world-size", str(plan.world_size),
            "--ranks-per-node", str(plan.procs_per_node), "--max-restarts", str(plan.max_restarts)]
+    if plan.ray_gpus_per_rank:
+        cmd += ["--gpus-per-rank", f"{plan.ray_gpus_per_rank:g}"]
     if plan.ray_local:
         cmd += ["--local"] + (["--temp-dir", plan.ray_temp_dir] if plan.ray_temp_dir else [])
     return cmd + ["--", *plan.trainer_args]

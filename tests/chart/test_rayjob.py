@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from chart_helpers import NAMESPACE, core_validate, kube_versions_in_range, one, openapi_to_jsonschema, render, template_error
+from chart_helpers import NAMESPACE, VALUES_DIR, core_validate, kube_versions_in_range, one, openapi_to_jsonschema, render, template_error
 from trainer.launchers import LaunchPlan, build_command
 from tui.suite.backends.rayjob import rayjob_errors
 
@@ -53,12 +53,15 @@ def test_rayjob_renders_and_validates(values):
         core_validate(pod, kube_versions_in_range()[-1])
 
 
-def test_the_driver_is_the_ray_launch_command():
-    docs = render("helm3", ("cpu.yaml",), RAY)
-    job = one(docs, "RayJob")
+@pytest.mark.parametrize("values", ["cpu.yaml", "h100.yaml"])
+def test_the_driver_is_the_ray_launch_command(values):
+    job = one(render("helm3", (values,), RAY), "RayJob")
+    shape = yaml.safe_load((VALUES_DIR / values).read_text())
+    gpus = shape["gpusPerWorker"] if shape.get("gpuResource") else 0
     argv = shlex.split(job["spec"]["entrypoint"])
     cut = argv.index("--")
-    plan = LaunchPlan(launcher="ray", nodes=1, procs_per_node=2, trainer_args=argv[cut + 1:], max_restarts=2)
+    plan = LaunchPlan(launcher="ray", nodes=shape.get("workers", 1), procs_per_node=shape["gpusPerWorker"],
+                      trainer_args=argv[cut + 1:], max_restarts=2, ray_gpus_per_rank=1 if gpus else 0)
     assert argv == build_command(plan)
     assert argv[argv.index("--launcher") + 1] == "ray" and "--checkpoint-dir" in argv
 

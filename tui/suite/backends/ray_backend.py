@@ -36,6 +36,7 @@ from trainer.record import FaultRecovery
 from tui.suite.backends.local import TRAINER_OUT, LocalBackend
 from tui.suite.events import Emit, RunLogLine, RunProgress, guarded
 from tui.suite.faults import CHECKPOINTS, _Attempt, _needs_checkpoints, parse_fault
+from tui.suite.matrix import local_gpu_count
 
 
 class _RayEvents:
@@ -88,7 +89,8 @@ class RayBackend(LocalBackend):
     def command(self, spec, run_dir: Path, port: int) -> list[str]:
         plan = LaunchPlan(launcher="ray", nodes=1, procs_per_node=spec.procs_per_node,
                           trainer_args=spec.trainer_args(output_dir=run_dir / TRAINER_OUT), python=sys.executable,
-                          max_restarts=spec.max_restarts, ray_local=True, ray_temp_dir=self._temp_dir)
+                          max_restarts=spec.max_restarts, ray_local=True, ray_temp_dir=self._temp_dir,
+                          ray_gpus_per_rank=1 if spec.device != "cpu" and local_gpu_count() else 0)
         return build_command(plan)
 
     def run(self, spec, run_dir: Path, emit: Emit, cancel: threading.Event, timeout_s: float | None) -> dict[str, Any]:
