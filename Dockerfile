@@ -58,7 +58,7 @@ COPY tui /src/tui
 # The ray extra (ray[default,train,tune], optuna): the chart's KubeRay RayJob (ray.enabled) runs its
 # head, workers and driver in this image. --build-arg EXTRAS= leaves it out.
 ARG EXTRAS=ray
-RUN pip install "/src${EXTRAS:+[$EXTRAS]}" && rm -rf /src
+RUN pip install /src && if [ -n "$EXTRAS" ]; then pip install "/src[$EXTRAS]"; fi && rm -rf /src
 
 # --- runtime: the base of the variant, the venv, sshd; no compilers -----------------------------
 FROM ${CUDA13_BASE} AS runtime-cuda
