@@ -28,6 +28,9 @@ class ClusterOptions:
     start_timeout_s: float = 900.0
     """seconds from helm install until the launcher pod runs (scheduling, image pulls); the run's
     own timeout starts only then."""
+    ray_cluster: bool = False
+    """backend ray: run each run as a KubeRay RayJob of the chart on the cluster (default: an
+    embedded Ray on this machine)."""
 
 
 def add_cluster_flags(parser: argparse.ArgumentParser) -> None:
@@ -55,6 +58,11 @@ def get_backend(name: str, cluster: ClusterOptions | None = None):
         from tui.suite.faults import Recovering
 
         return Recovering(LocalBackend())  # checkpoints, the fault axis, relaunches
+    if name == "ray" and cluster is not None and cluster.ray_cluster:
+        from tui.suite.backends.kube.rayjob import KubeRayBackend
+
+        return KubeRayBackend(kubeconfig=cluster.kubeconfig, context=cluster.context, namespace=cluster.namespace,
+                              keep_failed=cluster.keep_failed, start_timeout_s=cluster.start_timeout_s)
     if name == "ray":
         from tui.suite.backends.ray_backend import RayBackend
 
