@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from tui.suite.faults import _cmdline, _is_rank
+from tui.suite.fault_procs import _cmdline, _is_rank
 from tui.suite.procs import ProcessTree, _stat_fields
 
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100

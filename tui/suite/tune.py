@@ -32,7 +32,7 @@ from typing import Any, Callable
 import yaml
 
 from trainer.config import RunConfig
-from trainer.contract import model_state_bytes
+from trainer.rules import model_state_bytes
 from tui.suite import tune_report
 from tui.suite.stats import Estimate, estimate
 
