@@ -63,7 +63,10 @@ RUN if [ "$VARIANT" = cpu ]; then export DS_BUILD_SHM_COMM=1; fi \
 COPY pyproject.toml README.md /src/
 COPY trainer /src/trainer
 COPY tui /src/tui
-RUN pip install /src && rm -rf /src
+# The ray extra (ray[default,train,tune], optuna): the chart's KubeRay RayJob (ray.enabled) runs its
+# head, workers and driver in this image. --build-arg EXTRAS= leaves it out.
+ARG EXTRAS=ray
+RUN pip install /src && if [ -n "$EXTRAS" ]; then pip install "/src[$EXTRAS]"; fi && rm -rf /src
 
 # --- runtime: the base of the variant, the venv, sshd; no compilers -----------------------------
 FROM ${CUDA13_BASE} AS runtime-cuda

@@ -20,5 +20,7 @@ if ! "$VENV/bin/python" -c "import deepspeed" 2>/dev/null; then
   # SHM_COMM prebuilt: otherwise DeepSpeed JIT-compiles it (~45 s) at the first init on CPU.
   DS_BUILD_OPS=0 DS_BUILD_SHM_COMM=1 pip install --no-build-isolation "deepspeed==0.19.8"
 fi
-pip install -e ".[dev,tracking]"
+# Ray (the ray backend, KubeRay's driver) and Optuna (shardbench tune): an optional extra the tests
+# use; pinned, and checked with `pip install --dry-run` to leave torch and every other pin alone.
+pip install -e ".[dev,tracking,ray]"
 echo "$want" > "$STAMP"

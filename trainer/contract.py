@@ -84,7 +84,10 @@ DEVICES = ("auto", "cpu", "cuda")
 LAUNCHERS = ("mpirun", "deepspeed", "torchrun")
 CLUSTER_LAUNCHERS = ("mpirun", "deepspeed")
 """What the chart's MPIJob launcher pod can run (torchrun needs its own rendezvous per node)."""
-BACKENDS = ("local", "kubernetes")
+RAY_LAUNCHER = "ray"
+"""The launcher of backend ray (trainer/ray_launcher.py: ranks as Ray actors); no other backend
+runs it, and backend ray runs nothing else."""
+BACKENDS = ("local", "kubernetes", "ray")
 STATUSES = ("ok", "failed", "oom", "timeout", "cancelled")
 """A run's outcome. oom and ok are measurements a rerun would repeat; the rest are not."""
 

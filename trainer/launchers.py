@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, replace
 
-LAUNCHERS = ("mpirun", "deepspeed", "torchrun")
+LAUNCHERS = ("mpirun", "deepspeed", "torchrun", "ray")
 
 # Variables mpirun forwards to every rank (-x NAME) besides the NCCL_* ones of the environment.
 RUN_ENV_VARS = ("MASTER_ADDR", "MASTER_PORT", "PYTHONWARNINGS")
@@ -65,6 +65,15 @@ class LaunchPlan:
     program: tuple[str, ...] = ("-m", "trainer")
     """What each rank's python runs, before trainer_args (mpirun only; the chart's pre-flight
     runs its script this way)."""
+
+    max_restarts: int = 0
+    """ray only: relaunches of the whole group after a failed rank (FailureConfig max_failures)."""
+    ray_local: bool = False
+    """ray only: start an embedded Ray on this machine instead of joining RAY_ADDRESS's cluster."""
+    ray_gpus_per_rank: float = 0
+    """ray only: GPUs each rank's actor reserves (Ray then gives it CUDA_VISIBLE_DEVICES of its own)."""
+    ray_temp_dir: str | None = None
+    """ray only, with ray_local: Ray's temp dir (short: Ray's socket paths live under it)."""
 
     @property
     def world_size(self) -> int:
@@ -149,7 +158,20 @@ def torchrun_command(plan: LaunchPlan) -> list[str]:
     ]
 
 
-BUILDERS = {"mpirun": mpirun_command, "deepspeed": deepspeed_command, "torchrun": torchrun_command}
+def ray_command(plan: LaunchPlan) -> list[str]:
+    """Ray as the launcher (trainer/ray_launcher.py): one actor per rank, the group relaunched up
+    to plan.max_restarts times; `--local` starts an embedded Ray (no hostfile, no cluster)."""
+    cmd = [plan.python, "-m", "trainer.ray_launcher", "--world-size", str(plan.world_size),
+           "--ranks-per-node", str(plan.procs_per_node), "--max-restarts", str(plan.max_restarts)]
+    if plan.ray_gpus_per_rank:
+        cmd += ["--gpus-per-rank", f"{plan.ray_gpus_per_rank:g}"]
+    if plan.ray_local:
+        cmd += ["--local"] + (["--temp-dir", plan.ray_temp_dir] if plan.ray_temp_dir else [])
+    return cmd + ["--", *plan.trainer_args]
+
+
+BUILDERS = {"mpirun": mpirun_command, "deepspeed": deepspeed_command, "torchrun": torchrun_command,
+            "ray": ray_command}
 
 
 def build_command(plan: LaunchPlan) -> list[str]:

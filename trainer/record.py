@@ -241,6 +241,10 @@ class ResultRecord:
     """The peak --peak-tflops gave (the shape's), FLOP/s, recorded even when the device's won."""
     h2d_gbps: float | None = None
     """Host-to-device copy rate of the batches, GB/s (None on CPU: nothing is copied)."""
+    launcher_startup_s: float | None = None
+    """From the launch command's start to the start of the last rank's trainer process (the
+    launcher's own overhead: torchrun, mpirun, DeepSpeed, Ray), seconds; measured by the suite
+    from /proc start times (the first attempt's ranks), None when not measured."""
     time_to_first_step_s: float | None = None
     """From process start to the end of the first optimizer step on rank 0."""
     wall_time_s: float | None = None

@@ -359,3 +359,17 @@ One per line, quoted; callers pipe it through trim | nindent.
 {{ $k | quote }}: {{ get $m $k | toString | quote }}
 {{- end }}
 {{- end }}
+
+{{/*
+The RayJob's driver: trainer/launchers.py ray_command() for this run (tests/chart/test_rayjob.py
+checks they agree), one shell line. Called with a context whose .Values.launcher is "ray".
+*/}}
+{{- define "shardbench.rayEntrypoint" -}}
+{{- $v := .Values }}
+{{- $cmd := list "python" "-m" "trainer.ray_launcher" "--world-size" (include "shardbench.worldSize" .) "--ranks-per-node" (toString (int $v.gpusPerWorker)) "--max-restarts" (toString (int $v.ray.maxRestarts)) }}
+{{- if and $v.gpuResource (gt (int $v.gpusPerWorker) 0) }}{{ $cmd = concat $cmd (list "--gpus-per-rank" "1") }}{{ end }}
+{{- $cmd = concat $cmd (list "--") (include "shardbench.trainerArgs" . | fromJsonArray) }}
+{{- $quoted := list }}
+{{- range $cmd }}{{ $quoted = append $quoted (squote .) }}{{ end }}
+{{- join " " $quoted }}
+{{- end }}

@@ -98,6 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--mlflow-uri", default=None, metavar="URI",
                      help="MLflow tracking URI, e.g. http://mlflow:5000 (implies --mlflow)")
     run.add_argument("--mlflow-experiment", default="shardbench", metavar="NAME", help="MLflow experiment name")
+    from tui.suite.tune import add_parser as add_tune_parser
+
+    add_tune_parser(sub, _add_matrix_flags, add_cluster_flags)
     rep = sub.add_parser("report", help="results dir -> metrics.csv, plots/, BENCHMARK_REPORT.md")
     rep.add_argument("results", type=Path, help="a results dir, or a dir holding several (each gets a report)")
     rep.add_argument("--out", type=Path, default=None,
@@ -426,13 +429,20 @@ def cmd_collect(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tune(args: argparse.Namespace) -> int:
+    from tui.suite import tune
+
+    return tune.cmd_tune(args, effective_matrix, cluster_options, fail)
+
+
 def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `shardbench run --dry-run | head` ends quietly
     args = build_parser().parse_args(argv)
     started = time.monotonic()
-    handler = {"run": cmd_run, "report": cmd_report, "collect": cmd_collect, "compare": cmd_compare}[args.command]
+    handler = {"run": cmd_run, "report": cmd_report, "collect": cmd_collect, "compare": cmd_compare,
+               "tune": cmd_tune}[args.command]
     code = handler(args)
-    if args.command == "run" and not getattr(args, "dry_run", False) and code in (0, 1):
+    if args.command in ("run", "tune") and not getattr(args, "dry_run", False) and code in (0, 1):
         print(f"wall time {_dur(time.monotonic() - started)}")
     return code
 

@@ -148,8 +148,11 @@ def _is_number(x: Any, low: float = 0.0) -> bool:
 def _suite_errors(m: MatrixSpec) -> list[str]:
     """The settings only the suite reads: launcher, backend, repeats, limits, the axes' types."""
     errors = []
-    if m.launcher != "auto" and m.launcher not in contract.LAUNCHERS:
+    if m.launcher != "auto" and m.launcher not in (*contract.LAUNCHERS, contract.RAY_LAUNCHER):
         errors.append(f"launcher got {m.launcher!r}: use auto or one of {', '.join(contract.LAUNCHERS)}")
+    elif (m.launcher == contract.RAY_LAUNCHER) != (m.backend == "ray") and m.launcher != "auto":
+        errors.append(f"launcher {m.launcher} with backend {m.backend}: Ray launches the ranks of backend "
+                      "ray and of no other; use launcher auto with backend ray")
     if m.backend not in contract.BACKENDS:
         errors.append(f"backend got {m.backend!r}: use one of {', '.join(contract.BACKENDS)}")
     elif m.backend == "kubernetes" and m.launcher not in ("auto", *contract.CLUSTER_LAUNCHERS):
@@ -165,6 +168,9 @@ def _suite_errors(m: MatrixSpec) -> list[str]:
         errors.append(f"max_world_size must be a positive integer, got {m.max_world_size!r}")
     if not _is_int(m.max_restarts, 0):
         errors.append(f"max_restarts must be an integer >= 0, got {m.max_restarts!r}")
+    if m.backend == "ray" and isinstance(m.faults, list):
+        errors += [f"fault {f} cannot be injected on the ray backend (Ray restarts ranks, not its driver): "
+                   "use kill-rank:R@S or stop-rank:R@S" for f in m.faults if str(f).startswith("kill-launcher")]
     if m.backend == "kubernetes" and isinstance(m.faults, list):
         errors += [e for f in m.faults for e in kube_fault_errors(f)]
     for name, kind in (("strategies", str), ("world_sizes", int), ("seq_lens", int), ("faults", str)):
@@ -185,7 +191,7 @@ def _world_limit(m: MatrixSpec, shape: Shape | None, cfg: RunConfig) -> tuple[in
     """Most ranks one run may use, and why."""
     if _is_int(m.max_world_size):
         return m.max_world_size, "max_world_size"
-    if m.backend != "local":
+    if m.backend not in ("local", "ray"):
         return None, ""
     if shape is not None and shape.gpus_per_node and cfg.device != "cpu":
         return shape.gpus_per_node, f"shape {shape.name} has {shape.gpus_per_node} GPUs per node"
@@ -198,7 +204,7 @@ def _world_limit(m: MatrixSpec, shape: Shape | None, cfg: RunConfig) -> tuple[in
 def _layout(m: MatrixSpec, shape: Shape | None, world: int) -> tuple[int, int] | str:
     """(nodes, procs_per_node) for a run of `world` ranks, or an error."""
     gpn = shape.gpus_per_node if shape is not None else None
-    if m.backend == "local" or not gpn or world <= gpn:
+    if m.backend in ("local", "ray") or not gpn or world <= gpn:
         return 1, world
     if world % gpn:
         return f"world size {world} spans nodes of {gpn} GPUs ({shape.name}) but is not a multiple of {gpn}"
@@ -243,7 +249,7 @@ def expand(matrix: MatrixSpec, limit: int | None = CONFIRM_ABOVE) -> tuple[list[
             shape = load_shape(matrix.shape)
         except ValueError as exc:
             errors.append(str(exc))
-    if shape is not None and matrix.backend == "local" and shape.gpus_per_node and not local_gpu_count():
+    if shape is not None and matrix.backend in ("local", "ray") and shape.gpus_per_node and not local_gpu_count():
         errors.append(f"shape {shape.name} describes GPU nodes but this machine has no NVIDIA GPU: run it "
                       "with --backend kubernetes, or locally with --shape cpu (or --shape none)")
     if errors:
@@ -281,6 +287,8 @@ def _configuration(m: MatrixSpec, shape: Shape | None, strategy: str, world: int
         return [layout]
     nodes, ppn = layout
     launcher = contract.default_launcher(strategy) if m.launcher == "auto" else m.launcher
+    if m.backend == "ray":
+        launcher = contract.RAY_LAUNCHER  # Ray starts every strategy's ranks
     ga = cfg.effective_grad_accum(world)
     cfg = replace(cfg, shape=m.shape, peak_tflops=_given(cfg.peak_tflops, shape and shape.peak_tflops),
                   usd_per_gpu_hour=_given(cfg.usd_per_gpu_hour, shape and shape.usd_per_gpu_hour))

@@ -96,6 +96,7 @@ COLUMNS: list[tuple[str, str, Callable[[dict], Any]]] = [
     ("peak_flops_source", "where that peak came from", _get("peak_flops_source")),
     ("h2d_gbps", "host-to-device copy rate of the batches, GB/s (empty on CPU)", _get("h2d_gbps")),
     ("time_to_first_step_s", "process start to the end of the first step on rank 0, s", _get("time_to_first_step_s")),
+    ("launcher_startup_s", "launch command start to the start of the last rank's process (the launcher's own overhead), s", _get("launcher_startup_s")),
     ("wall_time_s", "trainer wall time, s", _get("wall_time_s")),
     ("threads_per_rank", "CPU threads each rank used (schema 2)", _get("threads_per_rank")),
     ("cpu_affinity", "cores each rank was pinned to, one group per rank (schema 2)", _affinity),
@@ -127,7 +128,7 @@ NUMERIC = {"world_size", "nodes", "devices_per_node", "n_params", "seq_len", "mi
            "final_loss", "model_state_gib_per_rank", "model_state_params_gib", "model_state_grads_gib",
            "model_state_optimizer_gib", "model_state_master_gib", "model_state_comm_buffer_gib",
            "train_peak_gib", "gpu_alloc_retries", "rss_footprint_gib", "comm_bytes_per_step", "comm_calls_per_step",
-           "flops_per_token", "mfu", "peak_tflops", "h2d_gbps", "time_to_first_step_s", "wall_time_s",
+           "flops_per_token", "mfu", "peak_tflops", "h2d_gbps", "time_to_first_step_s", "launcher_startup_s", "wall_time_s",
            "threads_per_rank", "host_cpus", "load_avg_1m_start", "load_avg_1m_end", "usd_per_gpu_hour",
            "n_layer", "n_embd", "n_head", "vocab_size"}
 NUMERIC |= {name for name, _, _ in _KNOB_COLUMNS if knobs.is_numeric(RunConfig, name)}

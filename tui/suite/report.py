@@ -13,7 +13,7 @@ from typing import Any
 import pandas as pd
 
 from tui.suite import analysis as an_mod
-from tui.suite import faults_report, html_report, metrics, plots, plots_runs
+from tui.suite import faults_report, html_report, metrics, plots, plots_runs, tune_report
 from tui.suite.analysis import Analysis, Config, show
 from tui.suite.stats import finite
 
@@ -289,6 +289,7 @@ def report_from_records(records: list[dict], out_dir: Path, results_dir: Path) -
     plot_files, skipped = plot_files + run_plots, skipped + run_skipped
     md = out_dir / "BENCHMARK_REPORT.md"
     fault_section = faults_report.markdown(records)  # tui/suite/faults_report.py; '' without checkpoints
+    fault_section = "\n\n".join(p for p in (fault_section, tune_report.markdown(records, results_dir)) if p)
     md.write_text(build_markdown(an, results_dir, plot_files, skipped, out_dir) + ("\n" + fault_section if fault_section else ""))
     html = html_report.write_html(an, results_dir, plot_files, out_dir, RULES)
     return Report(md, csv, summary_csv, plot_files, skipped, len(an.runs), len(an.not_ok), html)

@@ -1,4 +1,5 @@
-"""Backends that run one RunSpec: local (this machine) and kubernetes (Helm + MPIJob).
+"""Backends that run one RunSpec: local (this machine), kubernetes (Helm + MPIJob) and ray (the
+ranks as Ray actors in an embedded Ray on this machine).
 
 The one place backends are named and built, and the cluster options are declared: the suite's
 CLI and benchtui generate their flags from ClusterOptions.
@@ -47,6 +48,9 @@ class ClusterOptions:
         from tui.suite.backends.kube.overrides import image_choice
 
         return image_choice(self.image, self.image_repository, self.image_tag, self.image_pull_policy)
+    ray_cluster: bool = False
+    """backend ray: run each run as a KubeRay RayJob of the chart on the cluster (default: an
+    embedded Ray on this machine)."""
 
 
 def add_cluster_flags(parser: argparse.ArgumentParser) -> None:
@@ -68,6 +72,15 @@ def get_backend(name: str, cluster: ClusterOptions | None = None):
         from tui.suite.faults import Recovering
 
         return Recovering(LocalBackend())  # checkpoints, the fault axis, relaunches
+    if name == "ray" and cluster is not None and cluster.ray_cluster:
+        from tui.suite.backends.kube.rayjob import KubeRayBackend
+
+        return KubeRayBackend(kubeconfig=cluster.kubeconfig, context=cluster.context, namespace=cluster.namespace,
+                              keep_failed=cluster.keep_failed, start_timeout_s=cluster.start_timeout_s)
+    if name == "ray":
+        from tui.suite.backends.ray_backend import RayBackend
+
+        return RayBackend()  # an embedded Ray; Ray itself relaunches failed ranks
     if name == "kubernetes":
         from tui.suite.backends.kube import KubeBackend
 

@@ -29,6 +29,7 @@ from tui.suite.runlines import LineReader
 from tui.suite.events import Emit, RunLogLine, RunStateChanged, guarded
 from tui.suite.matrix import RunSpec
 from tui.suite.procs import ProcessTree
+from tui.suite.startup import StartupClock
 from tui.suite.store import read_json
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -179,7 +180,7 @@ class LocalBackend:
 
     def _launch(self, spec, run_dir, emit, cancel, timeout_s) -> dict[str, Any]:
         port = free_port()
-        cmd = command_for(spec, run_dir, port)
+        cmd = self.command(spec, run_dir, port)
         cmd[0] = self.launcher_path(cmd[0]) or cmd[0]  # the one availability() found
         log_path = run_dir / "log.txt"
         log_path.write_bytes(("$ " + " ".join(cmd) + "\n").encode())
@@ -192,12 +193,13 @@ class LocalBackend:
         except OSError as exc:
             return failed_record(spec, f"could not start {spec.launcher}: {exc}")
         tree = ProcessTree(proc.pid)
+        clock = StartupClock(proc.pid, spec.world_size)
         emit(RunStateChanged(spec.run_id, "running", spec.launcher))
         pump = _LogPump(proc.stdout, log_path, spec.run_id, emit)
         pump.start()
         stopped = None
         try:
-            stopped = self._wait(proc, tree, cancel, timeout_s)
+            stopped = self._wait(proc, tree, cancel, timeout_s, clock)
         finally:
             # Whatever happened (done, stopped, an exception here), nothing of this run may
             # outlive it: anything left of the tree is an orphan rank.
@@ -206,14 +208,22 @@ class LocalBackend:
             proc.wait()
         pump.join(timeout=10)  # every writer is gone by now: EOF comes at once
         emit(RunStateChanged(spec.run_id, "collecting"))
-        return self._record(spec, run_dir, proc.returncode, stopped, timeout_s, pump)
+        record = self._record(spec, run_dir, proc.returncode, stopped, timeout_s, pump)
+        if record.get("launcher_startup_s") is None:
+            record["launcher_startup_s"] = clock.seconds()
+        return record
+
+    def command(self, spec: RunSpec, run_dir: Path, port: int) -> list[str]:
+        return command_for(spec, run_dir, port)
 
     def _wait(self, proc: subprocess.Popen, tree: ProcessTree, cancel: threading.Event,
-              timeout_s: float | None) -> str | None:
+              timeout_s: float | None, clock: StartupClock | None = None) -> str | None:
         """Wait for the launcher; returns 'cancelled' or 'timeout' when it had to be stopped."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while proc.poll() is None:
             tree.refresh()  # learn every rank while its parent still lives
+            if clock is not None:
+                clock.poll(tree)
             if cancel.is_set():
                 tree.kill(self.kill_grace_s)
                 return "cancelled"

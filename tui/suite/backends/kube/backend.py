@@ -47,6 +47,7 @@ class KubeBackend:
     """Runs each RunSpec as a Helm release of chart/ on the cluster of a kubeconfig."""
 
     name = "kubernetes"
+    attempt_class: type = None  # type: ignore[assignment]  # Attempt, set below the class
 
     def __init__(self, kubeconfig: str | None = None, context: str | None = None,
                  namespace: str | None = None, chart: str | Path | None = None,
@@ -135,7 +136,7 @@ class KubeBackend:
         started = now_iso()
         release = release_name(spec.run_id)
         try:
-            record = Attempt(self, spec, release, log, emit, cancel, timeout_s).execute()
+            record = self.attempt_class(self, spec, release, log, emit, cancel, timeout_s).execute()
         except Exception as exc:  # noqa: BLE001 - a run's failure, never the matrix's
             log.line(f"[shardbench] {type(exc).__name__}: {kapi.short(exc)}")
             record = failed_record(spec, f"kubernetes backend: {type(exc).__name__}: {kapi.short(exc)}")
@@ -187,7 +188,12 @@ class RunLog:
 
 
 class Attempt:
-    """One attempt at a run: clear the old one, install, wait for the launcher, stream, collect."""
+    """One attempt at a run: clear the old one, install, wait for the launcher, stream, collect.
+    The job kind and its launcher pod are hooks (KIND, RESOURCE, values, precheck, _launcher_of):
+    kube/rayjob.py follows a KubeRay RayJob's submitter the same way."""
+
+    KIND = "MPIJob"
+    RESOURCE = kapi.MPIJOB
 
     def __init__(self, backend: KubeBackend, spec: RunSpec, release: str, log: RunLog, emit: Emit,
                  cancel: threading.Event, timeout_s: float | None):
@@ -214,14 +220,16 @@ class Attempt:
             return ended
         self.log.line(f"[shardbench] helm upgrade --install {self.release} {self.b.chart} "
                       f"(namespace {self.namespace}, shape {self.spec.shape})")
-        values = deep_merge(release_values(self.spec, self.b.values_directory), self.b.image.values())
-        values = deep_merge(values, attempt_values(values, self.b.start_timeout_s, self.b.resume_checkpoints))
+        values = self.values()
+        refused = self.precheck(values)
+        if refused:
+            return refused
         resources = self.b.helm_client().install(self.b.chart, self.release, values, self.namespace)
         self.installed_at = time.monotonic()
-        self.job_name = next((r["metadata"]["name"] for r in resources if r and r.get("kind") == "MPIJob"),
+        self.job_name = next((r["metadata"]["name"] for r in resources if r and r.get("kind") == self.KIND),
                              self.release)
         self.claim = storage.claim_name(values, self.job_name)
-        self.watch = JobWatch(self.api, self.namespace, self.job_name, self.b.poll_s)
+        self.watch = JobWatch(self.api, self.namespace, self.job_name, self.b.poll_s, self.RESOURCE)
         self.watch.start()
         try:
             record = self._follow()
@@ -229,6 +237,17 @@ class Attempt:
             self.watch.stop()
         self.b.cleanup(self.release, record, self.log)
         return record
+
+    def values(self) -> dict[str, Any]:
+        values = deep_merge(release_values(self.spec, self.b.values_directory), self.b.image.values())
+        return deep_merge(values, attempt_values(values, self.b.start_timeout_s, self.b.resume_checkpoints))
+
+    def precheck(self, values: dict[str, Any]) -> dict[str, Any] | None:
+        """A failed record when the run must not be installed (None: install it)."""
+        return None
+
+    def _launcher_of(self, pods: list[dict]) -> dict | None:
+        return next((p for p in pods if dx.role(p) == "launcher"), None)
 
     # -- a rerun never reads an old attempt ---------------------------------------------------
     def _leftovers(self) -> list[str]:
@@ -275,7 +294,7 @@ class Attempt:
                 return None, self._cancelled()
             try:
                 pods = [p for p in self._pods() if dx.name_of(p) not in done]
-                launcher = next((p for p in pods if dx.role(p) == "launcher"), None)
+                launcher = self._launcher_of(pods)
                 if dx.launcher_started(launcher):
                     return launcher, None
                 why = self._cannot_start(pods)
@@ -456,3 +475,6 @@ class Attempt:
                        f"from the launcher's start, {self.start_s:.0f} s after install, or from when every worker answered "
                        f"ssh; start timeout "
                        f"{self.b.start_timeout_s:g} s)", status="timeout")
+
+
+KubeBackend.attempt_class = Attempt

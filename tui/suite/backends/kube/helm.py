@@ -53,6 +53,15 @@ class Helm:
 
         return asyncio.run(go())
 
+    def template(self, chart: Path, release: str, values: dict[str, Any], namespace: str) -> list[dict]:
+        """`helm template`: the resources an install would make, without a cluster."""
+        async def go():
+            client = self._client()
+            loaded = await client.get_chart(chart)
+            return list(await client.template_resources(loaded, release, values, namespace=namespace))
+
+        return asyncio.run(go())
+
     def uninstall(self, release: str, namespace: str) -> None:
         """`helm uninstall` without waiting (pyhelm3 treats a release that is not there as gone)."""
         async def go():

@@ -73,8 +73,10 @@ class LogCursor:
 class JobWatch(threading.Thread):
     """Keeps `job` current from a watch on one MPIJob (re-opened whenever it drops)."""
 
-    def __init__(self, api, namespace: str, name: str, poll_s: float):
+    def __init__(self, api, namespace: str, name: str, poll_s: float, resource: tuple[str, str, str] = kapi.MPIJOB):
         super().__init__(daemon=True, name=f"watch-{name}")
+        self.resource = resource
+        """(group, version, plural) of the job watched: the MPIJob, or kube/rayjob.py's RayJob."""
         self.api, self.namespace, self.name, self.poll_s = api, namespace, name, poll_s
         self._job: dict | None = None
         self._resp = None  # the open watch response (closed by stop)
@@ -95,7 +97,7 @@ class JobWatch(threading.Thread):
         from kubernetes import client, watch
 
         custom = client.CustomObjectsApi(self.api)
-        group, version, plural = kapi.MPIJOB
+        group, version, plural = self.resource
 
         @functools.wraps(custom.list_namespaced_custom_object)  # Watch reads the return type from its doc
         def listing(*args, **kwargs):

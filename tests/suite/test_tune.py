@@ -1,0 +1,77 @@
+"""`shardbench tune` on real runs: two strategies over a small space under a memory limit. The
+configuration the planner predicts over the limit is never launched; the best is re-measured
+with repeats and reported against the default with intervals; the tuned matrix file expands."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("optuna")
+
+from trainer.config import RunConfig  # noqa: E402
+from tui.suite.cli import main  # noqa: E402
+from tui.suite.matrix import expand, load_matrix  # noqa: E402
+from tui.suite.tune import fallback_peak_bytes, search_space  # noqa: E402
+
+BASE = ["--world-sizes", "1", "--seq-lens", "32", "--steps", "5", "--warmup-steps", "2", "--micro-batch", "2",
+        "--global-batch", "4", "--precision", "fp32", "--device", "cpu", "--shape", "cpu", "--repeats", "2"]
+
+
+def test_search_space_picks_up_bucket_and_reshard_knobs_by_name():
+    names = {k.name for k in search_space("fsdp", 8)}
+    assert {"micro_batch", "activation_checkpointing", "fsdp_grad_sync"} <= names
+    assert [k.values for k in search_space("ddp", 8) if k.name == "micro_batch"] == [(1, 2, 4, 8)]
+    assert "fsdp_grad_sync" not in {k.name for k in search_space("ddp", 8)}
+    # Whatever bucket/re-shard fields RunConfig has (issue 18 adds them) are searched too.
+    from dataclasses import fields
+    named = {f.name for f in fields(RunConfig) if "bucket" in f.name or "reshard" in f.name}
+    assert named <= names
+
+
+@pytest.mark.slow
+def test_tune_two_strategies_rejects_over_the_limit_and_remeasures_the_best(tmp_path):
+    small = fallback_peak_bytes(RunConfig(strategy="ddp", seq_len=32, micro_batch=2, precision="fp32"), 1)
+    large = fallback_peak_bytes(RunConfig(strategy="ddp", seq_len=32, micro_batch=4, precision="fp32"), 1)
+    limit_gib = (small + large) / 2 / 2**30  # micro-batch 4 is predicted over it, 2 is not
+    out = tmp_path / "tune"
+    code = main(["tune", *BASE, "--strategies", "ddp,fsdp", "--trials", "4", "--out", str(out),
+                 "--space", "micro_batch=[2,4]", "--space", "activation_checkpointing=[false]",
+                 "--space", "fsdp_grad_sync=[every_micro_step]", "--memory-limit-gib", str(limit_gib)])
+    assert code == 0
+    studies = {s["strategy"]: s for s in json.loads((out / "tune.json").read_text())}
+    for strategy in ("ddp", "fsdp"):
+        trials = studies[strategy]["trials"]
+        rejected = [t for t in trials if t.get("rejected")]
+        assert [t["params"]["micro_batch"] for t in rejected] == [4]
+        assert not (out / "trials" / rejected[0]["run_id"]).exists()  # never launched
+        assert studies[strategy]["best"]["micro_batch"] == 2
+        matrix = load_matrix(out / f"tuned-{strategy}.yaml")
+        specs, errors = expand(matrix)
+        assert not errors and specs[0].micro_batch == 2 and specs[0].global_batch == 4
+        # Re-measured: the repeats of the best configuration are in remeasure/, all ok.
+        again = [json.loads(p.read_text()) for p in (out / "remeasure").glob(f"{strategy}-*/result.json")]
+        assert len(again) == 2 and all(r["status"] == "ok" for r in again)
+    tuning = (out / "TUNING.md").read_text()
+    assert "| ddp |" in tuning and "| fsdp |" in tuning and "(n=2)" in tuning
+    report = (out / "report" / "BENCHMARK_REPORT.md").read_text()
+    assert "## Tuned vs default" in report and "## Launcher start-up" in report
+    assert report.count("(n=2)") >= 4  # default and tuned tokens/s of both strategies, with intervals
+
+
+def test_launcher_startup_and_tuned_sections_from_records(tmp_path):
+    from tui.suite.tune_report import markdown
+
+    def rec(launcher, s, cid, tps):
+        return {"status": "ok", "launcher": launcher, "launcher_startup_s": s, "tokens_per_s": tps,
+                "run_id": f"ddp-w2-s32-mb4-ga1-{cid}-r0"}
+
+    records = [rec("torchrun", 1.0, "aaaaaaaa", 100.0), rec("torchrun", 1.2, "aaaaaaaa", 110.0),
+               rec("ray", 6.0, "bbbbbbbb", 120.0), rec("ray", 7.0, "bbbbbbbb", 130.0)]
+    assert "## Tuned vs default" not in markdown(records, tmp_path)
+    (tmp_path / "tuning.json").write_text(json.dumps({"ddp": {
+        "default": {"config_id": "aaaaaaaa", "params": {"micro_batch": 4}},
+        "tuned": {"config_id": "bbbbbbbb", "params": {"micro_batch": 2}}}}))
+    text = markdown(records, tmp_path)
+    assert "| ray | 6.50 [" in text and "| torchrun | 1.10 [" in text
+    assert "| ddp | micro_batch=4 | 105 [" in text and "| 1.190 [" in text
