@@ -54,6 +54,7 @@ class Trainer:
         self._h2d_events = None  # (start, end, bytes) of the current step's copies (GPU only)
         self.time_to_first_step: float | None = None
         self.state = None  # this rank's peak model state (the untimed memory step)
+        self.tensor_peak: int | None = None  # this rank's live-tensor peak in that step
         self.setup_peak: int | None = None
         self.affinity: list[int] = []
         self.comm_per_step: dict = {}
@@ -271,15 +272,22 @@ class Trainer:
     def _memory_step(self, host_batches):
         """One extra, untimed step that samples the model state after every micro-step's
         backward and after the optimizer step; returns the largest sample."""
+        from trainer.plan.live import LiveTensors  # the planner's instrument (tensor peak)
+
         samples = []
         batches = self._to_device(host_batches)
-        for micro, (x, y) in enumerate(batches):
-            last = micro == len(batches) - 1
-            self.strategy.forward_backward(x, y, last)
-            samples.append((f"micro-step {micro} backward", self.strategy.model_state()))
-            self.strategy.step(last)
+        tracker = LiveTensors()
+        tracker.track_all_reachable()  # what exists already: parameters, optimizer state, buffers
+        tracker.tag = "step"
+        with tracker:
+            for micro, (x, y) in enumerate(batches):
+                last = micro == len(batches) - 1
+                self.strategy.forward_backward(x, y, last)
+                samples.append((f"micro-step {micro} backward", self.strategy.model_state()))
+                self.strategy.step(last)
         samples.append(("optimizer step", self.strategy.model_state()))
         self._sync()
+        self.tensor_peak = tracker.peak
         return peak_model_state(samples)
 
     def _count_h2d(self) -> None:
@@ -332,9 +340,12 @@ class Trainer:
         r.nccl_env, r.nccl_env_disagreement = env_info.nccl_env_across_ranks(self._gather)
         self.fill_timings(r)
         mine = (rank_memory(self.dist.rank, self.device, self.setup_peak), self.state, self.affinity)
+        mine[0].tensor_peak_bytes = self.tensor_peak
         everyone = self._gather(mine)
         r.memory = [m for m, _, _ in everyone]
         r.cpu_affinity = [a for _, _, a in everyone]
+        peaks = [m.tensor_peak_bytes for m in r.memory if m.tensor_peak_bytes is not None]
+        r.tensor_peak_bytes = max(peaks) if peaks else None
         states = [s for _, s, _ in everyone if s is not None]
         if states:
             r.model_state = states
