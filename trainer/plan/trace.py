@@ -36,6 +36,10 @@ class Trace:
     """Most live tensor bytes during the measured step."""
     peak_fwd_bwd_bytes: int = 0
     """The same, over the micro-steps only (forward + backward)."""
+    before_opt_bytes: int = 0
+    """Live bytes after the last backward, when the optimizer step starts."""
+    peak_opt_bytes: int = 0
+    """Most live bytes during clip + optimizer step + zero_grad."""
     state_before_bytes: int = 0
     """Live bytes when the measured step starts (parameters, optimizer state, buffers)."""
     params_bytes: int = 0
@@ -90,6 +94,14 @@ class _Step:
         elif engine == "zero" and self.amp is not None:
             model = model.to(self.amp)  # DeepSpeed's engine casts the model; no autocast
         self.model = model
+        self.buckets = []
+        if engine == "ddp":
+            # gradient_as_bucket_view: DDP's buckets persist and become the gradients at the
+            # synchronising micro-step; no_sync micro-steps accumulate into separate gradients.
+            self.buckets = [torch.zeros_like(p) for p in model.parameters()]
+            if inp.grad_accum == 1:
+                for p, b in zip(model.parameters(), self.buckets):
+                    p.grad = b
         fused = inp.device == "cuda"
         self.opt = torch.optim.AdamW(param_groups(model, inp.weight_decay), lr=1e-4, betas=(0.9, 0.95),
                                      eps=1e-8, fused=fused, foreach=None if fused else True)
@@ -113,7 +125,7 @@ class _Step:
         fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
 
     def autocast(self):
-        if self.amp is None or self.engine != "plain":
+        if self.amp is None or self.engine not in ("plain", "ddp"):
             return contextlib.nullcontext()
         return torch.autocast(device_type="cpu", dtype=self.amp)
 
@@ -134,20 +146,28 @@ class _Step:
             with self.autocast():
                 _, loss = self.model(self.x, self.y)
             (loss / accum).backward()
+            if self.buckets and accum > 1 and micro == accum - 1:
+                for p, b in zip(self.model.parameters(), self.buckets):
+                    b.copy_(p.grad)
+                    p.grad = b
             if trace is not None:
                 self.sample(trace)
         if tracker is not None and trace is not None:
             trace.peak_fwd_bwd_bytes = tracker.peak
+            trace.before_opt_bytes = tracker.live
+            tracker.peak = tracker.live
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
         self.opt.step()
         if trace is not None:
             self.sample(trace)
-        self.opt.zero_grad(set_to_none=True)
+        self.opt.zero_grad(set_to_none=not (self.buckets and self.inp.grad_accum == 1))
 
 
 def engine_for(inp: PlanInput) -> str:
     if inp.strategy == "fsdp" and inp.world_size > 1:
         return "fsdp"
+    if inp.strategy == "ddp" and inp.world_size > 1:
+        return "ddp"
     return "zero" if inp.strategy.startswith("zero") else "plain"
 
 
@@ -180,7 +200,8 @@ def trace_step(inp: PlanInput) -> Trace:
                 step.run(trace, tracker)
         finally:
             COUNTER.active = False
-        trace.peak_bytes = tracker.peak
+        trace.peak_opt_bytes = tracker.peak
+        trace.peak_bytes = max(trace.peak_fwd_bwd_bytes, trace.peak_opt_bytes)
         trace.comm = COUNTER.per_step(1)
         COUNTER.reset()
         del step
