@@ -86,6 +86,19 @@ def zero3_gathered(inp: PlanInput) -> int:
     return (2 if _half(inp) else 4) * min(gathered, live)
 
 
+def fsdp_gathered(inp: PlanInput) -> int:
+    """FSDP2 beyond tracing: the root (kept unsharded after forward) and two blocks (the one
+    computing and the one prefetched) gathered in the compute dtype, plus one block's unsharded
+    gradients in the reduce dtype before its reduce-scatter."""
+    if inp.strategy != "fsdp" or inp.world_size == 1:
+        return 0
+    params = Params.of(inp.model_config())
+    root = sum(Params.numel(s) for _, s in params.root())
+    block = sum(Params.numel(s) for _, s in params.block(0))
+    gb = 2 if _half(inp) else 4
+    return gb * (root + 2 * block) + reduce_bytes(inp) * block
+
+
 def ddp_bucket_count(params: Params, elem_bytes: int = 4) -> int:
     """DDP's buckets: parameters in reverse order, the first bucket capped at 1 MiB, the others
     at 25 MiB (torch's _compute_bucket_assignment_by_size, which a bucket closes once full)."""

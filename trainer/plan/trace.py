@@ -88,11 +88,17 @@ class _Step:
 
         self.inp, self.engine = inp, engine
         self.amp = _DTYPES.get(inp.precision)
-        model = TinyGPT(inp.model_config(), activation_checkpointing=inp.activation_checkpointing)
+        # DeepSpeed's engine casts the model to bf16/fp16 (no autocast): build it in that dtype
+        # (fake parameters cannot be swapped by .to()).
+        cast = engine == "zero" and self.amp is not None
+        default = torch.get_default_dtype()
+        torch.set_default_dtype(self.amp if cast else default)
+        try:
+            model = TinyGPT(inp.model_config(), activation_checkpointing=inp.activation_checkpointing)
+        finally:
+            torch.set_default_dtype(default)
         if engine == "fsdp":
             self._shard(model)
-        elif engine == "zero" and self.amp is not None:
-            model = model.to(self.amp)  # DeepSpeed's engine casts the model; no autocast
         self.model = model
         self.buckets = []
         if engine == "ddp":
@@ -137,6 +143,14 @@ class _Step:
                              if isinstance(v, torch.Tensor) and v.dim() > 0])
         if p + g + o > trace.params_bytes + trace.grads_bytes + trace.optimizer_bytes:
             trace.params_bytes, trace.grads_bytes, trace.optimizer_bytes = p, g, o
+
+    def warm_up(self) -> None:
+        """AdamW's state, made as its first step makes it (no forward needed)."""
+        for p in self.model.parameters():
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=not (self.buckets and self.inp.grad_accum == 1))
 
     def run(self, trace: Trace | None = None, tracker: LiveTensors | None = None) -> None:
         accum = self.inp.grad_accum
@@ -187,7 +201,7 @@ def trace_step(inp: PlanInput) -> Trace:
     gc.collect()
     with fake_world(world), FakeTensorMode() as mode:
         step = _Step(inp, engine, mode)
-        step.run()  # creates AdamW's state
+        step.warm_up()
         gc.collect()
         tracker = LiveTensors()
         tracker.track(o for o in gc.get_objects() if isinstance(o, FakeTensor) and o.fake_mode is mode)
