@@ -94,6 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
     col.add_argument("log", type=Path)
     col.add_argument("-o", "--output", type=Path, default=None, help="write the record here (default: stdout)")
     col.add_argument("--run-id", default=None, help="prefer the record of this run id")
+    from tui.suite.plan_cmd import add_parser as add_plan_parser  # torch-free until a plan is made
+
+    add_plan_parser(sub)
     return p
 
 
@@ -373,6 +376,10 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `shardbench run --dry-run | head` ends quietly
     args = build_parser().parse_args(argv)
     started = time.monotonic()
+    if args.command == "plan":
+        from tui.suite.plan_cmd import cmd_plan
+
+        return cmd_plan(args)
     handler = {"run": cmd_run, "report": cmd_report, "collect": cmd_collect}[args.command]
     code = handler(args)
     if args.command == "run" and not getattr(args, "dry_run", False) and code in (0, 1):
