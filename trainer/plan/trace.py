@@ -138,7 +138,7 @@ class _Step:
     def sample(self, trace: Trace) -> None:
         params = list(self.model.parameters())
         p = _storages_bytes(params)
-        g = _storages_bytes([x.grad for x in params])
+        g = _storages_bytes([x.grad for x in params] + self._held_grads())
         o = _storages_bytes([v for s in self.opt.state.values() for v in s.values()
                              if isinstance(v, torch.Tensor) and v.dim() > 0])
         if p + g + o > trace.params_bytes + trace.grads_bytes + trace.optimizer_bytes:
@@ -151,6 +151,20 @@ class _Step:
                 p.grad = torch.zeros_like(p)
         self.opt.step()
         self.opt.zero_grad(set_to_none=not (self.buckets and self.inp.grad_accum == 1))
+
+    def _held_grads(self) -> list:
+        """FSDP's unsharded gradients kept between micro-steps (as FSDPStrategy.held_grads)."""
+        if self.engine != "fsdp":
+            return []
+        from torch.distributed.fsdp import FSDPModule
+
+        out = []
+        for module in self.model.modules():
+            group = module._get_fsdp_state()._fsdp_param_group if isinstance(module, FSDPModule) else None
+            for fsdp_param in group.fsdp_params if group else []:
+                unsharded = fsdp_param.__dict__.get("_unsharded_param")
+                out += [getattr(unsharded, "grad", None), fsdp_param.unsharded_accumulated_grad]
+        return [t for t in out if t is not None]
 
     def run(self, trace: Trace | None = None, tracker: LiveTensors | None = None) -> None:
         accum = self.inp.grad_accum
