@@ -30,7 +30,7 @@ def _plain_key(inp: PlanInput) -> PlanInput:
     """The plain model's trace serves every world size (activations are per rank). FSDP
     reduce-scatters every micro-step: its gradients between micro-steps are in its state, so its
     activations are those of one micro-step."""
-    accum = 1 if inp.strategy == "fsdp" else inp.grad_accum
+    accum = 1 if inp.strategy == "fsdp" and inp.world_size > 1 else inp.grad_accum
     return replace(inp, world_size=1, grad_accum=accum, strategy="zero1" if inp.strategy.startswith("zero") else "ddp")
 
 
