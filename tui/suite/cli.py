@@ -86,6 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--save-matrix", type=Path, help="write the effective matrix YAML here")
     run.add_argument("--report", type=Path, help="also write the report into this directory")
     run.add_argument("--quiet", action="store_true", help="no live progress, one line per run")
+    run.add_argument("--no-plan", action="store_true",
+                     help="do not predict each run's memory, collectives and step time before launch (shardbench plan)")
+    run.add_argument("--strict", action="store_true",
+                     help="refuse the matrix when a run is predicted over its device's memory (default: warn)")
     rep = sub.add_parser("report", help="results dir -> metrics.csv, plots/, BENCHMARK_REPORT.md")
     rep.add_argument("results", type=Path, help="a results dir, or a dir holding several (each gets a report)")
     rep.add_argument("--out", type=Path, default=None,
@@ -150,12 +154,25 @@ def cmd_run(args: argparse.Namespace) -> int:
     from tui.suite.runner import Runner
     from tui.suite.store import ResultsDirError
 
+    predictions = {}
+    if not args.no_plan:
+        from tui.suite.planning import over_memory, predict_specs
+
+        predictions, why = predict_specs(specs)
+        if why:
+            print(f"shardbench: {why}", file=sys.stderr)
+        over = over_memory(specs, predictions)
+        for line in over:
+            print(f"shardbench: {'refused' if args.strict else 'warning'}: {line}", file=sys.stderr)
+        if over and args.strict:
+            return fail(f"{len(over)} run(s) predicted not to fit (drop --strict to run them anyway)")
+
     backend = get_backend(matrix.backend, cluster_options(args))
     ok, why = backend.availability()
     if not ok:
         return fail(f"backend {matrix.backend} unavailable: {why}")
     view = _QuietView() if args.quiet else _RichView(len(specs))
-    runner = Runner(specs, backend, matrix.results, view.emit, args.force, args.order_seed)
+    runner = Runner(specs, backend, matrix.results, view.emit, args.force, args.order_seed, predictions)
     try:
         runner.open()  # refuse at once, before any progress display, when the dir is unusable or taken
     except ResultsDirError as exc:

@@ -285,5 +285,8 @@ def report_from_records(records: list[dict], out_dir: Path, results_dir: Path) -
     plot_files, skipped = plots.write_plots(an, out_dir / "plots")
     md = out_dir / "BENCHMARK_REPORT.md"
     fault_section = faults_report.markdown(records)  # tui/suite/faults_report.py; '' without checkpoints
-    md.write_text(build_markdown(an, results_dir, plot_files, skipped, out_dir) + ("\n" + fault_section if fault_section else ""))
+    from tui.suite import plan_report  # predicted vs measured (trainer/plan)
+
+    md.write_text(build_markdown(an, results_dir, plot_files, skipped, out_dir) + ("\n" + fault_section if fault_section else "")
+                  + "\n" + plan_report.markdown(records) + "\n")
     return Report(md, csv, summary_csv, plot_files, skipped, len(an.runs), len(an.not_ok))
