@@ -85,5 +85,6 @@ def predict(inp: PlanInput, device_memory_bytes: int | None = None, links: dict 
             "DeepSpeed: trainer/ds_configs buckets and persistence threshold (closed forms, 0.19)",
         ],
     }
+    out["links"] = links or {}
     out["step_time"] = timing.step_time(inp, comm, links or {}, calibration)
     return out
