@@ -62,3 +62,19 @@ def over_memory(specs, predictions: dict[str, dict]) -> list[str]:
             lines.append(f"{s.run_id}: predicted peak {p['peak_bytes'] / 2 ** 30:.1f} GiB per rank > "
                          f"{p['device_memory_bytes'] / 2 ** 30:.0f} GiB on {s.shape} (shardbench plan shows why)")
     return lines
+
+
+def plan_lines(specs, predictions: dict[str, dict]) -> list[str]:
+    """One line per run for benchtui's plan panel: peak per rank, fit, step time."""
+    lines = []
+    for s in specs:
+        p = predictions.get(s.run_id)
+        if not p:
+            lines.append(f"{s.strategy} w{s.world_size}: no prediction")
+            continue
+        fits = {True: "fits", False: "DOES NOT FIT", None: "fit unknown"}[p.get("fits")]
+        step = (p.get("step_time") or {}).get("seconds")
+        lines.append(f"{s.strategy} w{s.world_size} s{s.seq_len} mb{s.micro_batch} ga{s.grad_accum}: "
+                     f"peak {p['peak_bytes'] / 2 ** 20:,.0f} MiB/rank, {fits}"
+                     + (f", step {step:.3g} s" if step else ""))
+    return lines
