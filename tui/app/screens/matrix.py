@@ -88,7 +88,9 @@ class MatrixScreen(Screen):
                 yield Static(id="run-count")
                 yield Static(id="backend-note")
                 yield Static(id="problems")
-                yield Static(id="plan")  # ctrl+l: the planner's prediction per run (tui/suite/planning.py)
+                plan = Static(id="plan")  # ctrl+l: the planner's prediction per run (tui/suite/planning.py)
+                plan.display = False  # shown once asked for
+                yield plan
         yield Footer()
 
     def _selects(self) -> ComposeResult:
@@ -190,6 +192,7 @@ class MatrixScreen(Screen):
         planner runs in a subprocess: no torch in benchtui)."""
         specs = [s for s in self.specs if s.repeat == 0]
         panel = self.query_one("#plan", Static)
+        panel.display = True
         if not specs:
             panel.update("plan: no valid run to plan")
             return
