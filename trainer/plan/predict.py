@@ -30,8 +30,16 @@ def _plain_key(inp: PlanInput) -> PlanInput:
     """The plain model's trace serves every world size (activations are per rank). FSDP
     reduce-scatters every micro-step: its gradients between micro-steps are in its state, so its
     activations are those of one micro-step."""
-    accum = 1 if inp.strategy == "fsdp" and inp.world_size > 1 else inp.grad_accum
-    return replace(inp, world_size=1, grad_accum=accum, strategy="zero1" if inp.strategy.startswith("zero") else "ddp")
+    if inp.strategy == "fsdp" and inp.world_size > 1:  # DDP's trace at any N > 1 holds the same activations
+        return replace(inp, world_size=2, grad_accum=1, strategy="ddp", fsdp_grad_sync="every_micro_step")
+    return replace(inp, world_size=1, strategy="zero1" if inp.strategy.startswith("zero") else "ddp")
+
+
+def _trace_key(inp: PlanInput) -> PlanInput:
+    """DDP's trace does not depend on the world size beyond 1 (replicated): one trace serves all."""
+    if inp.strategy == "ddp" and inp.world_size > 1:
+        return replace(inp, world_size=2, fsdp_grad_sync="every_micro_step")
+    return inp
 
 
 def memory(inp: PlanInput, trace_fsdp: bool = True) -> tuple[dict[str, int], int, str, dict | None]:
@@ -40,7 +48,7 @@ def memory(inp: PlanInput, trace_fsdp: bool = True) -> tuple[dict[str, int], int
     cats = {**state, "buckets": formulas.buckets(inp), "gathered_params": 0, "activations": 0}
     s, N = inp.strategy, inp.world_size
     if s in ("ddp", "fsdp") and (N == 1 or s == "ddp" or trace_fsdp):
-        t = _trace(inp if (s == "fsdp" and N > 1) or (s == "ddp" and N > 1) else _plain_key(inp))
+        t = _trace(_trace_key(inp) if N > 1 else _plain_key(inp))
         cats.update(params=t.params_bytes, grads=t.grads_bytes, optimizer=t.optimizer_bytes)
         total = t.peak_bytes
         method = f"traced ({t.engine}, {t.world_size} fake ranks)"

@@ -71,6 +71,8 @@ class MatrixScreen(Screen):
         self.specs: list = []
         self.problems: list[str] = []
         self._validate_pending = False
+        self.predictions: dict[str, dict] = {}
+        """The plan panel's predictions by run id (ctrl+l), put into the records of the runs."""
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -203,6 +205,7 @@ class MatrixScreen(Screen):
         from tui.suite.planning import plan_lines, predict_specs
 
         predictions, why = predict_specs(specs)
+        self.predictions = predictions  # the runs started next carry them (app.run_specs)
         text = "\n".join(["[b]plan[/b] (shardbench plan; docs/planner.md)", *plan_lines(specs, predictions)])
         self.app.call_from_thread(self.query_one("#plan", Static).update, why or text)
 
