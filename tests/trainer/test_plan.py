@@ -134,3 +134,18 @@ def test_1024_rank_plan_of_gpt2_1_3b():
     assert preds["zero3"]["model_state_bytes"] == pytest.approx(16 * P / 1024, rel=0.01)
     assert all(p["fits"] is True and p["step_time"]["seconds"] > 0 for p in preds.values())
     assert preds["ddp"]["peak_bytes"] > preds["zero3"]["peak_bytes"]
+
+
+@pytest.mark.slow
+def test_extrapolation_covers_every_gpu_shape_at_8_to_1024_gpus():
+    from tui.suite.matrix import values_dir
+    from tui.suite.plan_cmd import EXTRAPOLATE_WORLDS, extrapolation
+
+    text = "\n".join(extrapolation(["zero3"]))
+    gpu_shapes = [p.stem for p in values_dir().glob("*.yaml") if p.stem != "cpu"]
+    assert gpu_shapes
+    for shape in gpu_shapes:
+        section = text.split(f"## {shape}:", 1)[1].split("\n## ", 1)[0]
+        rows = [line for line in section.splitlines() if line.startswith("zero3 | ")]
+        assert [int(r.split(" | ")[1]) for r in rows] == list(EXTRAPOLATE_WORLDS), shape
+        assert "Assumptions:" in section and "links: intra-node" in section and "allocator overhead" in section

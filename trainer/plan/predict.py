@@ -51,7 +51,9 @@ def memory(inp: PlanInput, trace_fsdp: bool = True) -> tuple[dict[str, int], int
         t = _trace(_trace_key(inp) if N > 1 else _plain_key(inp))
         cats.update(params=t.params_bytes, grads=t.grads_bytes, optimizer=t.optimizer_bytes)
         total = t.peak_bytes
-        method = f"traced ({t.engine}, {t.world_size} fake ranks)"
+        method = (f"traced (FSDP2 on {t.world_size} fake ranks)" if t.engine == "fsdp" else
+                  "traced (the plain model; DDP's buckets as persistent gradients)" if t.engine == "ddp" else
+                  "traced (the plain model on 1 rank)")
         comm = t.comm if s == "fsdp" and N > 1 else None
     else:
         t = _trace(_plain_key(inp))
