@@ -8,7 +8,8 @@ buffer over each rank's link, an all-gather or reduce-scatter (N-1)/N of the ful
 call costs alpha x log2(N) of latency (tree-like start-up). The link is the intra-node one
 (NVLink) while the ranks fit one node, else the inter-node bandwidth per GPU.
 Overlap (stated per strategy in OVERLAP): the part of communication that can hide behind
-backward (2/3 of compute) does, the rest is exposed.
+backward (2/3 of compute) does, the rest is exposed; on CPU nothing overlaps (gloo's
+collectives run on the cores that compute).
 """
 from __future__ import annotations
 
@@ -66,6 +67,8 @@ def step_time(inp: PlanInput, comm: dict, links: dict, calibration: dict | None)
     bw, alpha, which = link(links, inp.world_size)
     overlappable, exposed_ops = 0.0, 0.0
     ops, why = OVERLAP.get(inp.strategy, (set(), ""))
+    if inp.device == "cpu":  # gloo's collectives run on the cores that compute: nothing hides
+        ops, why = set(), "none on CPU: gloo's collectives use the cores that compute"
     for op, v in (comm or {}).items():
         t = collective_seconds(op, v["calls"], v["bytes"], inp.world_size, bw, alpha)
         if op in ops:
