@@ -82,3 +82,32 @@ def test_strict_refuses_a_matrix_with_a_run_predicted_over_memory(tmp_path, caps
     assert code == 2, err
     assert "predicted peak" in err and "> 24 GiB on a10" in err and "refused" in err
     assert not (tmp_path / "r").exists() or not any((tmp_path / "r").iterdir())
+
+
+@pytest.mark.slow
+def test_preflight_busbw_replaces_the_assumed_link_bandwidth(tmp_path, capsys):
+    """The chart's pre-flight (chart/files/preflight.py) run for real on 2 gloo ranks; its
+    measured busbw becomes the link the step-time model uses, and the plan says so."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.trainer.conftest import cpu_env
+    from tui.suite.cli import main
+
+    repo = Path(__file__).resolve().parents[2]
+    torchrun = Path(sys.executable).parent / "torchrun"
+    proc = subprocess.run([str(torchrun), "--standalone", "--nproc-per-node", "2", str(repo / "chart/files/preflight.py"),
+                           "--sizes-mib", "0.25", "1", "--iters", "3", "--warmup-iters", "1", "--device", "cpu"],
+                          capture_output=True, text=True, timeout=300, env=cpu_env(), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    log = tmp_path / "preflight.log"
+    log.write_text(proc.stdout)
+    busbw = float(proc.stdout.strip().splitlines()[-2].split()[-1])  # the largest size's row
+    assert main(["plan", "--shape", "cpu", "--strategy", "ddp", "--world-size", "2", "--preflight-log", str(log),
+                 "--json"]) == 0
+    step = json.loads(capsys.readouterr().out)[0]["step_time"]
+    assert step["link_GBps"] == pytest.approx(busbw)
+    (tmp_path / "empty.log").write_text("no table here\n")
+    assert main(["plan", "--preflight-log", str(tmp_path / "empty.log")]) == 2
+    assert "no pre-flight table" in capsys.readouterr().err

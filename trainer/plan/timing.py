@@ -54,29 +54,27 @@ def link(links: dict, world: int) -> tuple[float, float, str]:
 
 def step_time(inp: PlanInput, comm: dict, links: dict, calibration: dict | None) -> dict:
     cfg, T = inp.model_config(), inp.effective_seq_len()
-    tokens = inp.micro_batch * inp.grad_accum * T
-    flops = flops_per_token(cfg, T) * tokens
-    if calibration and calibration.get("achieved_flops"):
-        rate, source = float(calibration["achieved_flops"]), calibration.get("source", "calibrated")
-    elif links.get("peak_tflops"):
-        rate = float(links["peak_tflops"]) * 1e12 * DEFAULT_EFFICIENCY
-        source = f"peak {links['peak_tflops']} TFLOP/s x assumed efficiency {DEFAULT_EFFICIENCY}"
-    else:
-        return {"seconds": None, "why": "no calibration run and no peak FLOP/s for this device"}
-    compute = flops / rate
     bw, alpha, which = link(links, inp.world_size)
-    overlappable, exposed_ops = 0.0, 0.0
     ops, why = OVERLAP.get(inp.strategy, (set(), ""))
     if inp.device == "cpu":  # gloo's collectives run on the cores that compute: nothing hides
         ops, why = set(), "none on CPU: gloo's collectives use the cores that compute"
+    overlappable, exposed_ops = 0.0, 0.0
     for op, v in (comm or {}).items():
         t = collective_seconds(op, v["calls"], v["bytes"], inp.world_size, bw, alpha)
         if op in ops:
             overlappable += t
         else:
             exposed_ops += t
-    comm_total = overlappable + exposed_ops
+    out = {"seconds": None, "comm_s": overlappable + exposed_ops, "link": which, "link_GBps": bw / 1e9,
+           "alpha_us": alpha * 1e6, "overlap": why}
+    if calibration and calibration.get("achieved_flops"):
+        rate, source = float(calibration["achieved_flops"]), calibration.get("source", "calibrated")
+    elif links.get("peak_tflops"):
+        rate = float(links["peak_tflops"]) * 1e12 * DEFAULT_EFFICIENCY
+        source = f"peak {links['peak_tflops']} TFLOP/s x assumed efficiency {DEFAULT_EFFICIENCY}"
+    else:
+        return {**out, "why": "no calibration run and no peak FLOP/s for this device"}
+    compute = flops_per_token(cfg, T) * inp.micro_batch * inp.grad_accum * T / rate
     exposed = exposed_ops + max(0.0, overlappable - (2 / 3) * compute)
-    return {"seconds": compute + exposed, "compute_s": compute, "comm_s": comm_total, "exposed_comm_s": exposed,
-            "compute_rate_flops": rate, "compute_source": source, "link": which,
-            "link_GBps": bw / 1e9, "alpha_us": alpha * 1e6, "overlap": why}
+    return {**out, "seconds": compute + exposed, "compute_s": compute, "exposed_comm_s": exposed,
+            "compute_rate_flops": rate, "compute_source": source}

@@ -35,6 +35,9 @@ def add_parser(sub) -> None:
     p.add_argument("--extrapolate", action="store_true",
                    help="the table for every values file's shape at 8, 64, 256, 1024 GPUs")
     p.add_argument("--json", action="store_true", help="print the predictions as JSON")
+    p.add_argument("--preflight-log", type=Path, default=None,
+                   help="the pre-flight's launcher log (helm install ... --set mode=preflight): its measured "
+                        "busbw at the largest size replaces the shape's assumed link bandwidth")
 
 
 def _values(shape: str) -> dict:
@@ -54,9 +57,27 @@ def shape_context(shape: str | None) -> tuple[dict, int | None, dict]:
     s, links = v.get("shape") or {}, v.get("links") or {}
     mem = int(float(s["gpuMemoryGiB"]) * GiB) if s.get("gpuMemoryGiB") else None
     return (v.get("run") or {}), mem, {
-        "gpus_per_node": s.get("gpusPerNode") or 1, "peak_tflops": s.get("peakTflopsBf16"),
+        "gpus_per_node": s.get("gpusPerNode") or v.get("gpusPerWorker") or 1, "peak_tflops": s.get("peakTflopsBf16"),
         "intra_node_GBps": links.get("intraNodeGBps"), "inter_node_GBps": links.get("interNodeGBps"),
         "alpha_us": links.get("alphaUs")}
+
+
+def preflight_links(text: str, links: dict) -> dict:
+    """The shape's links with the pre-flight's measured busbw (largest message) in place of the
+    assumed bandwidth: across nodes the per-GPU share of the inter-node link, else intra-node.
+    ValueError when the log has no pre-flight table (chart/files/preflight.py prints it)."""
+    import re
+
+    head = re.search(r"preflight: all-reduce over (\d+) ranks on (\d+) node", text)
+    rows = re.findall(r"^\s*(\d+)\s+[\d.]+\s+[\d.]+\s+([\d.]+)\s*$", text, flags=re.M)
+    if not head or not rows:
+        raise ValueError("no pre-flight table in the log (expected chart/files/preflight.py's output)")
+    busbw = float(max(rows, key=lambda r: int(r[0]))[1])
+    nodes = int(head.group(2))
+    if nodes > 1:
+        return {**links, "inter_node_GBps": busbw * (links.get("gpus_per_node") or 1),
+                "busbw_source": f"pre-flight: {busbw:g} GB/s busbw per GPU across {nodes} nodes"}
+    return {**links, "intra_node_GBps": busbw, "busbw_source": f"pre-flight: {busbw:g} GB/s busbw within a node"}
 
 
 def calibration(results: Path | None, device: str) -> dict | None:
@@ -130,6 +151,8 @@ def assumptions(preds: list[dict], links: dict) -> list[str]:
                    if p["step_time"].get("overlap")})
     out += sorted({f"compute: {p['step_time'].get('compute_source') or p['step_time'].get('why')}" for p in preds})
     out += sorted({f"method ({p['input']['strategy']} N={p['input']['world_size']}): {p['method']}" for p in preds})[:6]
+    if links.get("busbw_source"):
+        out.append(f"links measured: {links['busbw_source']}")
     if links:
         out.append(f"links: intra-node {links.get('intra_node_GBps')} GB/s, inter-node {links.get('inter_node_GBps')} "
                    f"GB/s per node / {links.get('gpus_per_node')} GPUs, alpha {links.get('alpha_us')} us")
@@ -164,6 +187,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     try:
         run, mem, links = shape_context(args.shape)
         inputs = _inputs(args, run)
+        if args.preflight_log is not None:
+            links = preflight_links(args.preflight_log.read_text(errors="replace"), links)
+    except OSError as exc:
+        print(f"shardbench plan: cannot read {args.preflight_log}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     except ValueError as exc:
         print(f"shardbench plan: {exc}", file=sys.stderr)
         return 2
