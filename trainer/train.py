@@ -276,7 +276,7 @@ class Trainer:
 
         samples = []
         batches = self._to_device(host_batches)
-        tracker = LiveTensors()
+        tracker = LiveTensors(self.device.type)
         tracker.track_all_reachable()  # what exists already: parameters, optimizer state, buffers
         tracker.tag = "step"
         with tracker:

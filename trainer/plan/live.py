@@ -33,8 +33,10 @@ def _storage(t: torch.Tensor):
 class LiveTensors(TorchDispatchMode):
     """Bytes of live storages by tag; `peak` and `peak_by_tag` where the total was largest."""
 
-    def __init__(self) -> None:
+    def __init__(self, device: str | None = None) -> None:
         super().__init__()
+        self.device = device
+        """Count only tensors on this device type (cuda: the GPU's memory, not pinned host batches)."""
         self.live = 0
         self.peak = 0
         self.by_tag: dict[str, int] = {}
@@ -52,6 +54,8 @@ class LiveTensors(TorchDispatchMode):
             self.peak_by_tag = {k: v for k, v in self.by_tag.items() if v}
 
     def _add(self, t: torch.Tensor, tag: str) -> None:
+        if self.device is not None and t.device.type != self.device:
+            return
         st = _storage(t)
         if st is None or st in self._sizes:
             return
