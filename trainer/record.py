@@ -54,6 +54,9 @@ class RankMemory:
     """GPU out-of-memory errors the allocator raised."""
     rss_peak_bytes: int | None = None
     """Peak resident set size of the process: a footprint, never a comparison."""
+    tensor_peak_bytes: int | None = None
+    """Most bytes of tensors alive at once during the untimed memory step (trainer/plan/live.py:
+    every storage from the op that made it until it is freed; what existed before included)."""
 
 
 @dataclass
@@ -262,6 +265,12 @@ class ResultRecord:
     nccl_env_disagreement: list[str] = field(default_factory=list)
     """One line per NCCL_* variable whose value differs between ranks (gathered from every rank
     at the end of an ok run); empty when they all agree."""
+    tensor_peak_bytes: int | None = None
+    """Max over ranks of memory[].tensor_peak_bytes: the live-tensor peak of one training step
+    (activations included), what the planner's predicted total peak is checked against."""
+    prediction: dict[str, Any] | None = None
+    """The planner's prediction for this run (trainer/plan), set by the suite before launch:
+    memory per category, total tensor peak, comm per op, step time, fits, with its assumptions."""
     hostname: str = ""
     started_at: str = ""
     """ISO 8601 UTC."""

@@ -67,6 +67,8 @@ def finish_record(r: ResultRecord, losses: list[float], d: DistEnv, device: torc
     everyone = gather(mine, d.world_size)
     r.memory = [m for m, _, _ in everyone]
     r.cpu_affinity = [a for _, _, a in everyone]
+    peaks = [m.tensor_peak_bytes for m in r.memory if m.tensor_peak_bytes is not None]
+    r.tensor_peak_bytes = max(peaks) if peaks else None
     states = [s for _, s, _ in everyone if s is not None]
     if states:
         r.model_state = states

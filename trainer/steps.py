@@ -20,6 +20,7 @@ class StepRunner:
         self.h2d_bytes = 0
         self.h2d_seconds = 0.0
         self._h2d_events = None  # (start, end, bytes) of the current step's copies (GPU only)
+        self.tensor_peak: int | None = None  # this rank's live-tensor peak in the memory step
 
     def sync(self) -> None:
         if self.device.type == "cuda":
@@ -55,15 +56,22 @@ class StepRunner:
     def memory_step(self, host_batches) -> RankModelState:
         """One extra, untimed step that samples the model state after every micro-step's
         backward and after the optimizer step; returns the largest sample."""
+        from trainer.plan.live import LiveTensors  # the planner's instrument (tensor peak)
+
         samples = []
         batches = self.to_device(host_batches)
-        for micro, (x, y) in enumerate(batches):
-            last = micro == len(batches) - 1
-            self.strategy.forward_backward(x, y, last)
-            samples.append((f"micro-step {micro} backward", self.strategy.model_state()))
-            self.strategy.step(last)
+        tracker = LiveTensors(self.device.type)
+        tracker.track_all_reachable()  # what exists already: parameters, optimizer state, buffers
+        tracker.tag = "step"
+        with tracker:
+            for micro, (x, y) in enumerate(batches):
+                last = micro == len(batches) - 1
+                self.strategy.forward_backward(x, y, last)
+                samples.append((f"micro-step {micro} backward", self.strategy.model_state()))
+                self.strategy.step(last)
         samples.append(("optimizer step", self.strategy.model_state()))
         self.sync()
+        self.tensor_peak = tracker.peak
         return peak_model_state(samples)
 
     def count_h2d(self) -> None:

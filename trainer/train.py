@@ -137,6 +137,7 @@ class Trainer:
     def finish(self, wall_start: float) -> ResultRecord:
         """Average losses over ranks, gather memory and model state, fill in the record."""
         mine = (rank_memory(self.dist.rank, self.device, self.setup_peak), self.state, self.affinity)
+        mine[0].tensor_peak_bytes = self.steps.tensor_peak if self.steps else None
         run_record.finish_record(self.record, self.history.losses, self.dist, self.device, mine, wall_start)
         self.fill_timings(self.record)
         return self.record

@@ -72,6 +72,9 @@ def test_notes_tell_how_to_follow_fetch_and_uninstall(values):
     assert f"shardbench report results/{shape} --out reports/{shape}" in notes
     assert "helm test zero3-w16 -n bench" in notes
     assert "helm uninstall zero3-w16 -n bench" in notes
+    # The planner's prediction of this very run (docs/planner.md), a command the reader can run.
+    plan = next(line.strip() for line in notes.splitlines() if line.strip().startswith("shardbench plan"))
+    assert f"--shape {shape} --strategy" in plan and "--world-size" in plan and "--micro-batch" in plan
 
 
 def test_preflight_notes_say_where_the_verdict_is():

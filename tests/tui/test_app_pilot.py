@@ -357,3 +357,18 @@ async def test_results_plots_cycle_through_the_reports_plots(tmp_path):
             await pilot.press("p")
             seen.append(screen.right_plot)
         assert seen == [1, 2, 3, 1]  # model state, step time, scaling efficiency; MFU skipped
+
+
+@pytest.mark.slow
+async def test_matrix_screen_plan_panel_predicts_each_run(tmp_path, fixture_values):
+    """ctrl+l on the Matrix screen: the planner (a subprocess) predicts every configuration's
+    peak memory per rank and fit; the panel shows one line per run."""
+    matrix = MatrixSpec(strategies=["ddp", "zero3"], world_sizes=[1, 2], seq_lens=[64], repeats=1,
+                        backend="local", shape="cpu", model="tiny")
+    app = BenchApp(results_dir=tmp_path, matrix=matrix, availability=FIXED_AVAILABILITY)
+    async with app.run_test(size=SIZE) as pilot:
+        panel = app.matrix_screen.query_one("#plan", Static)
+        await pilot.press("ctrl+l")
+        await wait_until(pilot, lambda: "MiB/rank" in str(panel.content), 300, "the plan panel")
+        text = str(panel.content)
+        assert all(f"{s} w{w} s64" in text for s in ("ddp", "zero3") for w in (1, 2)), text

@@ -78,9 +78,16 @@ class DDPStrategy(TorchStrategy):
         same collective DDP's built-in C++ path issues) so that trainer.comm can count it."""
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-        if self.ctx.cfg.grad_reduce_dtype == "fp32":
-            return default_hooks.allreduce_hook
-        return bf16_allreduce_hook
+        hook = default_hooks.allreduce_hook if self.ctx.cfg.grad_reduce_dtype == "fp32" else bf16_allreduce_hook
+        self.buckets: dict[int, torch.Tensor] = {}
+
+        def remembering(state, bucket):
+            # DDP's gradient buckets live in C++; a reference here lets the memory step's
+            # tensor count (trainer/plan/live.py) see them between steps, when .grad is None.
+            self.buckets[bucket.index()] = bucket.buffer()
+            return hook(state, bucket)
+
+        return remembering
 
     @property
     def compute_path(self) -> str:

@@ -167,7 +167,8 @@ class BenchApp(App):
                 self.post_message(msg.MatrixDone([], f"backend {backend_name} unavailable: {why}"))
                 return
             self.runner = Runner(specs, backend, results_dir,
-                                 emit=lambda event: self.post_message(msg.SuiteEvent(event)), force=force)
+                                 emit=lambda event: self.post_message(msg.SuiteEvent(event)), force=force,
+                                 predictions=dict(getattr(self.matrix_screen, "predictions", {})))
             records = self.runner.run()  # a locked or unusable results dir raises ResultsDirError
         except Exception as exc:  # noqa: BLE001 - shown to the user, the app goes on
             self.post_message(msg.MatrixDone([], f"{type(exc).__name__}: {exc}"))

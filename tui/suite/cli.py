@@ -101,6 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
     from tui.suite.tune import add_parser as add_tune_parser
 
     add_tune_parser(sub, _add_matrix_flags, add_cluster_flags)
+    run.add_argument("--no-plan", action="store_true",
+                     help="do not predict each run's memory, collectives and step time before launch (shardbench plan)")
+    run.add_argument("--strict", action="store_true",
+                     help="refuse the matrix when a run is predicted over its device's memory (default: warn)")
     rep = sub.add_parser("report", help="results dir -> metrics.csv, plots/, BENCHMARK_REPORT.md")
     rep.add_argument("results", type=Path, help="a results dir, or a dir holding several (each gets a report)")
     rep.add_argument("--out", type=Path, default=None,
@@ -116,6 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
     col.add_argument("log", type=Path)
     col.add_argument("-o", "--output", type=Path, default=None, help="write the record here (default: stdout)")
     col.add_argument("--run-id", default=None, help="prefer the record of this run id")
+    from tui.suite.plan_cmd import add_parser as add_plan_parser  # torch-free until a plan is made
+
+    add_plan_parser(sub)
     return p
 
 
@@ -170,6 +177,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     from tui.suite.runner import Runner
     from tui.suite.store import ResultsDirError
 
+    predictions = {}
+    if not args.no_plan:
+        from tui.suite.planning import over_memory, predict_specs
+
+        predictions, why = predict_specs(specs)
+        if why:
+            print(f"shardbench: {why}", file=sys.stderr)
+        over = over_memory(specs, predictions)
+        for line in over:
+            print(f"shardbench: {'refused' if args.strict else 'warning'}: {line}", file=sys.stderr)
+        if over and args.strict:
+            return fail(f"{len(over)} run(s) predicted not to fit (drop --strict to run them anyway)")
+
     try:
         cluster = cluster_options(args)
     except ValueError as exc:
@@ -194,7 +214,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         except TrackingError as exc:
             return fail(str(exc))
         emit = tracker.wrap(view.emit)
-    runner = Runner(specs, backend, matrix.results, emit, force, args.order_seed)
+    runner = Runner(specs, backend, matrix.results, emit, force, args.order_seed, predictions)
     try:
         runner.open()  # refuse at once, before any progress display, when the dir is unusable or taken
     except ResultsDirError as exc:
@@ -439,6 +459,10 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `shardbench run --dry-run | head` ends quietly
     args = build_parser().parse_args(argv)
     started = time.monotonic()
+    if args.command == "plan":
+        from tui.suite.plan_cmd import cmd_plan
+
+        return cmd_plan(args)
     handler = {"run": cmd_run, "report": cmd_report, "collect": cmd_collect, "compare": cmd_compare,
                "tune": cmd_tune}[args.command]
     code = handler(args)

@@ -289,7 +289,10 @@ def report_from_records(records: list[dict], out_dir: Path, results_dir: Path) -
     plot_files, skipped = plot_files + run_plots, skipped + run_skipped
     md = out_dir / "BENCHMARK_REPORT.md"
     fault_section = faults_report.markdown(records)  # tui/suite/faults_report.py; '' without checkpoints
+    from tui.suite import plan_report  # predicted vs measured (trainer/plan)
+
     fault_section = "\n\n".join(p for p in (fault_section, tune_report.markdown(records, results_dir)) if p)
-    md.write_text(build_markdown(an, results_dir, plot_files, skipped, out_dir) + ("\n" + fault_section if fault_section else ""))
+    md.write_text(build_markdown(an, results_dir, plot_files, skipped, out_dir) + ("\n" + fault_section if fault_section else "")
+                  + "\n" + plan_report.markdown(records) + "\n")
     html = html_report.write_html(an, results_dir, plot_files, out_dir, RULES)
     return Report(md, csv, summary_csv, plot_files, skipped, len(an.runs), len(an.not_ok), html)

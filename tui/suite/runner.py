@@ -47,9 +47,11 @@ class Runner:
     """Runs `specs` into `results_dir` one after another; `cancel`/`cancel_all` from any thread."""
 
     def __init__(self, specs: list[RunSpec], backend: Backend, results_dir: str | Path, emit: Emit = ignore,
-                 force: bool | set[str] = False, order_seed: int | None = None):
+                 force: bool | set[str] = False, order_seed: int | None = None,
+                 predictions: dict[str, dict] | None = None):
         self.backend, self.force = backend, force
         """True: re-measure every run; a set of run ids: only those (tui/suite/rerun.py)."""
+        self.predictions = predictions or {}  # run id -> the planner's prediction (tui/suite/planning.py)
         self.store = ResultsDir(results_dir)
         self.emit = guarded(emit)
         self.order_seed = secrets.randbelow(2 ** 31) if order_seed is None else order_seed
@@ -146,6 +148,8 @@ class Runner:
         if cancel.is_set() and record.get("status") != "ok":
             record["status"] = "cancelled"
         _fill_from_spec(record, spec)
+        if record.get("prediction") is None and spec.run_id in self.predictions:
+            record["prediction"] = self.predictions[spec.run_id]
         return record
 
 

@@ -62,6 +62,7 @@ class MatrixScreen(Screen):
         Binding("ctrl+f", "app.run_matrix(True)", "Re-measure"),
         Binding("ctrl+s", "save", "Save"),
         Binding("ctrl+o", "load", "Load"),
+        Binding("ctrl+l", "plan", "Plan", show=False),
     ]
 
     def __init__(self, initial: MatrixSpec | None = None, path: str | None = None) -> None:
@@ -79,6 +80,8 @@ class MatrixScreen(Screen):
         self.done: int = 0
         """Runs of `specs` whose result is already in the results dir (resume skips them)."""
         self._validate_pending = False
+        self.predictions: dict[str, dict] = {}
+        """The plan panel's predictions by run id (ctrl+l), put into the records of the runs."""
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -99,6 +102,9 @@ class MatrixScreen(Screen):
                 yield Static(id="run-count")
                 yield Static(id="backend-note")
                 yield Static(id="problems")
+                plan = Static(id="plan")  # ctrl+l: the planner's prediction per run (tui/suite/planning.py)
+                plan.display = False  # shown once asked for
+                yield plan
         yield Footer()
 
     def _selects(self) -> ComposeResult:
@@ -203,6 +209,27 @@ class MatrixScreen(Screen):
             else:
                 lines.append(f"{mark}[b]{name}: unavailable[/b] — {status[1]}")
         self.query_one("#backend-note", Static).update("\n".join(lines))
+
+    # -- plan ---------------------------------------------------------------------------------
+    def action_plan(self) -> None:
+        """Predict every configuration's memory, fit and step time in a worker thread (the
+        planner runs in a subprocess: no torch in benchtui)."""
+        specs = [s for s in self.specs if s.repeat == 0]
+        panel = self.query_one("#plan", Static)
+        panel.display = True
+        if not specs:
+            panel.update("plan: no valid run to plan")
+            return
+        panel.update(f"plan: predicting {len(specs)} configuration(s)…")
+        self.run_worker(lambda: self._plan(specs), thread=True, exclusive=True, group="plan")
+
+    def _plan(self, specs: list) -> None:
+        from tui.suite.planning import plan_lines, predict_specs
+
+        predictions, why = predict_specs(specs)
+        self.predictions = predictions  # the runs started next carry them (app.run_specs)
+        text = "\n".join(["[b]plan[/b] (shardbench plan; docs/planner.md)", *plan_lines(specs, predictions)])
+        self.app.call_from_thread(self.query_one("#plan", Static).update, why or text)
 
     # -- load / save --------------------------------------------------------------------------
     def action_save(self) -> None:

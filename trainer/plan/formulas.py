@@ -1,0 +1,180 @@
+"""Closed forms (torch-free) for what the trace cannot reach: DeepSpeed's ZeRO state, buckets
+and collectives (DeepSpeed cannot run on fake tensors), DDP's gradient buckets and all-reduces
+(DDP's C++ reducer cannot either), and FSDP's model state and collectives at world sizes too
+large to be worth tracing. Each is tested against the trace or, for DeepSpeed, measured runs
+(tests/trainer/test_plan*.py). DeepSpeed facts are those of 0.19 with trainer/ds_configs.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from trainer.plan.inputs import Params, PlanInput
+
+DS_CONFIGS = Path(__file__).resolve().parent.parent / "ds_configs"
+DDP_FIRST_BUCKET = 1 << 20        # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
+DDP_BUCKET = 25 << 20             # DDP's bucket_cap_mb default, 25 MiB
+
+
+def _half(inp: PlanInput) -> bool:
+    return inp.precision in ("bf16", "fp16")
+
+
+def reduce_bytes(inp: PlanInput) -> int:
+    """Bytes per gradient element on the wire (--grad-reduce-dtype)."""
+    return 2 if inp.grad_reduce_dtype == "bf16" else 4
+
+
+def zero_config(strategy: str) -> dict:
+    return json.loads((DS_CONFIGS / f"{strategy}.json").read_text())["zero_optimization"]
+
+
+def fsdp_shard_numel(params: Params, world: int) -> int:
+    """Rank 0's elements under FSDP2: every parameter split on dim 0, padded to world rows."""
+    total = 0
+    for _, shape in params.shapes:
+        rows = shape[0]
+        rest = Params.numel(shape) // rows
+        total += math.ceil(rows / world) * rest
+    return total
+
+
+def model_state(inp: PlanInput) -> dict[str, int]:
+    """Bytes of params, grads, optimizer state and master copies rank 0 holds at the peak of a
+    step (AdamW: two fp32 moments), by category, as trainer.metrics counts them."""
+    params = Params.of(inp.model_config())
+    P, N = params.total, inp.world_size
+    s, half = inp.strategy, _half(inp)
+    if s == "ddp" or (s == "fsdp" and N == 1):
+        return {"params": 4 * P, "grads": 4 * P, "optimizer": 8 * P, "master": 0}
+    if s == "fsdp":
+        shard = fsdp_shard_numel(params, N)
+        whole = inp.fsdp_grad_sync == "last_micro_step" and inp.grad_accum > 1
+        return {"params": 4 * shard, "grads": 4 * P if whole else 4 * shard,
+                "optimizer": 8 * shard, "master": 0}
+    part = math.ceil(P / N)
+    weight, grad = (2, 2) if half else (4, 4)
+    if s in ("zero1", "zero2"):
+        grads = grad * P if (s == "zero1" and inp.grad_accum > 1) else grad * part
+        return {"params": weight * P, "grads": grads, "optimizer": 8 * part, "master": 4 * part}
+    return {"params": weight * part, "grads": grad * part, "optimizer": 8 * part, "master": 4 * part}
+
+
+def buckets(inp: PlanInput) -> int:
+    """Communication buffers held across steps: DeepSpeed's reduce buckets (reduce_bucket_size
+    elements in the communication dtype; stages 1 and 2 double-buffer them with overlap_comm).
+    DDP's buckets are its gradients (gradient_as_bucket_view), FSDP's are transient (traced)."""
+    if not inp.strategy.startswith("zero"):
+        return 0
+    z = zero_config(inp.strategy)
+    copies = 1 if inp.strategy == "zero3" else (2 if z.get("overlap_comm") else 1)
+    return copies * int(z["reduce_bucket_size"]) * reduce_bytes(inp)
+
+
+def zero3_gathered(inp: PlanInput) -> int:
+    """ZeRO-3 at world size > 1: every parameter at or above stage3_param_persistence_threshold
+    is gathered whole (model dtype) and, with the config's max live parameters (1e9), all stay
+    gathered until backward has used them: their full size at the peak."""
+    if inp.strategy != "zero3" or inp.world_size == 1:
+        return 0
+    z = zero_config("zero3")
+    threshold = int(z["stage3_param_persistence_threshold"])
+    live = int(z.get("stage3_max_live_parameters", 10 ** 9))
+    gathered = sum(Params.numel(s) for _, s in Params.of(inp.model_config()).shapes
+                   if Params.numel(s) >= threshold)
+    return (2 if _half(inp) else 4) * min(gathered, live)
+
+
+def fsdp_gathered(inp: PlanInput) -> int:
+    """FSDP2 beyond tracing: the root (kept unsharded after forward) and two blocks (the one
+    computing and the one prefetched) gathered in the compute dtype, plus one block's unsharded
+    gradients in the reduce dtype before its reduce-scatter."""
+    if inp.strategy != "fsdp" or inp.world_size == 1:
+        return 0
+    params = Params.of(inp.model_config())
+    root = sum(Params.numel(s) for _, s in params.root())
+    block = sum(Params.numel(s) for _, s in params.block(0))
+    gb = 2 if _half(inp) else 4
+    return gb * (root + 2 * block) + reduce_bytes(inp) * block
+
+
+def ddp_bucket_count(params: Params, elem_bytes: int = 4) -> int:
+    """DDP's buckets: parameters in reverse order, the first bucket capped at 1 MiB, the others
+    at 25 MiB (torch's _compute_bucket_assignment_by_size, which a bucket closes once full)."""
+    count, size, cap = 0, 0, DDP_FIRST_BUCKET
+    for _, shape in reversed(params.shapes):
+        size += Params.numel(shape) * elem_bytes
+        if size >= cap:
+            count, size, cap = count + 1, 0, DDP_BUCKET
+    return count + (1 if size else 0)
+
+
+def comm(inp: PlanInput) -> dict[str, dict[str, float]]:
+    """Collectives rank 0 issues per optimizer step, by operation, in trainer/comm.py's units
+    (bytes: the all-reduced tensor, the gathered output, the reduce-scatter input)."""
+    N, A = inp.world_size, inp.grad_accum
+    params = Params.of(inp.model_config())
+    P, rb = params.total, reduce_bytes(inp)
+    s = inp.strategy
+    if N == 1 and s in ("ddp", "fsdp"):
+        return {}
+    if s == "ddp":
+        return {"all_reduce": {"calls": float(ddp_bucket_count(params)), "bytes": float(rb * P)}}
+    if s == "fsdp":
+        return fsdp_comm(inp, params)
+    z = zero_config(s)
+    wb = 2 if _half(inp) else 4
+    out: dict[str, dict[str, float]] = {}
+    reductions = 1 if s == "zero1" else A  # ZeRO-1 reduces once, at the last micro-step
+    if s in ("zero1", "zero2"):
+        per = math.ceil(P / int(z["reduce_bucket_size"]))
+        # + 2 small all-reduces (the overflow check and the gradient norm, 4 bytes each)
+        out["all_reduce"] = {"calls": float(reductions * per + 2), "bytes": float(reductions * rb * P + 8)}
+        if N > 1:  # updated partitions gathered back: one all-gather per parameter group
+            out["all_gather"] = {"calls": 2.0, "bytes": float(wb * P)}
+        return out
+    threshold = int(z["stage3_param_persistence_threshold"])
+    gathered = [Params.numel(sh) for _, sh in params.shapes if Params.numel(sh) >= threshold]
+    out["reduce_scatter"] = {"calls": float(A), "bytes": float(A * rb * P)}
+    out["all_reduce"] = {"calls": 2.0, "bytes": 16.0}
+    if N > 1:
+        out["all_gather"] = {"calls": float(A * len(gathered)), "bytes": float(A * wb * sum(gathered))}
+    return out
+
+
+def fsdp_comm(inp: PlanInput, params: Params) -> dict[str, dict[str, float]]:
+    """FSDP2 with the trainer's plan: blocks 0..L-2 gathered in forward and again in backward,
+    the last block and the root once; every unit reduce-scatters after each micro-step (or, with
+    last_micro_step, only the last); clip_grad_norm_ all-reduces one norm."""
+    A, L, N = inp.grad_accum, inp.model_config().n_layer, inp.world_size
+    gb = 2 if _half(inp) else 4
+    rb = reduce_bytes(inp)
+
+    def padded(group) -> int:
+        return sum(math.ceil(s[0] / N) * N * (Params.numel(s) // s[0]) for _, s in group)
+
+    block, root = padded(params.block(0)), padded(params.root())
+    gathers = 2 * (L - 1) + 2
+    syncs = 1 if inp.fsdp_grad_sync == "last_micro_step" else A
+    return {
+        "all_gather": {"calls": float(A * gathers), "bytes": float(A * gb * (root + block * (2 * (L - 1) + 1)))},
+        "reduce_scatter": {"calls": float(syncs * (L + 1)), "bytes": float(syncs * rb * (root + L * block))},
+        "all_reduce": {"calls": 1.0, "bytes": 112.0 if N > 1 else 0.0},
+    }
+
+
+def deepspeed_estimate(stage: int, total_params: int, largest_layer_params: int = 0, gpus_per_node: int = 1,
+                       nodes: int = 1, additional_buffer_factor: float = 1.5, zero_init: bool = True) -> tuple:
+    """DeepSpeed's estimate_zero2/3_model_states_mem_needs without offload, restated and
+    returned as DeepSpeed returns them: stage 2 (CPU bytes, per-GPU bytes), stage 3 (CPU, GPU,
+    largest layer bytes). GPU: 16-bit weights (2 B/param whole for ZeRO-2; for ZeRO-3 the
+    largest layer gathered, 4 B/param) + 18 B/param partitioned (16-bit and fp32 gradients,
+    fp32 master weights, Adam's two moments)."""
+    gpus = gpus_per_node * nodes
+    if stage == 2:
+        return int(total_params * 4 * gpus_per_node * additional_buffer_factor), \
+            2 * total_params + int(18 * total_params / gpus)
+    largest = 4 * largest_layer_params
+    cpu_params = largest_layer_params if zero_init else total_params
+    return int(cpu_params * 4 * gpus_per_node * additional_buffer_factor), largest + int(18 * total_params / gpus), largest

@@ -1,0 +1,95 @@
+"""What a plan is made for (torch-free): one run's shape, and the facts the formulas need."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from trainer.presets import PRESETS, ModelConfig
+
+
+@dataclass(frozen=True)
+class PlanInput:
+    strategy: str
+    world_size: int = 1
+    model: str = "tiny"
+    n_layer: int | None = None
+    n_embd: int | None = None
+    n_head: int | None = None
+    vocab_size: int | None = None
+    seq_len: int | None = None
+    micro_batch: int = 4
+    grad_accum: int = 1
+    precision: str = "fp32"
+    """fp32, bf16 or fp16 (auto resolved by the caller: bf16 on a GPU, fp32 on a CPU)."""
+    grad_reduce_dtype: str = "fp32"
+    fsdp_grad_sync: str = "every_micro_step"
+    activation_checkpointing: bool = False
+    device: str = "cpu"
+    """cpu or cuda: which AdamW runs (foreach on CPU, fused on GPU) and whether an allocator
+    overhead is added."""
+    weight_decay: float = 0.01
+
+    def model_config(self) -> ModelConfig:
+        base = PRESETS[self.model]
+        over = {k: getattr(self, k) for k in ("n_layer", "n_embd", "n_head", "vocab_size")}
+        return ModelConfig(**{**base.__dict__, **{k: v for k, v in over.items() if v is not None}})
+
+    def effective_seq_len(self) -> int:
+        return self.seq_len or PRESETS[self.model].default_seq_len
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_record(cls, r: dict) -> "PlanInput":
+        """The plan input of a result record (what the run actually was)."""
+        m = r.get("model") or {}
+        base = PRESETS.get(m.get("preset") or "tiny", PRESETS["tiny"])
+        over = {k: m.get(k) for k in ("n_layer", "n_embd", "n_head", "vocab_size")
+                if m.get(k) is not None and m.get(k) != getattr(base, k)}
+        return cls(strategy=r["strategy"], world_size=int(r.get("world_size") or 1),
+                   model=m.get("preset") or "tiny", seq_len=r.get("seq_len") or None,
+                   micro_batch=int(r.get("micro_batch") or 1), grad_accum=int(r.get("grad_accum") or 1),
+                   precision=r.get("precision") or "fp32", grad_reduce_dtype=r.get("grad_reduce_dtype") or "fp32",
+                   fsdp_grad_sync=r.get("fsdp_grad_sync") or "every_micro_step",
+                   activation_checkpointing=bool(r.get("activation_checkpointing")),
+                   device=r.get("device") or "cpu",
+                   weight_decay=float((r.get("optimizer") or {}).get("weight_decay", 0.01)), **over)
+
+
+@dataclass
+class Params:
+    """The model's parameters in registration order (the tied embedding once): name, shape."""
+
+    shapes: list[tuple[str, tuple[int, ...]]] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, cfg: ModelConfig) -> "Params":
+        d, V, B = cfg.n_embd, cfg.vocab_size, cfg.block_size
+        out = [("wte.weight", (V, d)), ("wpe.weight", (B, d))]
+        for i in range(cfg.n_layer):
+            b = f"blocks.{i}."
+            out += [(b + "ln_1.weight", (d,)), (b + "ln_1.bias", (d,)),
+                    (b + "attn.qkv.weight", (3 * d, d)), (b + "attn.qkv.bias", (3 * d,)),
+                    (b + "attn.proj.weight", (d, d)), (b + "attn.proj.bias", (d,)),
+                    (b + "ln_2.weight", (d,)), (b + "ln_2.bias", (d,)),
+                    (b + "mlp.fc.weight", (4 * d, d)), (b + "mlp.fc.bias", (4 * d,)),
+                    (b + "mlp.proj.weight", (d, 4 * d)), (b + "mlp.proj.bias", (d,))]
+        out += [("ln_f.weight", (d,)), ("ln_f.bias", (d,))]
+        return cls(out)
+
+    @staticmethod
+    def numel(shape: tuple[int, ...]) -> int:
+        n = 1
+        for s in shape:
+            n *= s
+        return n
+
+    @property
+    def total(self) -> int:
+        return sum(self.numel(s) for _, s in self.shapes)
+
+    def block(self, i: int) -> list[tuple[str, tuple[int, ...]]]:
+        return [(n, s) for n, s in self.shapes if n.startswith(f"blocks.{i}.")]
+
+    def root(self) -> list[tuple[str, tuple[int, ...]]]:
+        return [(n, s) for n, s in self.shapes if not n.startswith("blocks.")]

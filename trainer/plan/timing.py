@@ -1,0 +1,80 @@
+"""Step time = compute + exposed communication.
+
+Compute: training FLOPs of one rank's tokens (6N + 12LdT per token, trainer/model.py) at the
+FLOP/s one rank achieves, calibrated from a measured run of the same shape (achieved FLOP/s of
+a world-size-1 run), else the device's peak times an assumed efficiency.
+Communication: alpha-beta per collective, ring algorithm: an all-reduce moves 2(N-1)/N of its
+buffer over each rank's link, an all-gather or reduce-scatter (N-1)/N of the full buffer; each
+call costs alpha x log2(N) of latency (tree-like start-up). The link is the intra-node one
+(NVLink) while the ranks fit one node, else the inter-node bandwidth per GPU.
+Overlap (stated per strategy in OVERLAP): the part of communication that can hide behind
+backward (2/3 of compute) does, the rest is exposed; on CPU nothing overlaps (gloo's
+collectives run on the cores that compute).
+"""
+from __future__ import annotations
+
+import math
+
+from trainer.plan.inputs import PlanInput
+from trainer.presets import ModelConfig
+
+DEFAULT_EFFICIENCY = 0.4
+"""Assumed fraction of the peak reached by compute when no measured run calibrates it."""
+
+# strategy -> (ops that overlap with backward, why)
+OVERLAP = {
+    "ddp": ({"all_reduce"}, "gradient all-reduce overlaps backward bucket by bucket"),
+    "fsdp": ({"all_gather", "reduce_scatter"}, "all-gathers prefetched, reduce-scatters overlap backward"),
+    "zero1": ({"all_reduce"}, "overlap_comm: reductions overlap backward; the parameter all-gather after the step is exposed"),
+    "zero2": ({"all_reduce"}, "overlap_comm: reductions overlap backward; the parameter all-gather after the step is exposed"),
+    "zero3": ({"all_gather", "reduce_scatter"}, "prefetched gathers and overlapped reduce-scatters"),
+}
+
+
+def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
+    return 6.0 * cfg.flops_params() + 12.0 * cfg.n_layer * cfg.n_embd * seq_len
+
+
+def collective_seconds(op: str, calls: float, nbytes: float, world: int, bw_bytes_s: float, alpha_s: float) -> float:
+    if world <= 1 or not calls:
+        return 0.0
+    factor = 2 * (world - 1) / world if op == "all_reduce" else (world - 1) / world
+    return calls * alpha_s * max(1.0, math.log2(world)) + nbytes * factor / bw_bytes_s
+
+
+def link(links: dict, world: int) -> tuple[float, float, str]:
+    """(bytes/s per rank, alpha seconds, which link) for `world` ranks."""
+    per_node = int(links.get("gpus_per_node") or 1) or 1
+    if world <= per_node:
+        bw = float(links.get("intra_node_GBps") or 100) * 1e9
+        return bw, float(links.get("alpha_us") or 10) * 1e-6, "intra-node"
+    bw = float(links.get("inter_node_GBps") or 25) * 1e9 / per_node
+    return bw, float(links.get("alpha_us") or 10) * 1e-6 * 2, "inter-node (per GPU share)"
+
+
+def step_time(inp: PlanInput, comm: dict, links: dict, calibration: dict | None) -> dict:
+    cfg, T = inp.model_config(), inp.effective_seq_len()
+    bw, alpha, which = link(links, inp.world_size)
+    ops, why = OVERLAP.get(inp.strategy, (set(), ""))
+    if inp.device == "cpu":  # gloo's collectives run on the cores that compute: nothing hides
+        ops, why = set(), "none on CPU: gloo's collectives use the cores that compute"
+    overlappable, exposed_ops = 0.0, 0.0
+    for op, v in (comm or {}).items():
+        t = collective_seconds(op, v["calls"], v["bytes"], inp.world_size, bw, alpha)
+        if op in ops:
+            overlappable += t
+        else:
+            exposed_ops += t
+    out = {"seconds": None, "comm_s": overlappable + exposed_ops, "link": which, "link_GBps": bw / 1e9,
+           "alpha_us": alpha * 1e6, "overlap": why}
+    if calibration and calibration.get("achieved_flops"):
+        rate, source = float(calibration["achieved_flops"]), calibration.get("source", "calibrated")
+    elif links.get("peak_tflops"):
+        rate = float(links["peak_tflops"]) * 1e12 * DEFAULT_EFFICIENCY
+        source = f"peak {links['peak_tflops']} TFLOP/s x assumed efficiency {DEFAULT_EFFICIENCY}"
+    else:
+        return {**out, "why": "no calibration run and no peak FLOP/s for this device"}
+    compute = flops_per_token(cfg, T) * inp.micro_batch * inp.grad_accum * T / rate
+    exposed = exposed_ops + max(0.0, overlappable - (2 / 3) * compute)
+    return {**out, "seconds": compute + exposed, "compute_s": compute, "exposed_comm_s": exposed,
+            "compute_rate_flops": rate, "compute_source": source}

@@ -1,0 +1,237 @@
+"""Trace one training step of any world size in this one CPU process, allocating nothing:
+torch's fake tensors (FakeTensorMode: shapes, dtypes and storages without data) and its fake
+process group (the "fake" backend: collectives that return at once), with trainer/plan/live.py
+counting every storage and trainer/comm.py counting every collective, as in a real run.
+
+What is traced: the plain model (DDP at any world size holds exactly its memory: replicated, its
+gradient buckets are the gradients), FSDP2 at the run's world size (fully_shard per block and
+root, the trainer's reshard plan and mixed-precision policy), and the plain model as the source
+of the activation and temporary memory of DeepSpeed's ZeRO stages (DeepSpeed cannot run on fake
+tensors: it swaps parameters that hold weak references; trainer/plan/formulas.py adds its state).
+The step is the trainer's: grad-accum micro-steps of forward + backward (autocast in bf16/fp16,
+loss / grad-accum), clip the global norm, AdamW (foreach on CPU, fused on GPU), zero the
+gradients. One step runs first so that AdamW's state exists; the second is measured.
+"""
+from __future__ import annotations
+
+import contextlib
+import gc
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from trainer.plan.inputs import PlanInput
+from trainer.plan.live import LiveTensors
+
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass
+class Trace:
+    engine: str
+    """plain (one rank's model, DDP's memory) or fsdp (sharded across the fake world)."""
+    world_size: int
+    peak_bytes: int = 0
+    """Most live tensor bytes during the measured step."""
+    peak_fwd_bwd_bytes: int = 0
+    """The same, over the micro-steps only (forward + backward)."""
+    before_opt_bytes: int = 0
+    """Live bytes after the last backward, when the optimizer step starts."""
+    peak_opt_bytes: int = 0
+    """Most live bytes during clip + optimizer step + zero_grad."""
+    state_before_bytes: int = 0
+    """Live bytes when the measured step starts (parameters, optimizer state, buffers)."""
+    params_bytes: int = 0
+    grads_bytes: int = 0
+    optimizer_bytes: int = 0
+    """Model state at the sampled point where it was largest (as trainer.metrics counts it)."""
+    comm: dict[str, dict[str, float]] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+@contextlib.contextmanager
+def fake_world(world_size: int):
+    """A fake process group of `world_size` ranks in which this process is rank 0."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        raise RuntimeError("a process group exists already: plans are traced in a process of their own")
+    dist.init_process_group("fake", rank=0, world_size=world_size, store=FakeStore())
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _storages_bytes(tensors) -> int:
+    seen, total = set(), 0
+    for t in tensors:
+        if t is None:
+            continue
+        local = getattr(t, "_local_tensor", None)
+        t = local if isinstance(local, torch.Tensor) else t
+        st = t.untyped_storage()
+        if id(st) in seen:
+            continue
+        seen.add(id(st))
+        total += st.nbytes()
+    return total
+
+
+class _Step:
+    """The model, its optimizer and one training step, as trainer.strategies run them."""
+
+    def __init__(self, inp: PlanInput, engine: str, mode):
+        from trainer.model import TinyGPT
+        from trainer.strategies.base import param_groups
+
+        self.inp, self.engine = inp, engine
+        self.amp = _DTYPES.get(inp.precision)
+        # DeepSpeed's engine casts the model to bf16/fp16 (no autocast): build it in that dtype
+        # (fake parameters cannot be swapped by .to()).
+        cast = engine == "zero" and self.amp is not None
+        default = torch.get_default_dtype()
+        torch.set_default_dtype(self.amp if cast else default)
+        try:
+            model = TinyGPT(inp.model_config(), activation_checkpointing=inp.activation_checkpointing)
+        finally:
+            torch.set_default_dtype(default)
+        if engine == "fsdp":
+            self._shard(model)
+        self.model = model
+        self.buckets = []
+        if engine == "ddp":
+            # gradient_as_bucket_view: DDP's buckets persist and become the gradients at the
+            # synchronising micro-step; no_sync micro-steps accumulate into separate gradients.
+            self.buckets = [torch.zeros_like(p) for p in model.parameters()]
+            if inp.grad_accum == 1:
+                for p, b in zip(model.parameters(), self.buckets):
+                    p.grad = b
+        fused = inp.device == "cuda"
+        self.opt = torch.optim.AdamW(param_groups(model, inp.weight_decay), lr=1e-4, betas=(0.9, 0.95),
+                                     eps=1e-8, fused=fused, foreach=None if fused else True)
+        T = inp.effective_seq_len()
+        self.x = torch.zeros((inp.micro_batch, T), dtype=torch.long)
+        self.y = torch.zeros((inp.micro_batch, T), dtype=torch.long)
+
+    def _shard(self, model) -> None:
+        from torch.distributed.device_mesh import DeviceMesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        from trainer.strategies.fsdp import reshard_after_forward_plan
+        from trainer.strategies.base import REDUCE_DTYPES
+
+        with unset_fake_temporarily():  # a mesh's rank table is a real tensor
+            mesh = DeviceMesh("cpu", list(range(self.inp.world_size)))
+        mp = MixedPrecisionPolicy(param_dtype=self.amp, reduce_dtype=REDUCE_DTYPES[self.inp.grad_reduce_dtype])
+        for block, reshard in zip(model.blocks, reshard_after_forward_plan(len(model.blocks))):
+            fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
+        fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
+
+    def autocast(self):
+        if self.amp is None or self.engine not in ("plain", "ddp"):
+            return contextlib.nullcontext()
+        return torch.autocast(device_type="cpu", dtype=self.amp)
+
+    def sample(self, trace: Trace) -> None:
+        params = list(self.model.parameters())
+        p = _storages_bytes(params)
+        g = _storages_bytes([x.grad for x in params] + self._held_grads())
+        o = _storages_bytes([v for s in self.opt.state.values() for v in s.values()
+                             if isinstance(v, torch.Tensor) and v.dim() > 0])
+        if p + g + o > trace.params_bytes + trace.grads_bytes + trace.optimizer_bytes:
+            trace.params_bytes, trace.grads_bytes, trace.optimizer_bytes = p, g, o
+
+    def warm_up(self) -> None:
+        """AdamW's state, made as its first step makes it (no forward needed)."""
+        for p in self.model.parameters():
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=not (self.buckets and self.inp.grad_accum == 1))
+
+    def _held_grads(self) -> list:
+        """FSDP's unsharded gradients kept between micro-steps (as FSDPStrategy.held_grads)."""
+        if self.engine != "fsdp":
+            return []
+        from torch.distributed.fsdp import FSDPModule
+
+        out = []
+        for module in self.model.modules():
+            group = module._get_fsdp_state()._fsdp_param_group if isinstance(module, FSDPModule) else None
+            for fsdp_param in group.fsdp_params if group else []:
+                unsharded = fsdp_param.__dict__.get("_unsharded_param")
+                out += [getattr(unsharded, "grad", None), fsdp_param.unsharded_accumulated_grad]
+        return [t for t in out if t is not None]
+
+    def run(self, trace: Trace | None = None, tracker: LiveTensors | None = None) -> None:
+        accum = self.inp.grad_accum
+        for micro in range(accum):
+            if self.engine == "fsdp" and self.inp.fsdp_grad_sync == "last_micro_step":
+                self.model.set_requires_gradient_sync(micro == accum - 1)
+            with self.autocast():
+                _, loss = self.model(self.x, self.y)
+            (loss / accum).backward()
+            if self.buckets and accum > 1 and micro == accum - 1:
+                for p, b in zip(self.model.parameters(), self.buckets):
+                    b.copy_(p.grad)
+                    p.grad = b
+            if trace is not None:
+                self.sample(trace)
+        if tracker is not None and trace is not None:
+            trace.peak_fwd_bwd_bytes = tracker.peak
+            trace.before_opt_bytes = tracker.live
+            tracker.peak = tracker.live
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.opt.step()
+        if trace is not None:
+            self.sample(trace)
+        self.opt.zero_grad(set_to_none=not (self.buckets and self.inp.grad_accum == 1))
+
+
+def engine_for(inp: PlanInput) -> str:
+    if inp.strategy == "fsdp" and inp.world_size > 1:
+        return "fsdp"
+    if inp.strategy == "ddp" and inp.world_size > 1:
+        return "ddp"
+    return "zero" if inp.strategy.startswith("zero") else "plain"
+
+
+def trace_step(inp: PlanInput) -> Trace:
+    """Peak live tensor bytes, model state and collectives of one step on rank 0."""
+    import time
+
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    from trainer.comm import COUNTER
+
+    engine = engine_for(inp)
+    world = inp.world_size if engine == "fsdp" else 1
+    t0 = time.perf_counter()
+    trace = Trace(engine=engine, world_size=world)
+    COUNTER.install()
+    gc.collect()
+    with fake_world(world), FakeTensorMode() as mode:
+        step = _Step(inp, engine, mode)
+        step.warm_up()
+        gc.collect()
+        tracker = LiveTensors()
+        tracker.track(o for o in gc.get_objects() if isinstance(o, FakeTensor) and o.fake_mode is mode)
+        trace.state_before_bytes = tracker.live
+        tracker.tag = "step"
+        COUNTER.reset()
+        COUNTER.active = True
+        try:
+            with tracker:
+                step.run(trace, tracker)
+        finally:
+            COUNTER.active = False
+        trace.peak_opt_bytes = tracker.peak
+        trace.peak_bytes = max(trace.peak_fwd_bwd_bytes, trace.peak_opt_bytes)
+        trace.comm = COUNTER.per_step(1)
+        COUNTER.reset()
+        del step
+    trace.seconds = time.perf_counter() - t0
+    return trace
