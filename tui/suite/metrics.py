@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterable
 import pandas as pd
 
 from trainer.contract import STATUSES
+from tui.suite import groups, losscheck
 from tui.suite.matrix import load_shape
 from tui.suite.stats import finite
 
@@ -384,6 +385,10 @@ def to_frame(records: Iterable[dict[str, Any]]) -> pd.DataFrame:
     records = list(records)
     df = pd.DataFrame([flatten(r) for r in records], columns=[c for c, _, _ in COLUMNS])
     df["loss_curve"] = pd.Series([loss_curve(r) for r in records], index=df.index, dtype=object)
+    # Not CSV columns either: the run's measured settings (groupings) and gradient norms (loss check).
+    df["settings"] = pd.Series([groups.settings(r) if isinstance(r, dict) else {} for r in records], index=df.index, dtype=object)
+    df["grad_norm_curve"] = pd.Series([losscheck.curve(r.get("grad_norm_per_step")) if isinstance(r, dict) else None
+                                       for r in records], index=df.index, dtype=object)
     cache: dict = {}
     df["usd_per_gpu_hour"] = [u if _number(u) else _shape_price(s, cache)
                               for u, s in zip(df["usd_per_gpu_hour"], df["gpu_shape"])]

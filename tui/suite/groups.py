@@ -1,0 +1,103 @@
+"""Which runs may be compared: every grouping is "all measured settings equal except ...".
+
+A record's settings are trainer.config.measured_fields() of the RunConfig its command line
+(`args`) parses to, with the values the record resolved itself (precision auto -> fp32, seq len,
+grad-accum, world size, launcher) winning, and a strategy-specific setting the record leaves
+empty for other strategies (fsdp_grad_sync, reshard_after_forward, ...) empty. Records without a
+command line (older or synthetic ones) take the RunConfig fields the record carries. So a new
+RunConfig knob joins every grouping without a list to edit here.
+
+- verdict (and summary) groups: everything but the strategy and its launcher;
+- loss groups (one trajectory): everything but strategy, launcher and the data layout
+  (world size, nodes, micro-batch, grad-accum), with the same global batch;
+- efficiency bases: everything but world size, nodes and the grad-accum derived from them.
+"""
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import MISSING, fields
+from typing import Any
+
+from trainer.config import RunConfig, build_parser, measured_fields
+
+VERDICT_EXCEPT = frozenset({"strategy", "launcher"})
+LOSS_EXCEPT = frozenset({"strategy", "launcher", "world_size", "nodes", "micro_batch", "grad_accum"})
+BASE_EXCEPT = frozenset({"world_size", "nodes", "grad_accum"})
+
+# Where a record keeps a RunConfig field under another name.
+_RECORD_PATH = {"model": ("model", "preset"), "n_layer": ("model", "n_layer"), "n_embd": ("model", "n_embd"),
+                "n_head": ("model", "n_head"), "vocab_size": ("model", "vocab_size"), "lr": ("optimizer", "lr"),
+                "weight_decay": ("optimizer", "weight_decay"), "grad_clip": ("optimizer", "grad_clip"),
+                "lr_warmup_steps": ("optimizer", "lr_warmup_steps"), "shape": ("gpu_shape",)}
+# Resolved by the trainer, so the record's value is the one that ran. model/n_layer/...: the
+# record holds the resolved architecture (a preset plus overrides equals the same numbers).
+_RESOLVED = ("precision", "seq_len", "grad_accum", "world_size", "nodes", "launcher", "strategy", "device",
+             "n_layer", "n_embd", "n_head", "vocab_size")
+
+
+@functools.lru_cache(maxsize=1)
+def _parser():
+    return build_parser()
+
+
+@functools.lru_cache(maxsize=4096)
+def _from_args(args: tuple[str, ...]) -> dict[str, Any] | None:
+    try:
+        ns = _parser().parse_args(list(args))
+    except SystemExit:
+        return None
+    return measured_fields(RunConfig(**vars(ns)), 1, 1, None)
+
+
+def _lookup(record: dict[str, Any], name: str) -> Any:
+    node: Any = record
+    for part in _RECORD_PATH.get(name, (name,)):
+        if not isinstance(node, dict) or part not in node:
+            return MISSING
+        node = node[part]
+    return node
+
+
+def _measured_names() -> list[str]:
+    return [f.name for f in fields(RunConfig) if not f.metadata.get("recorded_only")] + ["world_size", "nodes"]
+
+
+def settings(record: dict[str, Any]) -> dict[str, Any]:
+    """Every measured setting of the run that made this record (see the module docstring)."""
+    args = record.get("args")
+    parsed = _from_args(tuple(map(str, args))) if isinstance(args, list) and args else None
+    out: dict[str, Any] = dict(parsed or {})
+    for name in _measured_names():
+        value = _lookup(record, name)
+        if value is MISSING:
+            continue
+        if parsed is None or name in _RESOLVED or value is None:
+            out[name] = value  # None: the record says the setting does not apply to its strategy
+    out.pop("global_batch", None)  # None in measured_fields: grad-accum carries it
+    if record.get("global_batch") is not None:
+        out["resolved_global_batch"] = record.get("global_batch")
+    return out
+
+
+def key(s: dict[str, Any], except_: frozenset[str]) -> str:
+    """One string per combination of the settings outside `except_`."""
+    return json.dumps({k: v for k, v in s.items() if k not in except_}, sort_keys=True, default=str)
+
+
+def loss_key(s: dict[str, Any]) -> str:
+    return key(s, LOSS_EXCEPT)
+
+
+def verdict_key(s: dict[str, Any]) -> str:
+    return key(s, VERDICT_EXCEPT)
+
+
+def base_key(s: dict[str, Any]) -> str:
+    return key(s, BASE_EXCEPT | {"resolved_global_batch"})
+
+
+def differences(settings_list: list[dict[str, Any]], except_: frozenset[str] = frozenset()) -> list[str]:
+    """The setting names whose values differ between these runs (what a group label must show)."""
+    names = sorted({k for s in settings_list for k in s} - except_)
+    return [n for n in names if len({json.dumps(s.get(n), default=str) for s in settings_list}) > 1]
