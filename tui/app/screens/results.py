@@ -133,10 +133,11 @@ class ResultsScreen(Screen):
         plt.xlabel("devices")
         plt.ylabel(unit)
         for strategy, points in series.items():
-            xs, ys, halves = [p[0] for p in points], [p[1] for p in points], [p[2] for p in points]
+            xs, ys = [p[0] for p in points], [p[1] for p in points]
             plt.plot(xs, ys, label=strategy, marker="braille")
-            if any(halves):
-                plt.error(xs, ys, yerr=halves)
+            widths = [p[3] - p[2] for p in points]
+            if any(widths):  # plotext draws y +- yerr/2: centred on the (log-scale) interval, [low, high]
+                plt.error(xs, [(p[2] + p[3]) / 2 for p in points], yerr=widths)
         if series:
             ticks = sorted({p[0] for pts in series.values() for p in pts})
             plt.xticks(ticks, [f"{t:g}" for t in ticks])
