@@ -30,7 +30,7 @@ from typing import Any
 
 import pandas as pd
 
-from tui.suite import groups, losscheck, metrics
+from tui.suite import groups, losscheck, metrics, scaling
 from tui.suite.losscheck import LOSS_TOLERANCE, OTHER_LOSS_TOLERANCE, LossGroup, loss_tolerance  # noqa: F401
 from tui.suite.stats import Estimate, estimate, exact, finite, ratio
 from tui.suite.verdicts import MIN_REPEATS, NOISE_CV_LIMIT, Verdict, decide, noise_flag  # noqa: F401
@@ -176,7 +176,7 @@ def analyze(records: list[dict[str, Any]]) -> Analysis:
     df["grad_norm_max_rel_diff"] = None
     loss_groups = losscheck.check(df)
     configs = _configs(df)
-    _scaling(df, configs)
+    scaling.fill(df, configs)
     _speedup(df, configs)
     per_run = df[FLAG_INPUTS].to_dict("index")
     for c in configs:
@@ -223,41 +223,6 @@ def _configs(df: pd.DataFrame) -> list[Config]:
         out.append(c)
     out.sort(key=lambda c: (str(c.strategy), c.world_size, str(c.seq_len), str(c.config_id)))
     return out
-
-
-def _scaling(df: pd.DataFrame, configs: list[Config]) -> None:
-    """Efficiency of every configuration against its strategy's own smallest world size."""
-    runs = df[(df["status"] != metrics.UNREADABLE) & df["world_size"].notna()]
-    if runs.empty:
-        return
-    by_key: dict[str, list[Config]] = {}
-    for c in configs:
-        by_key.setdefault(groups.base_key(c.settings), []).append(c)
-    for key, group in runs.groupby(runs["settings"].map(groups.base_key), sort=False):
-        base = int(group["world_size"].min())
-        base_runs = group[group["world_size"] == base]
-        base_ok = _ok_rows(base_runs)
-        base_est = estimate(base_ok["tokens_per_s"])
-        note = ""
-        if base_est is None:
-            statuses = ", ".join(f"{r['run_id']} {r['status']}" + (f" ({str(r['error'])[:80]})" if r["error"] else "")
-                                 for _, r in base_runs.head(3).iterrows())
-            note = f"base {group.iloc[0]['strategy']} at {base} dev has no ok run: {statuses}"
-        df.loc[group.index, "scaling_base_world_size"] = base
-        if base_est is None:
-            df.loc[group.index, "scaling_note"] = note
-        else:
-            ok = _ok_rows(group)
-            df.loc[ok.index, "scaling_efficiency"] = ok["tokens_per_s"] / (base_est.mean * ok["world_size"] / base)
-        for c in by_key.get(key, []):
-            c.base_world_size = base
-            if base_est is None:
-                c.efficiency_note = note
-            elif int(c.world_size) == base:
-                c.efficiency = exact(c.n, 1.0)
-                c.efficiency_note = "base (1.00 by definition)"
-            else:
-                c.efficiency = ratio(c.est["tokens_per_s"], base_est, scale=base / c.world_size)
 
 
 def _speedup(df: pd.DataFrame, configs: list[Config]) -> None:

@@ -13,6 +13,7 @@ No scipy.
 """
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from dataclasses import dataclass
@@ -61,6 +62,7 @@ def t_sf2(t: float, df: float) -> float:
     return _betainc(df / 2.0, 0.5, df / (df + t * t))
 
 
+@functools.lru_cache(maxsize=8192)
 def t_quantile(p: float, df: float) -> float:
     """The p quantile (p > 0.5) of Student t with df > 0 degrees of freedom, by bisection."""
     if df <= 0:
@@ -80,17 +82,11 @@ def t_quantile(p: float, df: float) -> float:
     return (lo + hi) / 2.0
 
 
-_T975_CACHE: dict[float, float] = {}
-
-
 def t975(df: float) -> float:
     """t(0.975, df), exact for fractional df (the old table rounded df down)."""
     if df < 1:
         raise ValueError(f"degrees of freedom must be >= 1, got {df}")
-    key = round(float(df), 9)
-    if key not in _T975_CACHE:
-        _T975_CACHE[key] = t_quantile(0.975, key)
-    return _T975_CACHE[key]
+    return t_quantile(0.975, round(float(df), 9))
 
 
 # --- estimates ------------------------------------------------------------------------------

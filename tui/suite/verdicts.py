@@ -118,8 +118,8 @@ def decide(cat: Any, group: list[Any], label: str, cv: float | None) -> Verdict 
     if not cat.timed and all(_exact(c.get(cat.metric)) for c in cands):
         return _counted(v, cat, others)
     cv_here = _cv(b, s, cv)
-    v.repeats_hint = repeats_needed(abs(b.mean), abs(s.mean), cv_here, len(cands))
     if not all(c.get(cat.metric).has_interval for c in cands):
+        v.repeats_hint = repeats_needed(abs(b.mean), abs(s.mean), cv_here, len(cands))
         v.kind, v.text = "one repeat", f"no winner from one repeat: {describe(best, cat)} vs {others}; {_hint(v, b, s, cv_here)}"
         return v
     v.pvalues = [welch(b, c.get(cat.metric)) for c in cands[1:]]
@@ -131,6 +131,7 @@ def decide(cat: Any, group: list[Any], label: str, cv: float | None) -> Verdict 
                   f"(Holm, {ALPHA:.0%} family-wise over {len(cands) - 1} comparison(s))")
     else:
         v.kind = "no significant difference"
+        v.repeats_hint = repeats_needed(abs(b.mean), abs(s.mean), cv_here, len(cands))
         v.text = (f"no significant difference: {describe(best, cat)} vs {others} "
                   f"(Welch p {_ps(v.pvalues)}, Holm at {ALPHA:.0%}); {_hint(v, b, s, cv_here)}")
     return v
