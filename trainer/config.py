@@ -121,6 +121,17 @@ class RunConfig:
     resume: str = knob("auto", recorded_only=True)
     """auto (the newest valid checkpoint in --checkpoint-dir, if any), never, or a checkpoint
     directory."""
+    reshard_after_forward: bool = True
+    """fsdp and zero3: free each block's gathered parameters after its forward and gather them
+    again for backward (FSDP2's reshard_after_forward, on every block but the last and the
+    root as torchtitan does; ZeRO-3's stage3_max_live_parameters = stage3_max_reuse_distance = 0),
+    or keep them until backward (--no-reshard-after-forward: fewer all-gathers, more memory;
+    ZeRO-3 then gets DeepSpeed's own default of 1e9 for both). Other strategies ignore it."""
+    bucket_mib: float = knob(25.0, above=0)
+    """Gradient-communication bucket size in MiB, the same for every strategy that buckets: DDP's
+    bucket_cap_mb, DeepSpeed's reduce_bucket_size, allgather_bucket_size and
+    stage3_prefetch_bucket_size (converted to elements of the reduction dtype; these override
+    --deepspeed-config's). FSDP2 communicates per module and has no bucket."""
     argv: list[str] = field(default_factory=list, metadata={"recorded_only": "argv"})
     """The command line this config came from (recorded; not a flag)."""
 

@@ -10,6 +10,7 @@ what it measured.
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import time
@@ -49,6 +50,7 @@ class Trainer:
         self.mcfg = cfg.model_config()
         self.step_times: list[float] = []
         self.losses: list[float] = []  # rank-local until finish() averages them over ranks
+        self.grad_norms: list[float | None] = []  # global already: the same on every rank
         self.h2d_bytes = 0
         self.h2d_seconds = 0.0
         self._h2d_events = None  # (start, end, bytes) of the current step's copies (GPU only)
@@ -92,6 +94,8 @@ class Trainer:
             warnings=[peak.warning] if peak.warning else [], usd_per_gpu_hour=cfg.usd_per_gpu_hour,
             grad_reduce_dtype=cfg.grad_reduce_dtype,
             fsdp_grad_sync=cfg.fsdp_grad_sync if cfg.strategy == "fsdp" else None,
+            reshard_after_forward=cfg.reshard_after_forward if cfg.strategy in ("fsdp", "zero3") else None,
+            bucket_mib=cfg.bucket_mib if cfg.strategy != "fsdp" else None,
             activation_checkpointing=cfg.activation_checkpointing, compile=cfg.compile, seed=cfg.seed,
             optimizer={"name": "AdamW", "lr": cfg.lr, "betas": [0.9, 0.95], "weight_decay": cfg.weight_decay,
                        "grad_clip": cfg.grad_clip, "lr_warmup_steps": cfg.lr_warmup_steps,
@@ -189,6 +193,8 @@ class Trainer:
             next_batches = self.data.step_batches(step + 1)
             loss = (step_loss / self.grad_accum).item()
             self.losses.append(loss)
+            norm = self.strategy.grad_norm()
+            self.grad_norms.append(norm if norm is not None and math.isfinite(norm) else None)
             if self.time_to_first_step is None:
                 self.time_to_first_step = time.time() - process_start
             # A checkpoint step is reported on its own, never in the step-time statistics.
@@ -214,6 +220,7 @@ class Trainer:
         self.record.warnings += warnings
         if history:
             self.losses = list(history["losses"])
+            self.grad_norms = list(history.get("grad_norms", [None] * len(self.losses)))
             self.step_times = list(history["step_times"])
             self.ckpt_step_times = list(history["ckpt_step_times"])
             self.ckpt.stats.save_s = list(history["save_s"]) + self.ckpt.stats.save_s
@@ -247,7 +254,7 @@ class Trainer:
             losses /= self.dist.world_size
         self.losses = [float(v) for v in losses]
         s = self.ckpt.stats
-        return {"saves": s.saves + 1, "losses": self.losses, "step_times": self.step_times, "ckpt_step_times": self.ckpt_step_times,
+        return {"saves": s.saves + 1, "losses": self.losses, "grad_norms": self.grad_norms, "step_times": self.step_times, "ckpt_step_times": self.ckpt_step_times,
                 "save_s": s.save_s, "blocking_s": s.blocking_s, "restarts": self.restarts}
 
     def _timed_step(self, host_batches) -> tuple[float, torch.Tensor]:
@@ -329,6 +336,7 @@ class Trainer:
             losses = (losses / self.dist.world_size).cpu()
         r.loss_per_step = [float(v) for v in losses]
         r.final_loss = r.loss_per_step[-1] if r.loss_per_step else None
+        r.grad_norm_per_step = list(self.grad_norms)
         r.nccl_env, r.nccl_env_disagreement = env_info.nccl_env_across_ranks(self._gather)
         self.fill_timings(r)
         mine = (rank_memory(self.dist.rank, self.device, self.setup_peak), self.state, self.affinity)
@@ -365,6 +373,8 @@ class Trainer:
             r.h2d_gbps = self.h2d_bytes / self.h2d_seconds / 1e9
         if self.ckpt:
             r.checkpoint = self._checkpoint_cost()
+        if not r.grad_norm_per_step and self.grad_norms:
+            r.grad_norm_per_step = list(self.grad_norms)
         if not r.loss_per_step and self.losses:
             r.loss_per_step = list(self.losses)  # rank 0's own, when the ranks can't be averaged
             r.final_loss = self.losses[-1]
