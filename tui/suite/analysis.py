@@ -93,7 +93,7 @@ def show(e: Estimate | None, spec: str = "{:.4g}", unit: str = "") -> str:
     if e is None:
         return "-"
     unit = f" {unit}" if unit else ""
-    if e.has_interval:
+    if e.has_interval and e.lo != e.hi:  # no spread (a counted value): no interval to show
         return f"{spec.format(e.mean)} [{spec.format(e.lo)}, {spec.format(e.hi)}]{unit} (n={e.n})"
     return f"{spec.format(e.mean)}{unit} (n={e.n})"
 
