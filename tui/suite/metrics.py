@@ -171,6 +171,8 @@ COLUMNS: list[tuple[str, str, Callable[[dict], Any]]] = [
     ("n_params", "trainable parameters", _get("n_params")),
     ("precision", "fp32, bf16 or fp16 (as run)", _get("precision")),
     ("grad_reduce_dtype", "dtype gradients were reduced in", _get("grad_reduce_dtype")),
+    ("reshard_after_forward", "fsdp/zero3: gathered parameters freed after forward (True) or kept until backward", _get("reshard_after_forward")),
+    ("bucket_mib", "gradient-communication bucket, MiB (DDP bucket_cap_mb, DeepSpeed bucket sizes); empty for fsdp", _get("bucket_mib")),
     ("seq_len", "tokens per sequence", _get("seq_len")),
     ("micro_batch", "sequences per rank per micro-step", _get("micro_batch")),
     ("grad_accum", "micro-steps per optimizer step", _get("grad_accum")),
