@@ -100,3 +100,18 @@ def test_report_opens_with_the_summary_table(tmp_path: Path):
     row = [line for line in summary.splitlines() if line.startswith("| 2 dev")][0]
     assert "**ddp** (25% ahead of zero3)" in row and "ddp 1,000 [975, 1,025] tok/s" in row
     assert "**zero3**" in row and "zero3 0.02441 GiB" in row
+
+
+def test_strategy_specific_settings_do_not_split_other_strategies():
+    """bucket_mib does not apply to fsdp, reshard_after_forward not to ddp (the record says None):
+    one group at the defaults; a bucket sweep makes two groups, fsdp in both."""
+    def cfg(strategy, tps, bucket, reshard):
+        return runs(strategy, 2, [tps, tps + 1, tps - 1], bucket_mib=bucket, reshard_after_forward=reshard)
+
+    default = cfg("ddp", 1000.0, 25.0, None) + cfg("fsdp", 900.0, None, True) + cfg("zero3", 800.0, 25.0, True)
+    (v,) = [v for v in analysis.analyze(default).verdicts if v.category.name == "throughput"]
+    assert sorted(c.strategy for c in v.candidates) == ["ddp", "fsdp", "zero3"]
+    sweep = default + cfg("ddp", 1100.0, 10.0, None) + cfg("zero3", 850.0, 10.0, True)
+    found = [v for v in analysis.analyze(sweep).verdicts if v.category.name == "throughput"]
+    assert sorted((v.group.split("bucket_mib=")[1], sorted(c.strategy for c in v.candidates)) for v in found) == [
+        ("10.0", ["ddp", "fsdp", "zero3"]), ("25.0", ["ddp", "fsdp", "zero3"])]

@@ -228,8 +228,9 @@ def _configs(df: pd.DataFrame) -> list[Config]:
 def _speedup(df: pd.DataFrame, configs: list[Config]) -> None:
     """tok/s over the best single-device configuration of any strategy in the same setting."""
     by_key: dict[str, list[Config]] = {}
+    ignore = groups.specific([c.settings for c in configs])  # bucket size etc.: not a 1-device setting to match
     for c in configs:
-        by_key.setdefault(groups.key(c.settings, SPEEDUP_EXCEPT), []).append(c)
+        by_key.setdefault(groups.key(c.settings, SPEEDUP_EXCEPT | ignore), []).append(c)
     for group in by_key.values():
         singles = [c for c in group if int(c.world_size) == 1]
         best = max(singles, key=lambda c: c.est["tokens_per_s"].mean) if singles else None
@@ -297,32 +298,30 @@ def pooled_cv(configs: list[Config], metric: str) -> float | None:
     return statistics.median(cvs) if cvs else None
 
 
-def group_label(c: Config, varying: list[str]) -> str:
+def group_label(c: Config, settings: dict[str, Any], varying: list[str]) -> str:
     """'2 dev, tiny, seq 64, fp32, cpu' plus every setting that differs between comparison groups."""
     parts = [f"{int(c.world_size)} dev", f"{c.model}", f"seq {_int(c.seq_len)}", str(c.precision)]
     if isinstance(c.gpu_shape, str):
         parts.append(c.gpu_shape)
     shown = {"world_size", "model", "seq_len", "precision", "shape", "nodes"}
-    parts += [f"{k}={c.settings.get(k)}" for k in varying if k not in shown]
+    parts += [f"{k}={settings.get(k)}" for k in varying if k not in shown]
     return ", ".join(parts)
 
 
 def verdict_groups(configs: list[Config]) -> list[list[Config]]:
     """Configurations whose measured settings are equal except the strategy (and its launcher)."""
-    by_key: dict[str, list[Config]] = {}
-    for c in configs:
-        by_key.setdefault(groups.verdict_key(c.settings), []).append(c)
-    return list(by_key.values())
+    return groups.comparison_groups(configs, lambda c: c.settings)
 
 
 def _verdicts(configs: list[Config]) -> list[Verdict]:
     out: list[Verdict] = []
     found = verdict_groups(configs)
-    varying = groups.differences([g[0].settings for g in found], groups.VERDICT_EXCEPT | {"resolved_global_batch"})
+    settings = [groups.merged([c.settings for c in g]) for g in found]
+    varying = groups.differences(settings, groups.VERDICT_EXCEPT | {"resolved_global_batch"})
     cvs = {cat.metric: pooled_cv(configs, cat.metric) for cat in CATEGORIES}
-    for group in found:
+    for group, merged in zip(found, settings):
         for cat in CATEGORIES:
-            v = decide(cat, group, group_label(group[0], varying), cvs[cat.metric])
+            v = decide(cat, group, group_label(group[0], merged, varying), cvs[cat.metric])
             if v is not None:
                 out.append(v)
     return out

@@ -15,7 +15,9 @@ RunConfig knob joins every grouping without a list to edit here.
 from __future__ import annotations
 
 import functools
+import itertools
 import json
+import math
 from dataclasses import MISSING, fields
 from typing import Any
 
@@ -85,8 +87,17 @@ def key(s: dict[str, Any], except_: frozenset[str]) -> str:
     return json.dumps({k: v for k, v in s.items() if k not in except_}, sort_keys=True, default=str)
 
 
-def loss_key(s: dict[str, Any]) -> str:
-    return key(s, LOSS_EXCEPT)
+def specific(settings_list: list[dict[str, Any]]) -> frozenset[str]:
+    """Settings that apply to some strategies only: None in some runs, a value in others
+    (fsdp_grad_sync, reshard_after_forward, bucket_mib). They never split runs of strategies
+    they do not apply to."""
+    names = {k for s in settings_list for k in s}
+    return frozenset(n for n in names if any(s.get(n) is None for s in settings_list)
+                     and any(s.get(n) is not None for s in settings_list))
+
+
+def loss_key(s: dict[str, Any], ignore: frozenset[str] = frozenset()) -> str:
+    return key(s, LOSS_EXCEPT | ignore)
 
 
 def verdict_key(s: dict[str, Any]) -> str:
@@ -95,6 +106,43 @@ def verdict_key(s: dict[str, Any]) -> str:
 
 def base_key(s: dict[str, Any]) -> str:
     return key(s, BASE_EXCEPT | {"resolved_global_batch"})
+
+
+def _dump(v: Any) -> str:
+    return json.dumps(v, default=str)
+
+
+def comparison_groups(items: list[Any], settings_of, except_: frozenset[str] = VERDICT_EXCEPT) -> list[list[Any]]:
+    """Items whose settings are equal outside `except_`, a strategy-specific setting counting
+    as equal to a run it does not apply to (None): with ddp, fsdp and zero3 at bucket 10 and 25
+    MiB, fsdp (no buckets) is in both groups, {ddp 10, zero3 10, fsdp} and {ddp 25, zero3 25, fsdp}."""
+    spec = specific([settings_of(i) for i in items])
+    coarse: dict[str, list[Any]] = {}
+    for i in items:
+        coarse.setdefault(key(settings_of(i), except_ | spec), []).append(i)
+    out: list[list[Any]] = []
+    for members in coarse.values():
+        names = sorted(n for n in spec if any(settings_of(i).get(n) is not None for i in members))
+        values = [sorted({_dump(settings_of(i).get(n)) for i in members if settings_of(i).get(n) is not None})
+                  for n in names]
+        if math.prod(len(v) for v in values) > 64:  # a sweep too wide to split: compare them all
+            out.append(members)
+            continue
+        found: list[list[Any]] = []
+        for combo in itertools.product(*values):
+            chosen = [i for i in members if all(settings_of(i).get(n) is None or _dump(settings_of(i).get(n)) == v
+                                                for n, v in zip(names, combo))]
+            ids = {id(i) for i in chosen}
+            if chosen and not any(ids <= {id(j) for j in f} for f in found):
+                found = [f for f in found if not {id(j) for j in f} <= ids] + [chosen]
+        out += found
+    return out
+
+
+def merged(settings_list: list[dict[str, Any]]) -> dict[str, Any]:
+    """One settings dict for a group: each setting's value where it applies."""
+    names = {k for s in settings_list for k in s}
+    return {n: next((s[n] for s in settings_list if s.get(n) is not None), None) for n in names}
 
 
 def differences(settings_list: list[dict[str, Any]], except_: frozenset[str] = frozenset()) -> list[str]:

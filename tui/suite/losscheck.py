@@ -69,7 +69,9 @@ def check(df: pd.DataFrame) -> list[LossGroup]:
     out: list[LossGroup] = []
     if ok.empty:
         return out
-    for _, group in ok.groupby(ok["settings"].map(groups.loss_key), sort=True):
+    # Strategy-specific settings (buckets, resharding, sync schedule) must not change the trajectory.
+    ignore = groups.specific(list(ok["settings"]))
+    for _, group in ok.groupby(ok["settings"].map(lambda s: groups.loss_key(s, ignore)), sort=True):
         if len(group) >= 2:
             out.append(_group(df, group))
     return out
