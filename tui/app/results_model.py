@@ -72,7 +72,7 @@ def fmt_cell(value: Any, spec: str) -> str:
     without; '' for nothing."""
     if isinstance(value, Estimate):
         text = spec.format(value.mean)
-        if not value.has_interval:
+        if not value.has_interval or value.lo == value.hi:  # a counted value has no spread to show
             return text
         return f"{text} [{spec.format(value.lo).strip()}, {spec.format(value.hi).strip()}]"
     if value is None or (isinstance(value, float) and not finite(value)):
