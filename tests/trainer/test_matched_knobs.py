@@ -48,21 +48,25 @@ def test_the_knob_is_recorded_with_one_meaning(runs):
 def test_resharding_shows_in_the_all_gather_bytes_of_both(runs):
     """Resharding gathers again for backward: more all-gather bytes for both strategies (before,
     ZeRO-3 always kept what it gathered, FSDP always resharded, and the record said neither)."""
-    for strategy in ("fsdp", "zero3"):
-        assert gathered_bytes(runs[strategy]) > 1.2 * gathered_bytes(runs[f"{strategy}-keep"]), strategy
+    # FSDP2 (torchtitan's plan): the blocks but the last are gathered again for backward.
+    cfg = PRESETS["tiny"]
+    block = 4 * sum(p.numel() for p in TinyGPT(cfg).blocks[0].parameters())
+    extra = gathered_bytes(runs["fsdp"]) - gathered_bytes(runs["fsdp-keep"])
+    assert extra == pytest.approx(block * (cfg.n_layer - 1), rel=0.01)
+    # ZeRO-3 (max live parameters and reuse distance 0): everything it gathered, again for backward.
+    assert gathered_bytes(runs["zero3"]) > 1.5 * gathered_bytes(runs["zero3-keep"])
 
 
 def test_kept_parameters_are_gathered_once_per_micro_step(runs):
     """Without resharding both gather every sharded parameter exactly once per micro-step: FSDP
     every unit (blocks and root), ZeRO-3 every parameter above its persistence threshold."""
-    sizes = {id(p): p.numel() for p in TinyGPT(PRESETS["tiny"]).parameters()}
+    sizes = {id(p): p.numel() for p in TinyGPT(PRESETS["tiny"]).parameters()}  # the tied embedding once
     r = runs["fsdp-keep"]
     assert r["comm_per_step"]["all_gather"]["calls"] / r["grad_accum"] == PRESETS["tiny"].n_layer + 1
     assert gathered_bytes(r) == pytest.approx(4 * r["n_params"], rel=0.01)
     threshold = json.loads((CONFIG_DIR / "zero3.json").read_text())["zero_optimization"]["stage3_param_persistence_threshold"]
     gathered = [n for n in sizes.values() if n >= threshold]
-    r = runs["zero3-keep"]
-    assert r["comm_per_step"]["all_gather"]["calls"] / r["grad_accum"] == len(gathered)
+    r = runs["zero3-keep"]  # (its call count depends on how prefetching coalesces them)
     assert gathered_bytes(r) == pytest.approx(4 * sum(gathered), rel=0.01)
 
 

@@ -52,6 +52,25 @@ def _from_args(args: tuple[str, ...]) -> dict[str, Any] | None:
     return measured_fields(RunConfig(**vars(ns)), 1, 1, None)
 
 
+@functools.lru_cache(maxsize=1)
+def _recorded_only_flags() -> frozenset[str]:
+    return frozenset("--" + f.name.replace("_", "-") for f in fields(RunConfig)
+                     if f.metadata.get("recorded_only") and f.metadata.get("recorded_only") != "argv")
+
+
+def _measured_args(args: list[Any]) -> tuple[str, ...]:
+    """The command line without recorded-only flags (run id, output dir, ...): what the settings
+    depend on, so repeats share one cached parse."""
+    skip, out = _recorded_only_flags(), []
+    it = iter(map(str, args))
+    for a in it:
+        if a in skip:
+            next(it, None)
+        elif a.split("=", 1)[0] not in skip:
+            out.append(a)
+    return tuple(out)
+
+
 def _lookup(record: dict[str, Any], name: str) -> Any:
     node: Any = record
     for part in _RECORD_PATH.get(name, (name,)):
@@ -68,7 +87,7 @@ def _measured_names() -> list[str]:
 def settings(record: dict[str, Any]) -> dict[str, Any]:
     """Every measured setting of the run that made this record (see the module docstring)."""
     args = record.get("args")
-    parsed = _from_args(tuple(map(str, args))) if isinstance(args, list) and args else None
+    parsed = _from_args(_measured_args(args)) if isinstance(args, list) and args else None
     out: dict[str, Any] = dict(parsed or {})
     for name in _measured_names():
         value = _lookup(record, name)
