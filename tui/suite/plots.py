@@ -136,7 +136,7 @@ def draw_model_state(an: Analysis, path: Path) -> bool:
     for part in STATE_PARTS:
         values = [c.breakdown.get(part, 0.0) * 1024 for c in bars]
         if any(values):
-            ax.bar(xs, values, bottom=bottom, label=part.replace("_", " "))
+            ax.bar(xs, values, bottom=bottom, label="comm buckets (--bucket-mib)" if part == "comm_buffer" else part)
             bottom = [b + v for b, v in zip(bottom, values)]
     ax.set_xticks(list(xs), [f"{_label(c, varying)}\n{int(c.world_size)} dev" for c in bars], fontsize="small")
     ax.set_ylabel("MiB held by one rank (the rank holding the most)")
