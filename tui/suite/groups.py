@@ -1,11 +1,11 @@
 """Which runs may be compared: every grouping is "all measured settings equal except ...".
 
 A record's settings are trainer.config.measured_fields() of the RunConfig its command line
-(`args`) parses to, with the values the record resolved itself (precision auto -> fp32, seq len,
-grad-accum, world size, launcher) winning, and a strategy-specific setting the record leaves
-empty for other strategies (fsdp_grad_sync, reshard_after_forward, ...) empty. Records without a
-command line (older or synthetic ones) take the RunConfig fields the record carries. So a new
-RunConfig knob joins every grouping without a list to edit here.
+(`args`) parses to, overridden by every RunConfig field the record itself carries (what the
+trainer resolved and ran: precision auto -> fp32, seq len, grad-accum, world size, launcher; and
+None for a strategy-specific setting that does not apply: fsdp_grad_sync, reshard_after_forward,
+bucket_mib). Records without a command line (older or synthetic ones) have only the fields they
+carry. So a new RunConfig knob joins every grouping without a list to edit here.
 
 - verdict (and summary) groups: everything but the strategy and its launcher;
 - loss groups (one trajectory): everything but strategy, launcher and the data layout
@@ -32,12 +32,6 @@ _RECORD_PATH = {"model": ("model", "preset"), "n_layer": ("model", "n_layer"), "
                 "n_head": ("model", "n_head"), "vocab_size": ("model", "vocab_size"), "lr": ("optimizer", "lr"),
                 "weight_decay": ("optimizer", "weight_decay"), "grad_clip": ("optimizer", "grad_clip"),
                 "lr_warmup_steps": ("optimizer", "lr_warmup_steps"), "shape": ("gpu_shape",)}
-# Resolved by the trainer, so the record's value is the one that ran. model/n_layer/...: the
-# record holds the resolved architecture (a preset plus overrides equals the same numbers).
-_RESOLVED = ("precision", "seq_len", "grad_accum", "world_size", "nodes", "launcher", "strategy", "device",
-             "n_layer", "n_embd", "n_head", "vocab_size")
-
-
 @functools.lru_cache(maxsize=1)
 def _parser():
     return build_parser()
@@ -93,8 +87,7 @@ def settings(record: dict[str, Any]) -> dict[str, Any]:
         value = _lookup(record, name)
         if value is MISSING:
             continue
-        if parsed is None or name in _RESOLVED or value is None:
-            out[name] = value  # None: the record says the setting does not apply to its strategy
+        out[name] = value  # what the trainer says it ran (None: the setting does not apply to its strategy)
     out.pop("global_batch", None)  # None in measured_fields: grad-accum carries it
     if record.get("global_batch") is not None:
         out["resolved_global_batch"] = record.get("global_batch")
