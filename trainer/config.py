@@ -130,7 +130,7 @@ class RunConfig:
     bucket_mib: float = knob(25.0, above=0)
     """Gradient-communication bucket size in MiB, the same for every strategy that buckets: DDP's
     bucket_cap_mb, DeepSpeed's reduce_bucket_size, allgather_bucket_size and
-    stage3_prefetch_bucket_size (converted to elements of the reduction dtype; these override
+    stage3_prefetch_bucket_size (converted to elements of the run's precision; these override
     --deepspeed-config's). FSDP2 communicates per module and has no bucket."""
     argv: list[str] = field(default_factory=list, metadata={"recorded_only": "argv"})
     """The command line this config came from (recorded; not a flag)."""
