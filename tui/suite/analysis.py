@@ -1,25 +1,19 @@
 """What the result records support saying: the one analysis behind BENCHMARK_REPORT.md and
 benchtui's Results screen (two views of the same `Analysis`).
 
-The rules (README "How the report decides" states them for users):
+The rules (README "How the report decides" states them for users, docs/verdicts.md in full):
 - A configuration (same config_id) folds its ok repeats into n, mean, sd and a 95% Student-t
-  interval per metric (tui/suite/stats.py).
-- Scaling efficiency eff(N) = tok/s(N) / (tok/s(base) x N / base), base = the same strategy's
-  smallest world size in the matrix (same model, seq len, micro-batch, precision, shape,
-  launcher), only when that base has an ok run; else it stays empty with the reason. Its interval
-  propagates both spreads (delta method, Welch-Satterthwaite df). Speedup = tok/s over the best
-  single-device mean of any strategy (same model, seq len, precision, shape, device), same method.
-- Flags (a flagged configuration is never named winner): efficiency above 1.05; throughput
-  spread (max - min) / mean above 20% across repeats; a host overloaded during a run (1-minute
-  load average at its start or end above the host's CPUs + 1); a loss curve off its group's
-  reference. Memory verdicts (counted, not timed) are blocked only by a broken loss curve.
-- Loss check: runs that must follow one trajectory (same model, seq len, precision, gradient
-  reduction dtype, global batch, steps, lr, seed) are compared step by step with the per-step
-  median of the group; a run further than 1e-4 relative (fp32; 1e-2 when compute or gradient
-  reduction is bf16/fp16) at any step is broken.
-- Winner: per comparison group (model, seq len, precision, shape, device, world size) and
-  category, the best strategy's interval must not overlap the runner-up's; otherwise "no
-  significant difference". With one repeat no winner is named.
+  interval per metric, on a log scale for positive quantities (tui/suite/stats.py).
+- Who is compared with whom: "all measured settings equal except ..." (tui/suite/groups.py):
+  verdict groups except the strategy; loss groups except strategy and data layout
+  (tui/suite/losscheck.py, loss and gradient norm per step); efficiency bases except world size
+  (tui/suite/scaling.py). Speedup = tok/s over the best single-device mean of any strategy.
+- Flags (a flagged configuration is never named winner): efficiency whose interval lies above
+  1.05; throughput sd/mean above 25%; a host overloaded during a run (1-minute load average at
+  its start or end above the host's CPUs + 1); a loss curve off its group's reference. Memory
+  verdicts (counted, not timed) are blocked only by a broken loss curve.
+- Winner (tui/suite/verdicts.py): Welch tests of the best against every other candidate, Holm
+  at 5% family-wise; counted memory is decided from one repeat.
 """
 from __future__ import annotations
 
