@@ -33,7 +33,8 @@ def test_contract_holds_the_trainer_tables():
 
     c = json.loads((CHART / "files" / "contract.json").read_text())
     assert list(c["strategies"]) == list(STRATEGIES)
-    assert {s for s, f in c["strategies"].items() if f["deepspeed"]} == {"zero1", "zero2", "zero3"}
+    assert {s for s, f in c["strategies"].items() if f["deepspeed"]} == {s for s, i in STRATEGIES.items()
+                                                                         if i.engine == "deepspeed"}
     assert {k: v["blockSize"] for k, v in c["presets"].items()} == {k: p.block_size for k, p in PRESETS.items()}
     assert c["precisions"] == list(PRECISIONS)
     schema = json.loads((CHART / "values.schema.json").read_text())

@@ -93,6 +93,9 @@ class DDPStrategy(TorchStrategy):
             return default_hooks.allreduce_hook
         return bf16_allreduce_hook
 
+    def recorded(self) -> dict:
+        return {"bucket_mib": self.ctx.cfg.bucket_mib}
+
     @property
     def compute_path(self) -> str:
         if self.ctx.amp_dtype is None:

@@ -78,3 +78,8 @@ class FSDPStrategy(TorchStrategy):
                 out.append(getattr(unsharded, "grad", None))
                 out.append(fsdp_param.unsharded_accumulated_grad)
         return [t for t in out if t is not None]
+
+    def recorded(self) -> dict:
+        # No bucket_mib: FSDP2 communicates per module (the record says None, not a size it ignored).
+        return {"fsdp_grad_sync": self.ctx.cfg.fsdp_grad_sync,
+                "reshard_after_forward": self.ctx.cfg.reshard_after_forward}

@@ -114,6 +114,13 @@ class ZeroStrategy(Strategy):
         norm = self.engine.get_global_grad_norm()
         return None if norm is None else float(norm)
 
+    def recorded(self) -> dict:
+        cfg = self.ctx.cfg
+        out = {"bucket_mib": cfg.bucket_mib}
+        if STRATEGIES[cfg.strategy].zero_stage == 3:  # only stage 3 gathers parameters
+            out["reshard_after_forward"] = cfg.reshard_after_forward
+        return out
+
     @property
     def compute_path(self) -> str:
         if self.ctx.amp_dtype is None:

@@ -5,8 +5,9 @@ The rules (README "How the report decides" states them for users, docs/verdicts.
 - A configuration (same config_id) folds its ok repeats into n, mean, sd and a 95% Student-t
   interval per metric, on a log scale for positive quantities (tui/suite/stats.py).
 - Who is compared with whom: "all measured settings equal except ..." (tui/suite/groups.py):
-  verdict groups except the strategy; loss groups except strategy and data layout
-  (tui/suite/losscheck.py, loss and gradient norm per step); efficiency bases except world size
+  verdict groups except the strategy; loss groups except the world size and the knobs marked
+  same_loss in trainer/config.py (strategy, data layout, bucket size, ...; tui/suite/losscheck.py,
+  loss and gradient norm per step); efficiency bases except world size and the per_world knobs
   (tui/suite/scaling.py). Speedup = tok/s over the best single-device mean of any strategy.
 - Flags (a flagged configuration is never named winner): efficiency whose interval lies above
   1.05; throughput sd/mean above 25%; a host overloaded during a run (1-minute load average at

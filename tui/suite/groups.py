@@ -1,16 +1,20 @@
-"""Which runs may be compared: every grouping is "all measured settings equal except ...".
+"""Which runs may be compared: every grouping is "all measured settings equal except ...", and
+what may differ comes from the knobs' roles in trainer/config.py (trainer/knobs.py): the one
+derivation of the verdict groups, loss groups and scaling bases.
 
-A record's settings are trainer.config.measured_fields() of the RunConfig its command line
-(`args`) parses to, overridden by every RunConfig field the record itself carries (what the
-trainer resolved and ran: precision auto -> fp32, seq len, grad-accum, world size, launcher; and
-None for a strategy-specific setting that does not apply: fsdp_grad_sync, reshard_after_forward,
-bucket_mib). Records without a command line (older or synthetic ones) have only the fields they
-carry. So a new RunConfig knob joins every grouping without a list to edit here.
+A record's settings are trainer.config.measured_fields() of its RunConfig: the record's
+`settings` (every knob as given), else, for records older than that, the RunConfig its command
+line (`args`) parses to; either overridden by every RunConfig field the record itself carries
+(what the trainer resolved and ran: precision auto -> fp32, seq len, grad-accum, world size,
+launcher; and None for a strategy-specific setting that does not apply: fsdp_grad_sync,
+reshard_after_forward, bucket_mib). Records with neither have only the fields they carry. So a
+new RunConfig knob joins every grouping without a list to edit here.
 
 - verdict (and summary) groups: everything but the strategy and its launcher;
-- loss groups (one trajectory): everything but strategy, launcher and the data layout
-  (world size, nodes, micro-batch, grad-accum), with the same global batch;
-- efficiency bases: everything but world size, nodes and the grad-accum derived from them.
+- loss groups (one trajectory): everything but the run's layout (world size, nodes) and the
+  knobs marked `same_loss` (strategy, launcher, micro-batch, grad-accum, bucket size, ...), with
+  the same resolved global batch;
+- efficiency bases: everything but the layout and the knobs marked `per_world` (grad-accum).
 """
 from __future__ import annotations
 
@@ -21,11 +25,15 @@ import math
 from dataclasses import MISSING, fields
 from typing import Any
 
+from trainer import knobs
 from trainer.config import RunConfig, build_parser, measured_fields
 
+LAYOUT = frozenset({"world_size", "nodes"})
+"""The run's shape (measured_fields adds them; not knobs)."""
 VERDICT_EXCEPT = frozenset({"strategy", "launcher"})
-LOSS_EXCEPT = frozenset({"strategy", "launcher", "world_size", "nodes", "micro_batch", "grad_accum"})
-BASE_EXCEPT = frozenset({"world_size", "nodes", "grad_accum"})
+"""What a verdict compares: the strategy, and the launcher that comes with it."""
+LOSS_EXCEPT = LAYOUT | knobs.same_loss()
+BASE_EXCEPT = LAYOUT | knobs.per_world()
 
 # Where a record keeps a RunConfig field under another name.
 _RECORD_PATH = {"model": ("model", "preset"), "n_layer": ("model", "n_layer"), "n_embd": ("model", "n_embd"),
@@ -75,14 +83,22 @@ def _lookup(record: dict[str, Any], name: str) -> Any:
 
 
 def _measured_names() -> list[str]:
-    return [f.name for f in fields(RunConfig) if not f.metadata.get("recorded_only")] + ["world_size", "nodes"]
+    return [f.name for f in knobs.measured()] + sorted(LAYOUT)
+
+
+@functools.lru_cache(maxsize=1)
+def _measured_set() -> frozenset[str]:
+    return frozenset(_measured_names())
 
 
 def settings(record: dict[str, Any]) -> dict[str, Any]:
     """Every measured setting of the run that made this record (see the module docstring)."""
-    args = record.get("args")
-    parsed = _from_args(_measured_args(args)) if isinstance(args, list) and args else None
-    out: dict[str, Any] = dict(parsed or {})
+    given, args = record.get("settings"), record.get("args")
+    if isinstance(given, dict) and given:  # the knobs as given (trainer.knobs.settings)
+        out: dict[str, Any] = {k: v for k, v in given.items() if k in _measured_set()}
+    else:  # an older record: the knobs its command line gives
+        parsed = _from_args(_measured_args(args)) if isinstance(args, list) and args else None
+        out = dict(parsed or {})
     for name in _measured_names():
         value = _lookup(record, name)
         if value is MISSING:
