@@ -115,3 +115,31 @@ def test_strategy_specific_settings_do_not_split_other_strategies():
     found = [v for v in analysis.analyze(sweep).verdicts if v.category.name == "throughput"]
     assert sorted((v.group.split("bucket_mib=")[1], sorted(c.strategy for c in v.candidates)) for v in found) == [
         ("10.0", ["ddp", "fsdp", "zero3"]), ("25.0", ["ddp", "fsdp", "zero3"])]
+
+
+def test_groupings_follow_the_knobs_roles_and_the_records_settings():
+    """One derivation (merge of issues 17 and 18): what may differ in a loss group or an
+    efficiency base is the knob's `same_loss` / `per_world` role in trainer/config.py, and a
+    record's settings start from its `settings` (the knobs as given), the trainer's resolved
+    top-level values winning (precision auto -> fp32; None where a knob does not apply)."""
+    from trainer import knobs
+    from trainer.config import RunConfig
+
+    assert {"bucket_mib", "reshard_after_forward", "micro_batch", "strategy"} <= groups.LOSS_EXCEPT
+    assert not {"weight_decay", "lr", "grad_reduce_dtype", "seed"} & groups.LOSS_EXCEPT
+    assert groups.BASE_EXCEPT == {"world_size", "nodes"} | knobs.per_world()
+
+    def rec(strategy: str, **knob_values) -> dict:
+        r = record(strategy, 2)
+        r["args"] = ["--this-flag-does-not-parse"]  # settings, not args, are read
+        r["settings"] = knobs.settings(RunConfig(strategy=strategy, **knob_values))
+        r["bucket_mib"] = None if strategy == "fsdp" else r["settings"]["bucket_mib"]
+        return r
+
+    ddp10, ddp25, fsdp = (groups.settings(rec("ddp", bucket_mib=10.0)), groups.settings(rec("ddp")),
+                          groups.settings(rec("fsdp")))
+    assert ddp10["precision"] == "fp32" and ddp10["bucket_mib"] == 10.0 and fsdp["bucket_mib"] is None
+    assert groups.loss_key(ddp10) == groups.loss_key(ddp25) == groups.loss_key(fsdp)
+    assert groups.verdict_key(ddp10) != groups.verdict_key(ddp25)
+    wd = groups.settings(rec("ddp", weight_decay=0.1))
+    assert groups.loss_key(wd) != groups.loss_key(ddp25) and groups.base_key(wd) != groups.base_key(ddp25)

@@ -2,9 +2,9 @@
 what may differ comes from the knobs' roles in trainer/config.py (trainer/knobs.py): the one
 derivation of the verdict groups, loss groups and scaling bases.
 
-A record's settings are trainer.config.measured_fields() of its RunConfig: the record's
-`settings` (every knob as given), else, for records older than that, the RunConfig its command
-line (`args`) parses to; either overridden by every RunConfig field the record itself carries
+A record's settings are its measured RunConfig fields: the record's `settings` (every knob as
+given), else, for records older than that, trainer.config.measured_fields() of the RunConfig its
+command line (`args`) parses to; either overridden by every RunConfig field the record itself carries
 (what the trainer resolved and ran: precision auto -> fp32, seq len, grad-accum, world size,
 launcher; and None for a strategy-specific setting that does not apply: fsdp_grad_sync,
 reshard_after_forward, bucket_mib). Records with neither have only the fields they carry. So a
