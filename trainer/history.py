@@ -14,6 +14,9 @@ from trainer.record import CheckpointCost, ResultRecord
 class History:
     losses: list[float] = field(default_factory=list)
     """Loss of every step, rank-local until the record averages them over ranks."""
+    grad_norms: list[float | None] = field(default_factory=list)
+    """Global gradient norm of every step before clipping (the same on every rank); None where
+    it was not finite (an fp16 overflow step)."""
     step_times: list[float] = field(default_factory=list)
     """Measured steps that were not checkpoint steps, seconds."""
     ckpt_step_times: list[float] = field(default_factory=list)
@@ -39,6 +42,8 @@ class CheckpointHooks:
         if saved:
             h, stats = self.h, self.ckpt.stats
             h.losses, h.step_times = list(saved["losses"]), list(saved["step_times"])
+            # A checkpoint saved before gradient norms were recorded has none: None per step.
+            h.grad_norms = list(saved.get("grad_norms", [None] * len(h.losses)))
             h.ckpt_step_times = list(saved["ckpt_step_times"])
             stats.save_s = list(saved["save_s"]) + stats.save_s
             stats.blocking_s = list(saved["blocking_s"]) + stats.blocking_s
@@ -62,12 +67,13 @@ class CheckpointHooks:
 
     def _saved_history(self) -> dict:
         """What a resumed run needs to report the whole run: losses averaged over ranks now
-        (every rank holds the same list afterwards), measured step times, checkpoint costs."""
+        (every rank holds the same list afterwards), gradient norms, measured step times, checkpoint
+        costs."""
         h, s = self.h, self.ckpt.stats
         h.losses = mean_over_ranks(h.losses, self.world_size)
-        return {"saves": s.saves + 1, "losses": h.losses, "step_times": h.step_times,
-                "ckpt_step_times": h.ckpt_step_times, "save_s": s.save_s, "blocking_s": s.blocking_s,
-                "restarts": h.restarts}
+        return {"saves": s.saves + 1, "losses": h.losses, "grad_norms": h.grad_norms,
+                "step_times": h.step_times, "ckpt_step_times": h.ckpt_step_times, "save_s": s.save_s,
+                "blocking_s": s.blocking_s, "restarts": h.restarts}
 
     def cost(self, cfg: RunConfig) -> CheckpointCost:
         s = self.ckpt.stats

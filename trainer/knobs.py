@@ -6,8 +6,9 @@ record's `settings`. From the metadata:
 - measured (not `recorded_only`): part of the config id, a metrics.csv column (unless the CSV
   already has the column, or `column=` names it), a key of every scaling base;
 - a measured field is in the loss check's group (runs must share it to be compared step by step)
-  unless `same_loss=True` says runs that differ only there must follow one curve; the model's
-  fields are compared through model_key, the batch through global_batch;
+  unless `same_loss=True` says runs that differ only there must follow one curve; the batch is
+  compared through the global batch the run resolved (tui/suite/groups.py reads these roles:
+  the one derivation of every grouping);
 - `per_world=True`: follows the world size at a fixed global batch, so not in a scaling base;
 - `chart=True`: a first-class chart value `run.<camelCase>` whose flag the chart's template
   writes from chart/files/contract.json (scripts/gen_chart_contract.py); any other knob reaches a
@@ -58,15 +59,16 @@ def column(f: Field) -> str:
     return _meta(f, "column") or f.name
 
 
-def loss_group(cls: type = RunConfig) -> list[str]:
-    """Columns runs must share for the loss check to compare their curves step by step."""
-    keys = [column(f) for f in measured(cls) if not _meta(f, "same_loss") and f.name not in MODEL_FIELDS]
-    return ["model_key", "global_batch", *keys]
+def same_loss(cls: type = RunConfig) -> frozenset[str]:
+    """Measured fields runs of one loss group may differ in (tui/suite/groups.py LOSS_EXCEPT):
+    every other measured field, the model's and the global batch included, splits the groups."""
+    return frozenset(f.name for f in measured(cls) if _meta(f, "same_loss"))
 
 
-def scaling_keys(cls: type = RunConfig) -> list[str]:
-    """Columns a scaling base shares with the runs it is the base of (world size excepted)."""
-    return [column(f) for f in measured(cls) if not _meta(f, "per_world")]
+def per_world(cls: type = RunConfig) -> frozenset[str]:
+    """Measured fields a scaling base may differ in from the runs it is the base of
+    (tui/suite/groups.py BASE_EXCEPT): they follow the world size at a fixed global batch."""
+    return frozenset(f.name for f in measured(cls) if _meta(f, "per_world"))
 
 
 def chart_fields(cls: type = RunConfig) -> list[Field]:
@@ -130,5 +132,5 @@ def chart_run_values(cfg: Any) -> dict[str, Any]:
 
 
 __all__ = ["SUITE_SET", "base_type", "camel", "chart_fields", "chart_run_values", "column", "command_line",
-           "csv_columns", "default", "is_numeric", "knob_fields", "loss_group", "measured", "scaling_keys",
+           "csv_columns", "default", "is_numeric", "knob_fields", "measured", "per_world", "same_loss",
            "settings"]

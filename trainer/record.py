@@ -280,6 +280,17 @@ class ResultRecord:
     settings: dict[str, Any] = field(default_factory=dict)
     """Every knob of the run as given (trainer.config.RunConfig's fields, trainer.knobs.settings):
     the CSV reads the knobs it has no column for from here."""
+    reshard_after_forward: bool | None = None
+    """fsdp and zero3: gathered parameters freed after each block's forward (True) or kept until
+    backward (False); None for strategies that do not gather parameters."""
+    bucket_mib: float | None = None
+    """Gradient-communication bucket size, MiB (DDP bucket_cap_mb, DeepSpeed's bucket sizes);
+    None for fsdp (FSDP2 has no buckets)."""
+    grad_norm_per_step: list[float | None] = field(default_factory=list)
+    """Global gradient norm of every step (warm-up included) before clipping, as the optimizer
+    saw it (already averaged over ranks); null where it was not finite (an fp16 overflow step).
+    The loss check compares it: a reduction that sums instead of averaging leaves the loss
+    almost unchanged under Adam but multiplies this by the world size."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

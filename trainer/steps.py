@@ -3,6 +3,7 @@ micro-step's forward and backward, the update, and the wait for the device to fi
 the one untimed step that samples model-state memory."""
 from __future__ import annotations
 
+import math
 import time
 
 import torch
@@ -52,6 +53,12 @@ class StepRunner:
             step_loss += self.strategy.forward_backward(x, y, last)
             self.strategy.step(last)
         return step_loss
+
+    def grad_norm(self) -> float | None:
+        """The last step's global gradient norm before clipping, None where not finite (an fp16
+        overflow step). Outside the timer: reading it synchronises with the device."""
+        norm = self.strategy.grad_norm()
+        return norm if norm is not None and math.isfinite(norm) else None
 
     def memory_step(self, host_batches) -> RankModelState:
         """One extra, untimed step that samples the model state after every micro-step's

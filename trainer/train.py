@@ -102,6 +102,7 @@ class Trainer:
             next_batches = self.data.step_batches(step + 1)
             loss = (step_loss / self.grad_accum).item()
             h.losses.append(loss)
+            h.grad_norms.append(self.steps.grad_norm())
             if h.time_to_first_step is None:
                 h.time_to_first_step = time.time() - process_start
             # A checkpoint step is reported on its own, never in the step-time statistics.
@@ -147,6 +148,7 @@ class Trainer:
         h = self.history
         run_record.fill_timings(r, h.step_times, self.steps.h2d_gbps if self.steps else None)
         r.comm_per_step, r.time_to_first_step_s = h.comm_per_step, h.time_to_first_step
+        r.grad_norm_per_step = list(h.grad_norms)  # global already: no averaging over ranks
         if self.ckpt:
             r.checkpoint = self.ckpt.cost(self.cfg)
         if not r.loss_per_step and h.losses:

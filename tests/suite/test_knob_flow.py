@@ -106,11 +106,15 @@ def test_a_real_run_records_it_and_the_csv_compares_on_it(copy, tmp_path):
     assert record["settings"]["throwaway_knob"] == 7
     proc = py(copy, f"""
         import json
-        from tui.suite import analysis, metrics
+        from tui.suite import groups, metrics
         record = json.load(open({str(out / 'result.json')!r}))
         df = metrics.to_frame([record])
         assert df.loc[0, "throwaway_knob"] == 7
-        assert "throwaway_knob" in analysis.LOSS_GROUP and "throwaway_knob" in analysis.SCALING_GROUP
+        other = json.loads(json.dumps(record))
+        other["settings"]["throwaway_knob"] = 8
+        mine, theirs = groups.settings(record), groups.settings(other)
+        assert mine["throwaway_knob"] == 7
+        assert groups.loss_key(mine) != groups.loss_key(theirs) and groups.base_key(mine) != groups.base_key(theirs)
         path = metrics.write_csv(df, {str(tmp_path / 'metrics.csv')!r})
         assert "throwaway_knob" in open(path).readline().split(",")
     """)

@@ -27,11 +27,13 @@ def config(an, strategy, world, seq_len=64):
 def test_student_t_interval_by_hand():
     e = stats.estimate([900.0, 1000.0, 1100.0])
     assert (e.n, e.mean, e.sd) == (3, 1000.0, pytest.approx(100.0))
-    assert e.half == pytest.approx(4.303 * 100 / math.sqrt(3))  # t(0.975, 2) = 4.303
-    assert (e.lo, e.hi) == (pytest.approx(751.56, abs=0.01), pytest.approx(1248.44, abs=0.01))
+    # on a log scale: 1000 x exp(+-t(0.975, 2) x (100/1000)/sqrt(3)), t = 4.303
+    f = math.exp(4.30265 * 0.1 / math.sqrt(3))
+    assert (e.lo, e.hi) == (pytest.approx(1000 / f), pytest.approx(1000 * f))
+    assert (round(e.lo, 2), round(e.hi, 2)) == (780.04, 1281.99)
     one = stats.estimate([5.0, float("nan")])
     assert one.n == 1 and one.sd is None and not one.has_interval
-    assert stats.t975(40) == pytest.approx(2.021, abs=1e-3) and stats.t975(2.7) == 4.303
+    assert stats.t975(40) == pytest.approx(2.021, abs=1e-3) and stats.t975(2) == pytest.approx(4.303, abs=1e-3)
 
 
 def test_ratio_interval_propagates_both_spreads():
@@ -41,7 +43,8 @@ def test_ratio_interval_propagates_both_spreads():
     ua, ub = 0.1 ** 2 / 3, 0.01 ** 2 / 3
     df = (ua + ub) ** 2 / (ua ** 2 / 2 + ub ** 2 / 2)  # Welch-Satterthwaite: 2.04 -> t(2) = 4.303
     assert r.mean == pytest.approx(1.0)
-    assert r.half == pytest.approx(stats.t975(df) * math.sqrt(ua + ub))
+    f = math.exp(stats.t975(df) * math.sqrt(ua + ub))  # log scale: [r / f, r x f]
+    assert (r.lo, r.hi) == (pytest.approx(1 / f), pytest.approx(f))
     # a wider base widens the ratio's standard error: both spreads count
     wide_base = stats.ratio(num, stats.estimate([900.0, 1000.0, 1100.0]), scale=0.5)
     assert wide_base.sd == pytest.approx(math.sqrt(2 * 0.1 ** 2 / 3) * math.sqrt(3))

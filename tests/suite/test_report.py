@@ -36,6 +36,12 @@ def reps(strategy: str, world: int, values: list[float], **kw) -> list[dict]:
     return [record(strategy, world, v, repeat=i, loss_per_step=REF_LOSS, **kw) for i, v in enumerate(values)]
 
 
+def metrics_name(strategy: str, world: int = 2) -> str:
+    """The configuration name the report shows for a synthetic record (its run id without -rN)."""
+    from tui.suite.metrics import without_repeat
+    return without_repeat(record(strategy, world)["run_id"])
+
+
 def report_md(tmp_path: Path, records: list[dict]) -> str:
     rep = build_report(write(tmp_path / "results", records), tmp_path / "out")
     return rep.markdown.read_text()
@@ -48,16 +54,19 @@ def test_overlapping_distributions_name_no_winner(tmp_path):
     assert "**" not in verdicts, "no strategy may be crowned"
     throughput = [r for r in verdicts.splitlines() if r.startswith("| throughput")][0]
     assert "no significant difference" in throughput
-    assert "ddp 1,100 [852, 1,348] tok/s (n=3)" in throughput and "zero2 1,050 [802, 1,298] tok/s (n=3)" in throughput
+    # 95% intervals on a log scale: 1,100 x exp(+-4.303 x (100/1,100)/sqrt(3))
+    assert "1,100 [878, 1,379] tok/s (n=3)" in throughput and "1,050 [829, 1,330] tok/s (n=3)" in throughput
     assert "**" not in section(md, "Recommendations")
 
 
 def test_separated_distributions_name_the_winner_with_both_intervals(tmp_path):
     md = report_md(tmp_path, reps("ddp", 2, [1000.0, 1010.0, 990.0]) + reps("zero2", 2, [800.0, 805.0, 795.0]))
     throughput = [r for r in section(md, "Verdicts").splitlines() if r.startswith("| throughput")][0]
-    # ddp 1000 +- 4.303 x 10 / sqrt(3) = [975, 1,025]; zero2 800 +- 12 = [788, 812]: 25.0% higher
+    # ddp 1000 x exp(+-4.303 x 0.01/sqrt(3)) = [975, 1,025]; zero2 [788, 813]: 25.0% higher
     assert "| winner |" in throughput
-    assert "**ddp** 1,000 [975, 1,025] tok/s (n=3), 25.0% higher than zero2 800 [788, 812] tok/s (n=3)" in throughput
+    ddp, zero2 = (metrics_name(s) for s in ("ddp", "zero2"))
+    assert (f"**ddp** `{ddp}` 1,000 [975, 1,025] tok/s (n=3), 25.0% higher than zero2 `{zero2}` "
+            "800 [788, 813] tok/s (n=3); Welch p") in throughput
 
 
 def test_one_repeat_names_no_winner_and_says_how_many_are_needed(tmp_path):
@@ -92,8 +101,8 @@ def test_efficiency_above_1_05_is_flagged_not_crowned(tmp_path):
     md = report_md(tmp_path, recs)
     assert "**zero1**" not in md
     flags = section(md, "Flags")
-    assert "zero1 @ 2 dev" in flags and "scaling efficiency 1.30 > 1.05" in flags
-    assert "not named: zero1 has the best mean but is flagged" in section(md, "Verdicts")
+    assert "zero1 @ 2 dev" in flags and "scaling efficiency 1.30 [1.27, 1.33] above 1.05" in flags
+    assert f"not named: zero1 `{metrics_name('zero1')}` 2,600" in section(md, "Verdicts")
     # delta method: 1.30 +- t(df) x 1.30 x sqrt(2 x (10/sqrt(3)/1000)^2 ... ) stays near 1.30
     scaling = section(md, "Scaling efficiency")
     assert "| zero1 | 1.00" in scaling and "1.30 [" in scaling and "0.90 [" in scaling
@@ -136,7 +145,7 @@ def test_back_to_back_runs_on_an_idle_host_are_not_overloaded_and_memory_ignores
     idle = reps("ddp", 2, [1000.0, 1005.0, 995.0], load_avg_1m_start=1.7, load_avg_1m_end=1.7, **host)
     noisy = reps("fsdp", 2, [500.0, 900.0, 1300.0], model_state_bytes_per_rank=2 ** 20, **host)
     md = report_md(tmp_path, idle + noisy)
-    assert "ddp" not in section(md, "Flags") and "throughput varies" in section(md, "Flags")
+    assert "ddp" not in section(md, "Flags") and "throughput noisy: sd/mean 44%" in section(md, "Flags")
     memory = [r for r in section(md, "Verdicts").splitlines() if r.startswith("| memory: model state")]
     assert memory and "**fsdp**" in memory[0], memory
 
@@ -154,7 +163,7 @@ def test_memory_compares_model_state_not_rss(tmp_path):
     zero3 = reps("zero3", 2, [900.0, 901.0], peak_memory_bytes=3 * GIB, **state(5 * mib, 5 * mib, 10 * mib, 5 * mib))
     md = report_md(tmp_path, ddp + zero3)
     memory = [r for r in section(md, "Verdicts").splitlines() if r.startswith("| memory: model state")][0]
-    assert "**zero3** 0.02441 [0.02441, 0.02441] GiB (n=2), 37.5% lower than ddp 0.03906" in memory
+    assert f"**zero3** `{metrics_name('zero3')}` 0.02441 GiB (n=2), 37.5% lower than ddp" in memory
     recs = section(md, "Recommendations")
     assert "zero3 params 5.0 MiB, grads 5.0 MiB, optimizer 10.0 MiB, master 5.0 MiB" in recs
     assert (tmp_path / "out" / "plots" / "model_state.png").exists()
@@ -286,10 +295,11 @@ def test_plot_error_bars_are_the_95_intervals(tmp_path):
                           + [record("zero3", 2, 1500.0)])
     points = plots.series(an, "tokens_per_s")
     # ddp at 1 device: 1000 +- 4.303 x 100 / sqrt(3) (the old plots drew +- 1 sd = 100)
-    assert points["ddp"][0] == (1, 1000.0, pytest.approx(248.43, abs=0.01))
-    assert points["zero3"] == [(2, 1500.0, 0.0)]  # one run: a point without a bar
+    # ddp at 1 device: 1000 x exp(+-4.303 x 0.1 / sqrt(3)) (the old plots drew +- 1 sd = 100)
+    assert points["ddp"][0] == (1, 1000.0, pytest.approx(780.04, abs=0.01), pytest.approx(1281.99, abs=0.01))
+    assert points["zero3"] == [(2, 1500.0, 1500.0, 1500.0)]  # one run: a point without a bar
     eff = plots.series(an, "scaling_efficiency")["ddp"][1]
-    assert eff[1] == pytest.approx(1.0) and eff[2] > 0  # both spreads propagated
+    assert eff[1] == pytest.approx(1.0) and 0 < eff[2] < 1 < eff[3]  # both spreads propagated
     written, skipped = plots.write_plots(an, tmp_path)
     assert tmp_path / "tokens_per_s.png" in written and any("model_state.png" in s for s in skipped)
 

@@ -59,6 +59,7 @@ def runs(tmp_path_factory):
 def test_resumed_run_has_the_uninterrupted_losses(runs, strategy, world, result_schema):
     full, ckpt, resumed = runs[(strategy, world)]
     assert_same(resumed["loss_per_step"], full["loss_per_step"], rel=1e-6)
+    assert_same(resumed["grad_norm_per_step"], full["grad_norm_per_step"], rel=1e-5)  # restored, then recomputed
     assert resumed["checkpoint"]["resumed_from_step"] == 3 and resumed["checkpoint"]["restarts"] == 1
     assert resumed["checkpoint"]["load_s"] > 0
     # The record covers the whole run: measured steps before the checkpoint came with it.

@@ -82,6 +82,11 @@ class Strategy:
         """Called after every micro-step; at the last one: clip, step, schedule, zero grads."""
         raise NotImplementedError
 
+    def grad_norm(self) -> float | None:
+        """Global gradient norm (before clipping) of the last optimizer step; read outside the
+        timed window (it synchronizes with the device)."""
+        return None
+
     def model_state(self) -> RankModelState:
         """Bytes of params, grads, optimizer state, master copies and communication buffers this
         rank holds right now (the trainer samples it through one untimed step)."""

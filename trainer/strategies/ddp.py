@@ -40,8 +40,11 @@ class TorchStrategy(Strategy):
             return
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
+        # The norm is recorded every step (the loss check compares it), clipped or not.
         if self.ctx.cfg.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.ctx.cfg.grad_clip)
+            self._norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.ctx.cfg.grad_clip)
+        else:
+            self._norm = torch.nn.utils.get_total_norm([p.grad for p in self.model.parameters() if p.grad is not None])
         if self.scaler:
             self.scaler.step(self.optimizer)
             self.scaler.update()
@@ -49,6 +52,13 @@ class TorchStrategy(Strategy):
             self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
+
+    def grad_norm(self) -> float | None:
+        norm = getattr(self, "_norm", None)
+        if norm is None:
+            return None
+        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2: a DTensor
+        return float(norm)
 
     def held_grads(self) -> list[torch.Tensor]:
         """Gradients kept somewhere else than the parameters' .grad (FSDP's unsharded ones)."""
@@ -69,7 +79,8 @@ class DDPStrategy(TorchStrategy):
         if self.ctx.distributed:
             # gradient_as_bucket_view: grads live in DDP's buckets instead of beside them.
             device_ids = [self.ctx.device.index] if self.ctx.device.type == "cuda" else None
-            model = DDP(model, device_ids=device_ids, gradient_as_bucket_view=True)
+            model = DDP(model, device_ids=device_ids, gradient_as_bucket_view=True,
+                        bucket_cap_mb=self.ctx.cfg.bucket_mib)
             model.register_comm_hook(None, self.comm_hook())
         self.build_optimizer(model)
 
@@ -88,6 +99,9 @@ class DDPStrategy(TorchStrategy):
             return hook(state, bucket)
 
         return remembering
+
+    def recorded(self) -> dict:
+        return {"bucket_mib": self.ctx.cfg.bucket_mib}
 
     @property
     def compute_path(self) -> str:

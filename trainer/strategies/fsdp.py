@@ -18,9 +18,10 @@ from trainer.strategies.base import REDUCE_DTYPES
 from trainer.strategies.ddp import TorchStrategy
 
 
-def reshard_after_forward_plan(n_blocks: int) -> list[bool]:
-    """Per block: resharded after forward? All but the last (torchtitan)."""
-    return [i < n_blocks - 1 for i in range(n_blocks)]
+def reshard_after_forward_plan(n_blocks: int, reshard: bool = True) -> list[bool]:
+    """Per block: resharded after forward? All but the last (torchtitan); none with
+    --no-reshard-after-forward."""
+    return [reshard and i < n_blocks - 1 for i in range(n_blocks)]
 
 
 class FSDPStrategy(TorchStrategy):
@@ -33,7 +34,8 @@ class FSDPStrategy(TorchStrategy):
 
             mp = MixedPrecisionPolicy(param_dtype=self.ctx.amp_dtype,
                                       reduce_dtype=REDUCE_DTYPES[self.ctx.cfg.grad_reduce_dtype])
-            for block, reshard in zip(model.blocks, reshard_after_forward_plan(len(model.blocks))):
+            plan = reshard_after_forward_plan(len(model.blocks), self.ctx.cfg.reshard_after_forward)
+            for block, reshard in zip(model.blocks, plan):
                 fully_shard(block, mp_policy=mp, reshard_after_forward=reshard)
             fully_shard(model, mp_policy=mp, reshard_after_forward=False)
         self.build_optimizer(model)
@@ -78,4 +80,6 @@ class FSDPStrategy(TorchStrategy):
         return [t for t in out if t is not None]
 
     def recorded(self) -> dict:
-        return {"fsdp_grad_sync": self.ctx.cfg.fsdp_grad_sync}
+        # No bucket_mib: FSDP2 communicates per module (the record says None, not a size it ignored).
+        return {"fsdp_grad_sync": self.ctx.cfg.fsdp_grad_sync,
+                "reshard_after_forward": self.ctx.cfg.reshard_after_forward}

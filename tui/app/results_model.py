@@ -63,17 +63,20 @@ class ResultsView:
     rows: list[Row] = field(default_factory=list)
     verdicts: list[str] = field(default_factory=list)
     """One line per verdict (Rich markup), the same text as the report's Verdicts table."""
-    series: dict[str, dict[str, list[tuple[float, float, float]]]] = field(default_factory=dict)
-    """metric -> strategy -> [(devices, mean, 95% half-width)]: the PNG plots' data (PLOTS)."""
+    series: dict[str, dict[str, list[tuple[float, float, float, float]]]] = field(default_factory=dict)
+    """metric -> strategy -> [(devices, mean, 95% low, 95% high)]: the PNG plots' data (PLOTS)."""
     fault_table: list[str] = field(default_factory=list)
     """The report's fault-tolerance table as plain lines (tui/suite/faults_report.py)."""
 
 
 def fmt_cell(value: Any, spec: str) -> str:
-    """'1,100 ±248' for an estimate with an interval, '1,100' without; '' for nothing."""
+    """'1,100 [880, 1,380]' for an estimate with an interval (log scale: not symmetric), '1,100'
+    without; '' for nothing."""
     if isinstance(value, Estimate):
         text = spec.format(value.mean)
-        return f"{text} ±{spec.format(value.half).strip()}" if value.half is not None else text
+        if not value.has_interval or value.lo == value.hi:  # a counted value has no spread to show
+            return text
+        return f"{text} [{spec.format(value.lo).strip()}, {spec.format(value.hi).strip()}]"
     if value is None or (isinstance(value, float) and not finite(value)):
         return ""
     try:

@@ -1,26 +1,20 @@
 """What the result records support saying: the one analysis behind BENCHMARK_REPORT.md and
 benchtui's Results screen (two views of the same `Analysis`).
 
-The rules (README "How the report decides" states them for users):
+The rules (README "How the report decides" states them for users, docs/verdicts.md in full):
 - A configuration (same config_id) folds its ok repeats into n, mean, sd and a 95% Student-t
-  interval per metric (tui/suite/stats.py).
-- Scaling efficiency eff(N) = tok/s(N) / (tok/s(base) x N / base), base = the same strategy's
-  smallest world size in the matrix (same model, seq len, micro-batch, precision, shape,
-  launcher and every other knob), only when that base has an ok run; else it stays empty with the reason. Its interval
-  propagates both spreads (delta method, Welch-Satterthwaite df). Speedup = tok/s over the best
-  single-device mean of any strategy (same model, seq len, precision, shape, device), same method.
-- Flags (a flagged configuration is never named winner): efficiency above 1.05; throughput
-  spread (max - min) / mean above 20% across repeats; a host overloaded during a run (1-minute
-  load average at its start or end above the host's CPUs + 1); a loss curve off its group's
-  reference. Memory verdicts (counted, not timed) are blocked only by a broken loss curve.
-- Loss check: runs that must follow one trajectory (same model, seq len, precision, gradient
-  reduction dtype, global batch, steps, optimizer settings, seed: every knob not marked
-  same_loss in trainer/config.py) are compared step by step with the per-step
-  median of the group; a run further than 1e-4 relative (fp32; 1e-2 when compute or gradient
-  reduction is bf16/fp16) at any step is broken.
-- Winner: per comparison group (model, seq len, precision, shape, device, world size) and
-  category, the best strategy's interval must not overlap the runner-up's; otherwise "no
-  significant difference". With one repeat no winner is named.
+  interval per metric, on a log scale for positive quantities (tui/suite/stats.py).
+- Who is compared with whom: "all measured settings equal except ..." (tui/suite/groups.py):
+  verdict groups except the strategy; loss groups except the world size and the knobs marked
+  same_loss in trainer/config.py (strategy, data layout, bucket size, ...; tui/suite/losscheck.py,
+  loss and gradient norm per step); efficiency bases except world size and the per_world knobs
+  (tui/suite/scaling.py). Speedup = tok/s over the best single-device mean of any strategy.
+- Flags (a flagged configuration is never named winner): efficiency whose interval lies above
+  1.05; throughput sd/mean above 25%; a host overloaded during a run (1-minute load average at
+  its start or end above the host's CPUs + 1); a loss curve off its group's reference. Memory
+  verdicts (counted, not timed) are blocked only by a broken loss curve.
+- Winner (tui/suite/verdicts.py): Welch tests of the best against every other candidate, Holm
+  at 5% family-wise; counted memory is decided from one repeat.
 """
 from __future__ import annotations
 
@@ -31,28 +25,19 @@ from typing import Any
 
 import pandas as pd
 
-from trainer import knobs
-from tui.suite import metrics
-from tui.suite.stats import Estimate, estimate, finite, ratio, repeats_needed, separated
+from tui.suite import groups, losscheck, metrics, scaling
+from tui.suite.losscheck import LOSS_TOLERANCE, OTHER_LOSS_TOLERANCE, LossGroup, loss_tolerance  # noqa: F401
+from tui.suite.stats import Estimate, estimate, exact, finite, ratio
+from tui.suite.verdicts import MIN_REPEATS, NOISE_CV_LIMIT, Verdict, decide, noise_flag  # noqa: F401
 
 CONFIG_KEYS = ["config_id", "strategy", "world_size", "model", "seq_len", "micro_batch", "grad_accum",
                "precision", "gpu_shape", "device", "launcher"]
-GROUP = ["model", "seq_len", "precision", "gpu_shape", "device", "world_size"]
-# A scaling base shares every measured knob but the world size (trainer.knobs.scaling_keys).
-SCALING_GROUP = list(dict.fromkeys(["strategy", "model", "seq_len", "micro_batch", "precision", "gpu_shape",
-                                    "launcher", *knobs.scaling_keys()]))
-SPEEDUP_GROUP = ["model", "seq_len", "precision", "gpu_shape", "device"]
-# Every measured knob not marked same_loss (trainer.knobs.loss_group): a bf16 reduction or another
-# weight decay is a different trajectory, not a broken one.
-LOSS_GROUP = knobs.loss_group()
+# Groupings are "all measured settings equal except ..." (tui/suite/groups.py): no list of columns.
+SPEEDUP_EXCEPT = groups.VERDICT_EXCEPT | groups.BASE_EXCEPT | {"resolved_global_batch"}
 
 EFFICIENCY_LIMIT = 1.05
-SPREAD_LIMIT = 0.20
 OVERLOAD_SLACK = 1.0
 """CPUs of load above the host's count tolerated before a run counts as overloaded (background work)."""
-LOSS_TOLERANCE = {"fp32": 1e-4}
-OTHER_LOSS_TOLERANCE = 1e-2  # bf16, fp16
-MIN_REPEATS = 3  # what to ask for when the data cannot say how many repeats a comparison needs
 
 SUMMARY_METRICS = ["tokens_per_s", "tokens_per_s_per_device", "step_time_mean_s", "model_state_gib_per_rank",
                    "train_peak_gib", "rss_footprint_gib", "cost_usd_per_mtok", "mfu", "h2d_gbps",
@@ -66,7 +51,8 @@ RUN_COLUMNS: list[tuple[str, str]] = [
     ("speedup_vs_best_1dev", "tok/s / mean tok/s of the best single-device configuration of any strategy (same model, seq len, precision, shape)"),
     ("host_overloaded", "yes when the 1-minute load average at the run's start or end exceeded the host's CPUs + 1; empty when not recorded"),
     ("loss_max_rel_diff", "largest relative difference of this run's loss per step from its group's per-step median"),
-    ("loss_check", "ok, broken (off the reference beyond the tolerance), or empty when the run had no group"),
+    ("grad_norm_max_rel_diff", "largest relative difference of this run's gradient norm per step from its group's per-step median"),
+    ("loss_check", "ok, broken (loss or gradient norm off the reference beyond the tolerance), or empty when the run had no group"),
 ]
 
 
@@ -102,7 +88,7 @@ def show(e: Estimate | None, spec: str = "{:.4g}", unit: str = "") -> str:
     if e is None:
         return "-"
     unit = f" {unit}" if unit else ""
-    if e.has_interval:
+    if e.has_interval and e.lo != e.hi:  # no spread (a counted value): no interval to show
         return f"{spec.format(e.mean)} [{spec.format(e.lo)}, {spec.format(e.hi)}]{unit} (n={e.n})"
     return f"{spec.format(e.mean)}{unit} (n={e.n})"
 
@@ -123,8 +109,8 @@ class Config:
     speedup_note: str = ""
     flags: list[str] = field(default_factory=list)
     broken: bool = False
-    spread: float | None = None
-    """(max - min) / mean of tokens/s over the repeats."""
+    settings: dict[str, Any] = field(default_factory=dict)
+    """Every measured setting (tui/suite/groups.py), from its first run."""
     breakdown: dict[str, float] = field(default_factory=dict)
     """Mean GiB per model-state part (params, grads, ...) when recorded."""
     comm: str = ""
@@ -157,29 +143,6 @@ class Config:
 
 
 @dataclass
-class Verdict:
-    category: Category
-    group: str
-    kind: str
-    """winner, no significant difference, one repeat, flagged."""
-    best: Config
-    second: Config
-    margin_pct: float
-    text: str
-
-
-@dataclass
-class LossGroup:
-    label: str
-    tolerance: float
-    runs: int
-    strategies: list[str]
-    max_rel: float | None
-    broken: list[tuple[str, str]]
-    """(run id, why) of each run off the reference."""
-
-
-@dataclass
 class Analysis:
     runs: pd.DataFrame
     """One row per record: metrics.COLUMNS + cost + RUN_COLUMNS (and the loss curve, not in the CSV)."""
@@ -205,9 +168,10 @@ def analyze(records: list[dict[str, Any]]) -> Analysis:
     for col, _ in RUN_COLUMNS:
         df[col] = None
     df["host_overloaded"] = [_overloaded(r) for r in df[OVERLOAD_INPUTS].to_dict("records")]
-    loss_groups = _loss_check(df)
+    df["grad_norm_max_rel_diff"] = None
+    loss_groups = losscheck.check(df)
     configs = _configs(df)
-    _scaling(df, configs)
+    scaling.fill(df, configs)
     _speedup(df, configs)
     per_run = df[FLAG_INPUTS].to_dict("index")
     for c in configs:
@@ -220,13 +184,8 @@ def analyze(records: list[dict[str, Any]]) -> Analysis:
     return an
 
 
-def _key(row: Any, cols: list[str]) -> str:
-    """One string per combination of values (a row, or a Config's key dict)."""
-    return "|".join(str(row[c]) for c in cols)
-
-
 def _keys(frame: pd.DataFrame, cols: list[str]) -> pd.Series:
-    """_key of every row, vectorized (str() of each cell, as _key does)."""
+    """One string per combination of these columns' values, for every row."""
     return pd.Series(["|".join(map(str, t)) for t in frame[cols].itertuples(index=False)], index=frame.index,
                      dtype=object)
 
@@ -244,16 +203,12 @@ def _configs(df: pd.DataFrame) -> list[Config]:
         return out
     for _, group in ok.groupby(_keys(ok, CONFIG_KEYS), sort=False):
         first = group.iloc[0]
-        # The knobs of a scaling base too (they are the same for every repeat of a config_id).
-        c = Config({k: first[k] for k in dict.fromkeys(CONFIG_KEYS + SCALING_GROUP)}, list(group["run_id"]),
-                   list(group.index))
+        c = Config({k: first[k] for k in CONFIG_KEYS}, list(group["run_id"]), list(group.index))
         for m in SUMMARY_METRICS:
             e = estimate(group[m])
             if e is not None:
                 c.est[m] = e
-        tps = [v for v in group["tokens_per_s"] if finite(v)]
-        if len(tps) > 1:
-            c.spread = (max(tps) - min(tps)) / (sum(tps) / len(tps))
+        c.settings = first["settings"] if isinstance(first["settings"], dict) else {}
         for part in STATE_PARTS:
             e = estimate(group[f"model_state_{part}_gib"])
             if e is not None:
@@ -265,47 +220,13 @@ def _configs(df: pd.DataFrame) -> list[Config]:
     return out
 
 
-def _scaling(df: pd.DataFrame, configs: list[Config]) -> None:
-    """Efficiency of every configuration against its strategy's own smallest world size."""
-    runs = df[(df["status"] != metrics.UNREADABLE) & df["world_size"].notna()]
-    if runs.empty:
-        return
-    by_key: dict[str, list[Config]] = {}
-    for c in configs:
-        by_key.setdefault(_key(c.key, SCALING_GROUP), []).append(c)
-    for key, group in runs.groupby(_keys(runs, SCALING_GROUP), sort=False):
-        base = int(group["world_size"].min())
-        base_runs = group[group["world_size"] == base]
-        base_ok = _ok_rows(base_runs)
-        base_est = estimate(base_ok["tokens_per_s"])
-        note = ""
-        if base_est is None:
-            statuses = ", ".join(f"{r['run_id']} {r['status']}" + (f" ({str(r['error'])[:80]})" if r["error"] else "")
-                                 for _, r in base_runs.head(3).iterrows())
-            note = f"base {group.iloc[0]['strategy']} at {base} dev has no ok run: {statuses}"
-        df.loc[group.index, "scaling_base_world_size"] = base
-        if base_est is None:
-            df.loc[group.index, "scaling_note"] = note
-        else:
-            ok = _ok_rows(group)
-            df.loc[ok.index, "scaling_efficiency"] = ok["tokens_per_s"] / (base_est.mean * ok["world_size"] / base)
-        for c in by_key.get(key, []):
-            c.base_world_size = base
-            if base_est is None:
-                c.efficiency_note = note
-            elif int(c.world_size) == base:
-                c.efficiency = Estimate(c.n, 1.0, 0.0, 0.0) if c.n > 1 else Estimate(1, 1.0)
-                c.efficiency_note = "base (1.00 by definition)"
-            else:
-                c.efficiency = ratio(c.est["tokens_per_s"], base_est, scale=base / c.world_size)
-
-
 def _speedup(df: pd.DataFrame, configs: list[Config]) -> None:
     """tok/s over the best single-device configuration of any strategy in the same setting."""
-    groups: dict[str, list[Config]] = {}
+    by_key: dict[str, list[Config]] = {}
+    ignore = groups.specific([c.settings for c in configs])  # bucket size etc.: not a 1-device setting to match
     for c in configs:
-        groups.setdefault(_key(c.key, SPEEDUP_GROUP), []).append(c)
-    for group in groups.values():
+        by_key.setdefault(groups.key(c.settings, SPEEDUP_EXCEPT | ignore), []).append(c)
+    for group in by_key.values():
         singles = [c for c in group if int(c.world_size) == 1]
         best = max(singles, key=lambda c: c.est["tokens_per_s"].mean) if singles else None
         for c in group:
@@ -313,7 +234,7 @@ def _speedup(df: pd.DataFrame, configs: list[Config]) -> None:
                 c.speedup_note = "no ok single-device run of any strategy"
                 continue
             c.speedup_note = f"vs {best.label}"
-            c.speedup = (Estimate(c.n, 1.0, 0.0, 0.0) if c.n > 1 else Estimate(1, 1.0)) if c is best \
+            c.speedup = exact(c.n, 1.0) if c is best \
                 else ratio(c.est["tokens_per_s"], best.est["tokens_per_s"])
             df.loc[c.index, "speedup_vs_best_1dev"] = df.loc[c.index, "tokens_per_s"] / best.est["tokens_per_s"].mean
 
@@ -338,10 +259,14 @@ FLAG_INPUTS = ["host_overloaded", "load_avg_1m_start", "load_avg_1m_end", "host_
 
 def _flag(c: Config, runs: list[dict[str, Any]]) -> None:
     """Append the configuration's flags; `runs` are its ok runs' FLAG_INPUTS."""
-    if c.efficiency is not None and c.efficiency.mean > EFFICIENCY_LIMIT:
-        c.flags.append(f"scaling efficiency {c.efficiency.mean:.2f} > {EFFICIENCY_LIMIT}: more than linear")
-    if c.spread is not None and c.spread > SPREAD_LIMIT:
-        c.flags.append(f"throughput varies {c.spread:.0%} across {c.n} repeats (> {SPREAD_LIMIT:.0%})")
+    e = c.efficiency
+    # The interval's low end, not the point: a noisy 1.08 [0.9, 1.3] is not evidence of more than linear.
+    if e is not None and (e.lo if e.has_interval else e.mean) > EFFICIENCY_LIMIT:
+        shown = f"{e.mean:.2f} [{e.lo:.2f}, {e.hi:.2f}]" if e.has_interval else f"{e.mean:.2f} (n=1)"
+        c.flags.append(f"scaling efficiency {shown} above {EFFICIENCY_LIMIT}: more than linear")
+    noisy = noise_flag(c.est.get("tokens_per_s"))
+    if noisy:
+        c.flags.append(noisy)
     over = [r for r in runs if r["host_overloaded"] == "yes"]
     if over:
         worst = max(v for r in over for v in (r["load_avg_1m_start"], r["load_avg_1m_end"]) if finite(v))
@@ -353,63 +278,6 @@ def _flag(c: Config, runs: list[dict[str, Any]]) -> None:
         worst_rel = max((r["loss_max_rel_diff"] for r in broken if finite(r["loss_max_rel_diff"])), default=math.inf)
         c.flags.append(f"broken: loss off the reference in {len(broken)} of {len(runs)} runs "
                        f"(up to {worst_rel:.2g} relative)")
-
-
-# --- loss check ----------------------------------------------------------------------------
-
-def loss_tolerance(precision: Any, grad_reduce_dtype: Any = None) -> float:
-    """1e-4 for fp32 compute with fp32 (or unrecorded) gradient reduction; 1e-2 with any 16-bit part."""
-    if isinstance(grad_reduce_dtype, str) and grad_reduce_dtype in ("bf16", "fp16"):
-        return OTHER_LOSS_TOLERANCE
-    return LOSS_TOLERANCE.get(str(precision), OTHER_LOSS_TOLERANCE)
-
-
-def _loss_check(df: pd.DataFrame) -> list[LossGroup]:
-    ok = df[(df["status"] == "ok") & df["loss_curve"].notna()]
-    out = []
-    if ok.empty:
-        return out
-    for _, group in ok.groupby(_keys(ok, LOSS_GROUP), sort=True):
-        if len(group) < 2:
-            continue
-        first = group.iloc[0]
-        tol = loss_tolerance(first["precision"], first["grad_reduce_dtype"])
-        length = min(len(c) for c in group["loss_curve"])
-        ref = [_median([c[k] for c in group["loss_curve"]]) for k in range(length)]
-        broken, worst = [], 0.0
-        for idx, row in group.iterrows():
-            rel, step = _max_rel(row["loss_curve"][:length], ref)
-            df.at[idx, "loss_max_rel_diff"] = rel if math.isfinite(rel) else None
-            bad = not math.isfinite(rel) or rel > tol
-            df.at[idx, "loss_check"] = "broken" if bad else "ok"
-            worst = max(worst, rel) if math.isfinite(rel) else worst
-            if bad:
-                got = row["loss_curve"][step]
-                broken.append((str(row["run_id"]),
-                               f"step {step}: loss {got:.6g} vs reference {ref[step]:.6g} "
-                               f"({'not finite' if not math.isfinite(rel) else f'{rel:.2g} relative'} > {tol:g})"))
-        label = (f"{first['model']}, seq {_int(first['seq_len'])}, {first['precision']}, global batch "
-                 f"{_int(first['global_batch'])}, {_int(first['steps'])} steps, lr {first['lr']:g}, "
-                 f"seed {_int(first['seed'])}" if finite(first["lr"]) else f"{first['model']}, seq {_int(first['seq_len'])}")
-        out.append(LossGroup(label, tol, len(group), sorted(set(map(str, group["strategy"]))), worst, broken))
-    return out
-
-
-def _median(values: list[float]) -> float:
-    finite_values = [v for v in values if math.isfinite(v)]
-    return statistics.median(finite_values) if finite_values else math.nan
-
-
-def _max_rel(curve: tuple[float, ...], ref: list[float]) -> tuple[float, int]:
-    """Largest relative difference from the reference and its step; inf at a non-finite loss."""
-    worst, at = 0.0, 0
-    for k, (x, r) in enumerate(zip(curve, ref)):
-        if not (math.isfinite(x) and math.isfinite(r)):
-            return math.inf, k
-        d = abs(x - r) / abs(r) if r else abs(x - r)
-        if d > worst:
-            worst, at = d, k
-    return worst, at
 
 
 def _int(x: Any) -> str:
@@ -425,60 +293,33 @@ def pooled_cv(configs: list[Config], metric: str) -> float | None:
     return statistics.median(cvs) if cvs else None
 
 
-def group_label(c: Config) -> str:
+def group_label(c: Config, settings: dict[str, Any], varying: list[str]) -> str:
+    """'2 dev, tiny, seq 64, fp32, cpu' plus every setting that differs between comparison groups."""
     parts = [f"{int(c.world_size)} dev", f"{c.model}", f"seq {_int(c.seq_len)}", str(c.precision)]
     if isinstance(c.gpu_shape, str):
         parts.append(c.gpu_shape)
+    shown = {"world_size", "model", "seq_len", "precision", "shape", "nodes"}
+    parts += [f"{k}={settings.get(k)}" for k in varying if k not in shown]
     return ", ".join(parts)
+
+
+def verdict_groups(configs: list[Config]) -> list[list[Config]]:
+    """Configurations whose measured settings are equal except the strategy (and its launcher)."""
+    return groups.comparison_groups(configs, lambda c: c.settings)
 
 
 def _verdicts(configs: list[Config]) -> list[Verdict]:
     out: list[Verdict] = []
-    groups: dict[str, list[Config]] = {}
-    for c in configs:
-        groups.setdefault(_key(c.key, GROUP), []).append(c)
+    found = verdict_groups(configs)
+    settings = [groups.merged([c.settings for c in g]) for g in found]
+    varying = groups.differences(settings, groups.VERDICT_EXCEPT | {"resolved_global_batch"})
     cvs = {cat.metric: pooled_cv(configs, cat.metric) for cat in CATEGORIES}
-    for group in groups.values():
+    for group, merged in zip(found, settings):
         for cat in CATEGORIES:
-            v = _verdict(cat, group, cvs[cat.metric])
+            v = decide(cat, group, group_label(group[0], merged, varying), cvs[cat.metric])
             if v is not None:
                 out.append(v)
     return out
-
-
-def _verdict(cat: Category, group: list[Config], cv: float | None) -> Verdict | None:
-    """Best against runner-up of one category in one comparison group; cv: the metric's noise."""
-    sign = -1 if cat.higher_is_better else 1
-    per_strategy: dict[str, Config] = {}
-    for c in group:
-        e = c.get(cat.metric)
-        if e is None or (cat.metric == "scaling_efficiency" and c.base_world_size == int(c.world_size)):
-            continue
-        held = per_strategy.get(str(c.strategy))
-        if held is None or sign * e.mean < sign * held.get(cat.metric).mean:
-            per_strategy[str(c.strategy)] = c
-    if len(per_strategy) < 2:
-        return None
-    best, second = sorted(per_strategy.values(), key=lambda c: sign * c.get(cat.metric).mean)[:2]
-    b, s = best.get(cat.metric), second.get(cat.metric)
-    margin = abs(b.mean - s.mean) / abs(s.mean) * 100 if s.mean else math.nan
-    both = f"{best.strategy} {cat.show(b)} vs {second.strategy} {cat.show(s)}"
-    need = repeats_needed(b.mean, s.mean, cv)
-    need_text = ("the means are equal" if b.mean == s.mean
-                 else f"about {need} repeats would separate a difference this size" if need
-                 else f"rerun with at least {MIN_REPEATS} repeats" if cv is None
-                 else "the difference is within the noise even at 100 repeats")
-    blocking = best.flags if cat.timed else [f for f in best.flags if f.startswith("broken")]
-    if blocking:
-        kind, text = "flagged", f"not named: {best.strategy} has the best mean but is flagged ({'; '.join(blocking)}); {both}"
-    elif not (b.has_interval and s.has_interval):
-        kind, text = "one repeat", f"no winner from one repeat: {both}; {need_text}"
-    elif separated(b, s):
-        word = "higher" if b.mean > s.mean else "lower"
-        kind, text = "winner", f"**{best.strategy}** {cat.show(b)}, {margin:.1f}% {word} than {second.strategy} {cat.show(s)}"
-    else:
-        kind, text = "no significant difference", f"no significant difference: {both} (intervals overlap); {need_text}"
-    return Verdict(cat, group_label(best), kind, best, second, margin, text)
 
 
 # --- recommendations -----------------------------------------------------------------------
@@ -511,9 +352,7 @@ def _recommendations(an: Analysis) -> list[str]:
     single = [c for c in an.configs if c.n < 2]
     if single:
         need = [v for v in an.verdicts if v.kind == "one repeat"]
-        ns = [repeats_needed(v.best.get(v.category.metric).mean, v.second.get(v.category.metric).mean,
-                             pooled_cv(an.configs, v.category.metric)) for v in need]
-        n = max([x for x in ns if x] or [MIN_REPEATS])
+        n = max([v.repeats_hint for v in need if v.repeats_hint] or [MIN_REPEATS])
         recs.append(f"{len(single)} configuration(s) ran once: a single run has no interval, so no winner is "
                     f"named for them. Rerun with `--repeats {max(n, MIN_REPEATS)}`.")
     failed = df[df["status"] != "ok"]

@@ -23,6 +23,7 @@ import pandas as pd
 from trainer import knobs
 from trainer.config import RunConfig
 from trainer.contract import STATUSES
+from tui.suite import groups, losscheck
 from tui.suite.matrix import load_shape
 from tui.suite.record_readers import (GIB, MAX_PLAUSIBLE, _affinity, _comm_text, _comm_total,  # noqa: F401
                                       _config_id, _get, _gib, _model_key, _num_text, _number, _rank_max,
@@ -60,6 +61,8 @@ COLUMNS: list[tuple[str, str, Callable[[dict], Any]]] = [
     ("n_params", "trainable parameters", _get("n_params")),
     ("precision", "fp32, bf16 or fp16 (as run)", _get("precision")),
     ("grad_reduce_dtype", "dtype gradients were reduced in", _get("grad_reduce_dtype")),
+    ("reshard_after_forward", "fsdp/zero3: gathered parameters freed after forward (True) or kept until backward", _get("reshard_after_forward")),
+    ("bucket_mib", "gradient-communication bucket, MiB (DDP bucket_cap_mb, DeepSpeed bucket sizes); empty for fsdp", _get("bucket_mib")),
     ("seq_len", "tokens per sequence", _get("seq_len")),
     ("micro_batch", "sequences per rank per micro-step", _get("micro_batch")),
     ("grad_accum", "micro-steps per optimizer step", _get("grad_accum")),
@@ -131,7 +134,7 @@ NUMERIC = {"world_size", "nodes", "devices_per_node", "n_params", "seq_len", "mi
            "flops_per_token", "mfu", "peak_tflops", "h2d_gbps", "time_to_first_step_s", "launcher_startup_s", "wall_time_s",
            "threads_per_rank", "host_cpus", "load_avg_1m_start", "load_avg_1m_end", "usd_per_gpu_hour",
            "n_layer", "n_embd", "n_head", "vocab_size"}
-NUMERIC |= {name for name, _, _ in _KNOB_COLUMNS if knobs.is_numeric(RunConfig, name)}
+NUMERIC |= {knobs.column(f) for f in knobs.measured() if knobs.is_numeric(RunConfig, f.name)}
 
 
 # --- reading -------------------------------------------------------------------------------
@@ -265,6 +268,10 @@ def to_frame(records: Iterable[dict[str, Any]]) -> pd.DataFrame:
     records = list(records)
     df = pd.DataFrame([flatten(r) for r in records], columns=[c for c, _, _ in COLUMNS])
     df["loss_curve"] = pd.Series([loss_curve(r) for r in records], index=df.index, dtype=object)
+    # Not CSV columns either: the run's measured settings (groupings) and gradient norms (loss check).
+    df["settings"] = pd.Series([groups.settings(r) if isinstance(r, dict) else {} for r in records], index=df.index, dtype=object)
+    df["grad_norm_curve"] = pd.Series([losscheck.curve(r.get("grad_norm_per_step")) if isinstance(r, dict) else None
+                                       for r in records], index=df.index, dtype=object)
     cache: dict = {}
     df["usd_per_gpu_hour"] = [u if _number(u) else _shape_price(s, cache)
                               for u, s in zip(df["usd_per_gpu_hour"], df["gpu_shape"])]

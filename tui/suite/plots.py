@@ -48,16 +48,17 @@ STATE_PLOT = "model_state.png"
 MAX_LEGEND = 30  # more lines than this make an unreadable legend that takes seconds to lay out
 
 
-def series(an: Analysis, metric: str) -> dict[str, list[tuple[int, float, float]]]:
-    """label -> [(devices, mean, 95% half-width or 0)] sorted by devices; finite values only."""
+def series(an: Analysis, metric: str) -> dict[str, list[tuple[int, float, float, float]]]:
+    """label -> [(devices, mean, 95% low, 95% high)] sorted by devices (low = high = mean without
+    an interval); finite values only. The interval is on a log scale: never below 0, not symmetric."""
     out: dict[str, list[tuple[int, float, float]]] = {}
     varying = _varying(an.configs)
     for c in an.configs:
         e = c.get(metric)
         if e is None or not finite(e.mean):
             continue
-        half = e.half if e.half is not None and finite(e.half) else 0.0
-        out.setdefault(_label(c, varying), []).append((int(c.world_size), e.mean, half))
+        lo, hi = (e.lo, e.hi) if e.has_interval and finite(e.lo) and finite(e.hi) else (e.mean, e.mean)
+        out.setdefault(_label(c, varying), []).append((int(c.world_size), e.mean, lo, hi))
     return {k: sorted(v) for k, v in sorted(out.items())}
 
 
@@ -102,9 +103,10 @@ def draw(an: Analysis, plot: PlotSpec, path: Path) -> bool:
     for label, points in data.items():
         xs = [p[0] for p in points]
         ys = [p[1] * plot.scale for p in points]
-        err = [p[2] * plot.scale for p in points]
-        with_bars |= any(err)
-        ax.errorbar(xs, ys, yerr=err if any(err) else None, marker="o", capsize=4, label=label)
+        err = [[(p[1] - p[2]) * plot.scale for p in points], [(p[3] - p[1]) * plot.scale for p in points]]
+        bars = any(err[0]) or any(err[1])
+        with_bars |= bars
+        ax.errorbar(xs, ys, yerr=err if bars else None, marker="o", capsize=4, label=label)
     if plot.ideal_line:
         ax.axhline(1.0, color="grey", linestyle="--", linewidth=1, label="linear" if "scaling" in plot.metric else "1x")
     ax.set_xticks(sorted({p[0] for pts in data.values() for p in pts}))
@@ -134,7 +136,7 @@ def draw_model_state(an: Analysis, path: Path) -> bool:
     for part in STATE_PARTS:
         values = [c.breakdown.get(part, 0.0) * 1024 for c in bars]
         if any(values):
-            ax.bar(xs, values, bottom=bottom, label=part.replace("_", " "))
+            ax.bar(xs, values, bottom=bottom, label="comm buckets (--bucket-mib)" if part == "comm_buffer" else part)
             bottom = [b + v for b, v in zip(bottom, values)]
     ax.set_xticks(list(xs), [f"{_label(c, varying)}\n{int(c.world_size)} dev" for c in bars], fontsize="small")
     ax.set_ylabel("MiB held by one rank (the rank holding the most)")

@@ -13,7 +13,8 @@ from typing import Any
 import pandas as pd
 
 from tui.suite import analysis as an_mod
-from tui.suite import faults_report, html_report, metrics, plots, plots_runs, tune_report
+from tui.suite import (faults_report, html_report, losscheck, metrics, plots, plots_runs, summary, tune_report,
+                       verdicts)
 from tui.suite.analysis import Analysis, Config, show
 from tui.suite.stats import finite
 
@@ -35,26 +36,35 @@ class Report:
 
 RULES = f"""\
 - Every summary value is the mean over a configuration's ok repeats with its 95% confidence
-  interval, mean ± t(0.975, n-1) x sd / sqrt(n) (Student t), shown as `mean [low, high] (n=...)`;
-  summary.csv has n, mean, sd and the interval of every metric.
-- Scaling efficiency is tok/s(N) / (tok/s(base) x N / base) against the same strategy's smallest
-  world size, only when that base has an ok run (else empty, with the reason). Its interval
-  propagates the spread of both the N-device runs and the base (delta method on the ratio of
-  means, Welch-Satterthwaite degrees of freedom); so does the speedup over the best
-  single-device run of any strategy.
-- A winner is named only when its interval and the runner-up's do not overlap; otherwise the
-  verdict is "no significant difference" with both intervals. One repeat names no winner.
-- Flagged, never crowned: efficiency above {an_mod.EFFICIENCY_LIMIT}; throughput spread
-  (max - min) / mean above {an_mod.SPREAD_LIMIT:.0%} across repeats; a host overloaded during a run
-  (1-minute load average at its start or end above the host's CPUs + {an_mod.OVERLOAD_SLACK:g}); a
-  broken loss curve. Memory is counted, not timed: only a broken loss curve blocks its verdict.
-- Loss check: runs with the same model, seq len, precision, gradient-reduction dtype, global
-  batch, steps, lr and seed must follow one trajectory. Each run's loss at every step is compared
-  with the group's per-step median; more than {an_mod.LOSS_TOLERANCE['fp32']:g} relative (fp32;
-  {an_mod.OTHER_LOSS_TOLERANCE:g} when compute or gradient reduction is bf16/fp16) at any step marks
-  the run broken.
-- Memory compares model state (tensors each rank holds) and, on GPU, the training peak; process
-  RSS is only a footprint column."""
+  interval, shown as `mean [low, high] (n=...)`. For positive quantities the interval is taken on
+  a log scale, mean x exp(+-t x (sd/mean)/sqrt(n)), so it is never negative; t is the exact
+  Student t quantile (fractional degrees of freedom interpolated, not rounded down). summary.csv
+  has n, mean, sd and the interval of every metric.
+- Comparison groups are runs whose measured settings (every RunConfig field that changes the
+  measurement) are equal except the strategy; every verdict names the configurations it compares.
+- Scaling efficiency is tok/s(N) / (tok/s(base) x N / base), base = the run with all settings
+  equal except world size (and the grad-accum derived from it) at the smallest world size, only
+  when that base has an ok run (else empty, with the reason). Its interval propagates the spread
+  of both (delta method on the ratio of means, log scale, Welch-Satterthwaite df); so does the
+  speedup over the best single-device run of any strategy. At one device the ZeRO strategies
+  still run the DeepSpeed engine (one-rank collectives) while DDP and FSDP run the plain model.
+- Winner: the best mean is named only when Welch's t test separates it from every other
+  candidate of its group, the p values passing Holm's correction at {verdicts.ALPHA:.0%} family-wise: with
+  all candidates equal, a winner is named in at most {verdicts.ALPHA:.0%} of groups. Otherwise "no significant
+  difference", with the number of repeats that would name a real gap of that size
+  {verdicts.POWER:.0%} of the time. Memory is counted, not timed: one repeat decides it.
+- Flagged, never crowned: efficiency whose interval lies above {an_mod.EFFICIENCY_LIMIT}; throughput sd/mean
+  above {verdicts.NOISE_CV_LIMIT:.0%} across repeats (a rule that does not grow with the number of repeats);
+  a host overloaded during a run (1-minute load average at its start or end above the host's
+  CPUs + {an_mod.OVERLOAD_SLACK:g}); a broken loss curve. Memory verdicts are blocked only by a broken loss curve.
+- Loss check: runs with all settings equal except strategy and data layout (world size,
+  micro-batch, grad-accum) at the same global batch must follow one trajectory. Each run's loss
+  and gradient norm (before clipping) at every step are compared with the group's per-step
+  median; more than {an_mod.LOSS_TOLERANCE['fp32']:g} relative in the loss (fp32; {an_mod.OTHER_LOSS_TOLERANCE:g} with any 16-bit part)
+  or {losscheck.GRAD_NORM_TOLERANCE['fp32']:g} in the gradient norm (fp32; {losscheck.OTHER_GRAD_NORM_TOLERANCE:g} with any 16-bit part) at
+  any step marks the run broken.
+- Memory compares model state (tensors each rank holds; communication buckets are a part of
+  their own) and, on GPU, the training peak; process RSS is only a footprint column."""
 
 
 # --- formatting ----------------------------------------------------------------------------
@@ -121,11 +131,20 @@ def _edge(s: pd.Series, pick) -> str:
 
 
 def verdicts_section(an: Analysis) -> str:
-    head = "## Verdicts\n\nPer comparison group (same model, seq len, precision, shape, device and number of devices) and category.\n\n"
+    head = ("## Verdicts\n\nPer comparison group (all measured settings equal except the strategy; the label "
+            "shows the settings that differ between groups) and category.\n\n")
     if not an.verdicts:
         return head + "Fewer than two strategies finished ok in any comparison group: nothing to compare."
     rows = [[v.category.name, v.group, v.kind, v.text] for v in an.verdicts]
     return head + md_table(["category", "group", "verdict", "numbers"], rows)
+
+
+def summary_section(an: Analysis) -> str:
+    rows = summary.rows(an.verdicts)
+    if not rows:
+        return "## Summary\n\nFewer than two strategies finished ok in any comparison group: nothing to compare."
+    return ("## Summary\n\nWhich strategy, how fast, how much memory (95% intervals; winners as decided "
+            "under Verdicts, method under How this report decides).\n\n" + md_table(summary.HEADER, rows))
 
 
 def flags_section(an: Analysis) -> str:
@@ -171,7 +190,10 @@ def memory_section(an: Analysis) -> str:
     if not rows:
         return "## Model state per rank\n\nNo record has the model-state breakdown."
     return ("## Model state per rank\n\nMiB held by the rank holding the most (mean over repeats).\n\n"
-            + md_table(["configuration", *[p.replace("_", " ") for p in an_mod.STATE_PARTS], "total"], rows))
+            + md_table(["configuration", *[PART_NAMES.get(p, p) for p in an_mod.STATE_PARTS], "total"], rows))
+
+
+PART_NAMES = {"comm_buffer": "comm buckets"}
 
 
 def scaling_section(an: Analysis) -> str:
@@ -197,8 +219,10 @@ def loss_section(an: Analysis) -> str:
     for g in an.loss_groups:
         verdict = (f"{len(g.broken)} of {g.runs} runs BROKEN" if g.broken
                    else f"all {g.runs} runs agree")
+        grad = (f"; gradient norm within {g.grad_tolerance:g} (largest difference {fmt(g.grad_max_rel, '{:.2g}')})"
+                if g.grad_tolerance is not None else "; no gradient norms recorded")
         lines.append(f"- {g.label} ({', '.join(g.strategies)}): {verdict} within {g.tolerance:g} relative per step "
-                     f"(largest difference {fmt(g.max_rel, '{:.2g}')})")
+                     f"(largest difference {fmt(g.max_rel, '{:.2g}')}){grad}")
         lines += [f"  - **broken** `{rid}`: {why}" for rid, why in g.broken]
     return "## Loss check\n\n" + "\n".join(lines)
 
@@ -233,11 +257,12 @@ def build_markdown(an: Analysis, results_dir: Path, plot_files: list[Path], skip
         f"Generated {datetime.now(timezone.utc).isoformat(timespec='seconds')} from `{results_dir}` "
         f"({len(df)} runs). Data: [metrics.csv](metrics.csv) (one row per run), "
         "[summary.csv](summary.csv) (one row per configuration).",
-        "## How this report decides\n\n" + RULES,
-        setup_section(df),
+        summary_section(an),
         verdicts_section(an),
         flags_section(an),
         "## Recommendations\n\n" + "\n".join(f"- {r}" for r in an.recommendations),
+        "## How this report decides\n\n" + RULES,
+        setup_section(df),
         results_section(an),
         memory_section(an),
         scaling_section(an),

@@ -1,66 +1,146 @@
-"""Summary statistics that survive noise: n, mean, sd and a 95% Student-t interval.
+"""Summary statistics that survive noise: n, mean, sd and a 95% interval, and the test behind a
+winner.
 
-`estimate` summarizes repeats of one measurement. `ratio` propagates the spread of two estimates
-into their ratio (scaling efficiency, speedup) with the delta method: the relative variances of
-the two means add, se(r)/r = sqrt(sd_a^2/(n_a a^2) + sd_b^2/(n_b b^2)), and the interval uses
-Student t with Welch-Satterthwaite degrees of freedom. `separated` is the winner rule: two
-intervals that do not overlap. No scipy: the t quantiles are tabulated.
+`estimate` summarizes repeats of one measurement. Intervals of positive quantities (tokens/s,
+seconds, bytes, ratios) are taken on a log scale: mean x exp(+-t x (sd/mean)/sqrt(n)) (the delta
+method on log of the mean), so they are never negative and a ratio's interval is symmetric in
+log space. `ratio` propagates the spread of two estimates into their ratio (scaling efficiency,
+speedup): the relative variances of the two means add, u = sd_a^2/(n_a a^2) + sd_b^2/(n_b b^2),
+with Welch-Satterthwaite degrees of freedom. `welch` is the same arithmetic as a test: the
+two-sided p value of log(a/b) = 0. Student t quantiles and probabilities are computed (the
+regularized incomplete beta function), so fractional degrees of freedom are exact, not rounded.
+No scipy.
 """
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from dataclasses import dataclass
 from typing import Iterable
 
-# Two-sided 95% Student-t quantiles t(0.975, df), df = 1..30 (any statistics table).
-_T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
-         2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
-         2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
-_Z975 = 1.959964
+
+# --- Student t ------------------------------------------------------------------------------
+
+def _betacf(a: float, b: float, x: float) -> float:
+    """Continued fraction of the incomplete beta function (Numerical Recipes 6.4, modified Lentz)."""
+    tiny, qab, qap, qam = 1e-300, a + b, a + 1.0, a - 1.0
+    c, d = 1.0, 1.0 - qab * x / qap
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 300):
+        m2 = 2 * m
+        for aa in (m * (b - m) * x / ((qam + m2) * (a + m2)), -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))):
+            d = 1.0 + aa * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + aa / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+            if aa == 0 or abs(d * c - 1.0) < 1e-15:
+                break
+        if abs(d * c - 1.0) < 1e-15:
+            break
+    return h
+
+
+def _betainc(a: float, b: float, x: float) -> float:
+    """Regularized incomplete beta I_x(a, b)."""
+    if x <= 0:
+        return 0.0
+    if x >= 1:
+        return 1.0
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+    if x < (a + 1) / (a + b + 2):
+        return front * _betacf(a, b, x) / a
+    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
+
+
+def t_sf2(t: float, df: float) -> float:
+    """Two-sided tail probability P(|T| > |t|) of Student t with df (fractional allowed) degrees of freedom."""
+    if not math.isfinite(t):
+        return 0.0
+    return _betainc(df / 2.0, 0.5, df / (df + t * t))
+
+
+@functools.lru_cache(maxsize=8192)
+def t_quantile(p: float, df: float) -> float:
+    """The p quantile (p > 0.5) of Student t with df > 0 degrees of freedom, by bisection."""
+    if df <= 0:
+        raise ValueError(f"degrees of freedom must be > 0, got {df}")
+    tail = 2.0 * (1.0 - p)
+    lo, hi = 0.0, 1.0
+    while t_sf2(hi, df) > tail:
+        hi *= 2.0
+    for _ in range(200):
+        mid = (lo + hi) / 2.0
+        if t_sf2(mid, df) > tail:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo < 1e-12 * max(1.0, hi):
+            break
+    return (lo + hi) / 2.0
 
 
 def t975(df: float) -> float:
-    """t(0.975, df); a fractional df rounds down (a slightly wider, conservative interval)."""
+    """t(0.975, df), exact for fractional df (the old table rounded df down)."""
     if df < 1:
         raise ValueError(f"degrees of freedom must be >= 1, got {df}")
-    if df <= len(_T975):
-        return _T975[int(df) - 1]
-    z = _Z975  # Cornish-Fisher expansion: within 1e-3 of the exact value above df 30
-    return z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
+    return t_quantile(0.975, round(float(df), 9))
 
+
+# --- estimates ------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class Estimate:
-    """A mean over n repeats with its 95% interval; sd and half are None below 2 repeats."""
+    """A mean over n repeats with its 95% interval [lo, hi]; sd, lo and hi are None below 2 repeats."""
 
     n: int
     mean: float
     sd: float | None = None
-    half: float | None = None
-    """Half-width of the 95% confidence interval of the mean."""
-
-    @property
-    def lo(self) -> float | None:
-        return None if self.half is None else self.mean - self.half
-
-    @property
-    def hi(self) -> float | None:
-        return None if self.half is None else self.mean + self.half
+    lo: float | None = None
+    hi: float | None = None
 
     @property
     def has_interval(self) -> bool:
-        return self.half is not None
+        return self.lo is not None and self.hi is not None
+
+    @property
+    def half(self) -> float | None:
+        """Half the interval's width (the interval is not symmetric on a log scale)."""
+        return None if not self.has_interval else (self.hi - self.lo) / 2  # type: ignore[operator]
 
     @property
     def rel_half(self) -> float | None:
         """Half-width relative to the mean (None without an interval or at mean 0)."""
-        return None if self.half is None or not self.mean else abs(self.half / self.mean)
+        h = self.half
+        return None if h is None or not self.mean else abs(h / self.mean)
+
+    @property
+    def rel_se(self) -> float | None:
+        """Standard error of the mean relative to the mean: the sd of log(mean) (delta method)."""
+        if self.sd is None or not self.mean or self.n < 1:
+            return None
+        return abs(self.sd / self.mean) / math.sqrt(self.n)
+
+    @property
+    def cv(self) -> float | None:
+        """sd / mean across the repeats (does not grow with n, unlike max - min)."""
+        return None if self.sd is None or not self.mean else abs(self.sd / self.mean)
 
 
 def finite(x: object) -> bool:
     """A real number (numpy's included), not bool, not NaN or infinite."""
     return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def interval(mean: float, sd: float, n: int, t: float) -> tuple[float, float]:
+    """The 95% interval of a mean: on a log scale for a positive mean, else additive."""
+    se = sd / math.sqrt(n)
+    if mean > 0:
+        f = math.exp(t * se / mean)
+        return mean / f, mean * f
+    return mean - t * se, mean + t * se
 
 
 def estimate(values: Iterable[float]) -> Estimate | None:
@@ -73,11 +153,28 @@ def estimate(values: Iterable[float]) -> Estimate | None:
     if n < 2:
         return Estimate(1, mean)
     sd = math.sqrt(math.fsum((x - mean) ** 2 for x in xs) / (n - 1))
-    return Estimate(n, mean, sd, t975(n - 1) * sd / math.sqrt(n))
+    lo, hi = interval(mean, sd, n, t975(n - 1))
+    return Estimate(n, mean, sd, lo, hi)
+
+
+def exact(n: int, value: float) -> Estimate:
+    """An estimate without spread (a definition, e.g. the base's efficiency 1.0)."""
+    return Estimate(n, value, 0.0, value, value) if n > 1 else Estimate(1, value)
+
+
+def _welch_parts(a: Estimate, b: Estimate) -> tuple[float, float, float] | None:
+    """(relative variance of a's mean, of b's, Welch df) or None without spreads."""
+    if a.sd is None or b.sd is None or not a.mean or not b.mean or a.n < 2 or b.n < 2:
+        return None
+    ua, ub = (a.sd / a.mean) ** 2 / a.n, (b.sd / b.mean) ** 2 / b.n
+    u = ua + ub
+    if u == 0:
+        return ua, ub, math.inf
+    return ua, ub, u ** 2 / (ua ** 2 / (a.n - 1) + ub ** 2 / (b.n - 1))
 
 
 def ratio(num: Estimate, den: Estimate, scale: float = 1.0) -> Estimate | None:
-    """scale x num/den with the delta-method interval; None when den's mean is 0.
+    """scale x num/den with the delta-method interval on a log scale; None when den's mean is 0.
 
     n is the smaller of the two; without two repeats on both sides there is no interval. sd is
     the propagated standard error x sqrt(n), so that sd / sqrt(n) is the ratio's standard error."""
@@ -85,32 +182,34 @@ def ratio(num: Estimate, den: Estimate, scale: float = 1.0) -> Estimate | None:
         return None
     r = scale * num.mean / den.mean
     n = min(num.n, den.n)
-    if num.sd is None or den.sd is None or not num.mean:
+    parts = _welch_parts(num, den)
+    if parts is None:
         return Estimate(n, r)
-    ua = (num.sd / num.mean) ** 2 / num.n  # relative variance of each mean
-    ub = (den.sd / den.mean) ** 2 / den.n
-    u = ua + ub
-    if u == 0:
-        return Estimate(n, r, 0.0, 0.0)
-    df = u ** 2 / (ua ** 2 / (num.n - 1) + ub ** 2 / (den.n - 1))
-    se = abs(r) * math.sqrt(u)
-    return Estimate(n, r, se * math.sqrt(n), t975(df) * se)
+    ua, ub, df = parts
+    if ua + ub == 0:
+        return exact(n, r)
+    se = abs(r) * math.sqrt(ua + ub)
+    lo, hi = interval(r, se * math.sqrt(n), n, t975(max(1.0, df)))
+    return Estimate(n, r, se * math.sqrt(n), lo, hi)
 
 
-def separated(a: Estimate, b: Estimate) -> bool:
-    """True when both have intervals and they do not overlap."""
-    if not (a.has_interval and b.has_interval):
-        return False
-    return a.lo > b.hi or b.lo > a.hi  # type: ignore[operator]
-
-
-def repeats_needed(a: float, b: float, cv: float | None, limit: int = 100) -> int | None:
-    """Fewest repeats per side whose 95% intervals would separate means a and b, if each had
-    relative sd `cv`; None when cv is unknown or more than `limit` would be needed."""
-    if cv is None or not finite(cv):
+def welch(a: Estimate, b: Estimate) -> float | None:
+    """Two-sided p value of 'a and b have the same mean' (Welch's t on the log scale, i.e. on the
+    ratio a/b, with the relative standard errors); None without two repeats on both sides.
+    Exact (no spread on either side) values that differ have p = 0."""
+    parts = _welch_parts(a, b)
+    if parts is None or a.mean <= 0 or b.mean <= 0:
         return None
-    gap = abs(a - b)
-    for n in range(2, limit + 1):
-        if t975(n - 1) * cv * (abs(a) + abs(b)) / math.sqrt(n) < gap:
-            return n
-    return None
+    ua, ub, df = parts
+    if ua + ub == 0:
+        return 1.0 if a.mean == b.mean else 0.0
+    t = math.log(a.mean / b.mean) / math.sqrt(ua + ub)
+    return t_sf2(t, max(1.0, df))
+
+
+def holm(pvalues: list[float], alpha: float) -> bool:
+    """True when Holm's step-down procedure rejects every one of these hypotheses at family-wise
+    level alpha (the i-th smallest p must be <= alpha / (m - i))."""
+    ps = sorted(pvalues)
+    m = len(ps)
+    return m > 0 and all(p <= alpha / (m - i) for i, p in enumerate(ps))

@@ -41,6 +41,9 @@ def record(strategy: str = "ddp", world_size: int = 1, tokens_per_s: float = 100
         error=None if status == "ok" else f"synthetic {status}",
     )
     data = rec.to_dict()
+    given = extra.get("settings")
+    if isinstance(given, dict):  # a real record carries a knob it has a field for in both places
+        data.update({k: v for k, v in given.items() if k in data and v is not None})
     data.update(extra)
     return data
 

@@ -112,7 +112,7 @@ class ResultsScreen(Screen):
             style = row_style(row)
             table.add_row(*[Cell(v, spec, style) for v, (_, _, spec) in zip(row.cells, COLUMNS)], key=row.key)
         self._sort()
-        text = ("[b]Verdicts[/b] (a winner only when 95% intervals separate)\n" + "\n".join(view.verdicts)
+        text = ("[b]Verdicts[/b] (a winner only when Welch tests separate it from every other candidate, Holm 5%)\n" + "\n".join(view.verdicts)
                 if view.verdicts else "[b]Verdicts[/b]: need at least two strategies with ok runs at the same size.")
         if view.fault_table:  # runs that checkpointed: the report's fault-tolerance table (no markup in it)
             text += "\n\n[b]Fault tolerance[/b]\n" + "\n".join(view.fault_table)
@@ -140,10 +140,11 @@ class ResultsScreen(Screen):
         plt.xlabel("devices")
         plt.ylabel(unit)
         for strategy, points in series.items():
-            xs, ys, halves = [p[0] for p in points], [p[1] for p in points], [p[2] for p in points]
+            xs, ys = [p[0] for p in points], [p[1] for p in points]
             plt.plot(xs, ys, label=strategy, marker="braille")
-            if any(halves):
-                plt.error(xs, ys, yerr=halves)
+            widths = [p[3] - p[2] for p in points]
+            if any(widths):  # plotext draws y +- yerr/2: centred on the (log-scale) interval, [low, high]
+                plt.error(xs, [(p[2] + p[3]) / 2 for p in points], yerr=widths)
         if series:
             ticks = sorted({p[0] for pts in series.values() for p in pts})
             plt.xticks(ticks, [f"{t:g}" for t in ticks])
