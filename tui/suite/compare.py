@@ -102,7 +102,9 @@ def _changes(ca: Config, cb: Config) -> list[Change]:
         if ea is None or eb is None:
             continue
         r = ratio(eb, ea)
-        change = None if r is None else Estimate(r.n, r.mean - 1, r.sd, r.half)
+        # B/A - 1 with the ratio's own (log-scale, asymmetric) interval shifted the same way
+        change = None if r is None else Estimate(r.n, r.mean - 1, r.sd, *((r.lo - 1, r.hi - 1) if r.has_interval
+                                                                           else (None, None)))
         timed = metric not in UNTIMED
         out.append(Change(ca.name, ca.label, metric, unit, ea, eb, change, _verdict(change, ca, cb, higher, timed)))
     return out
