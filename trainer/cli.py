@@ -111,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     tie_to_launcher()  # first: a rank must not outlive a launcher that dies while torch imports
     sys.stdout = _TolerantStream(sys.stdout)
+    sys.stderr = _TolerantStream(sys.stderr)  # a dead suite's stderr must not stop the record either
     cfg = parse_args(argv)
     denv = detect()
     try:
@@ -131,14 +132,16 @@ def main(argv: list[str] | None = None) -> int:
         trainer.train(process_start)
         record = trainer.finish(process_start)
     except BaseException as exc:  # noqa: BLE001 - every failure becomes a record
+        _hold_signals()
         record = trainer.record
         trainer.fill_timings(record)
         record.status = classify(exc)
         record.error = describe(exc)
+        _report(record, cfg, denv.rank)  # the record first: nothing printed may come before it
         print(f"rank {denv.rank}: {record.status}: {record.error}", file=sys.stderr, flush=True)
-        _report(record, cfg, denv.rank)
         # A broken process group can hang in its destructors: skip them.
         _exit_now(1)
+    _hold_signals()
     if not _report(record, cfg, denv.rank):
         _exit_now(1)
     _shutdown()
@@ -146,6 +149,13 @@ def main(argv: list[str] | None = None) -> int:
     # after Python is gone ("terminate called without an active exception", about 1 run in 12
     # at world size 2 on this 2-core machine). Everything is reported by now, so skip it.
     _exit_now(0)
+
+
+def _hold_signals() -> None:
+    """The run is over and its record is being written: a second SIGTERM/SIGINT (a launcher
+    passing on the first, a Ctrl-C again) must not interrupt that."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _report(record, cfg: RunConfig, rank: int) -> bool:
