@@ -24,6 +24,7 @@ from trainer.config import ConfigError, RunConfig, parse_args
 from trainer.dist_env import detect
 from trainer.lifeline import tie_to_launcher
 from trainer.record import emit, write_atomic
+from trainer.streams import tolerate_closed_readers
 
 
 class Terminated(Exception):
@@ -32,32 +33,6 @@ class Terminated(Exception):
 
 def _on_signal(signum, _frame):
     raise Terminated(f"terminated by signal {signal.Signals(signum).name}")
-
-
-class _TolerantStream:
-    """stdout that survives its reader going away (`| head`): progress lines and the record are
-    for watchers; the run and its result.json must not die with them."""
-
-    def __init__(self, inner):
-        self._inner, self.broken = inner, False
-
-    def write(self, text: str) -> int:
-        if not self.broken:
-            try:
-                return self._inner.write(text)
-            except (OSError, ValueError):
-                self.broken = True
-        return len(text)
-
-    def flush(self) -> None:
-        if not self.broken:
-            try:
-                self._inner.flush()
-            except (OSError, ValueError):
-                self.broken = True
-
-    def __getattr__(self, name):
-        return getattr(self._inner, name)
 
 
 def check_output_dir(path: str) -> None:
@@ -110,8 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     process_start = time.time()
     argv = sys.argv[1:] if argv is None else argv
     tie_to_launcher()  # first: a rank must not outlive a launcher that dies while torch imports
-    sys.stdout = _TolerantStream(sys.stdout)
-    sys.stderr = _TolerantStream(sys.stderr)  # a dead suite's stderr must not stop the record either
+    tolerate_closed_readers()  # stdout and stderr: a dead reader must not stop the record
     cfg = parse_args(argv)
     denv = detect()
     try:

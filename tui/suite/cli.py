@@ -370,8 +370,15 @@ def cmd_collect(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `shardbench run --dry-run | head` ends quietly
     args = build_parser().parse_args(argv)
+    if args.command == "run" and not args.dry_run:
+        # `| tee log` then Ctrl-C: tee dies first. Runs are still being ended and their records
+        # written, so a closed stdout is ignored (exit 130, records kept), never a SIGPIPE death.
+        from trainer.streams import tolerate_closed_readers
+
+        tolerate_closed_readers()
+    else:
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `shardbench run --dry-run | head` ends quietly
     started = time.monotonic()
     handler = {"run": cmd_run, "report": cmd_report, "collect": cmd_collect}[args.command]
     code = handler(args)
