@@ -19,7 +19,9 @@ and is remembered as rejected: the save that reaches its step replaces it, rotat
 """
 from __future__ import annotations
 
+import errno
 import json
+import os
 import random
 import shutil
 import time
@@ -33,7 +35,7 @@ import torch.distributed as dist
 from trainer import contract
 
 from trainer.checkpoint_files import (DS_TAG, MANIFEST, STATE, TMP_PREFIX, commit, committed,  # noqa: F401
-                                      rotate, step_dir_name, verify)
+                                      no_space, rotate, step_dir_name, verify)
 
 
 def sizes_per_rank(manifest: dict[str, Any], world_size: int) -> list[int]:
@@ -163,6 +165,14 @@ class Checkpointer:
             return box[0]
         return obj
 
+    def _measured(self) -> dict[str, Any]:
+        """The run's measured settings, which a resume must match (trainer/checkpoint_guard.py)."""
+        from trainer.checkpoint_guard import measured_now
+        from trainer.dist_env import detect
+
+        d = detect()
+        return measured_now(self.cfg, self.world, d.local_world_size, d.launcher)
+
     def due(self, step: int) -> bool:
         return self.cfg.checkpoint_every > 0 and step % self.cfg.checkpoint_every == 0 and step < self.cfg.steps
 
@@ -183,6 +193,29 @@ class Checkpointer:
     def save(self, step: int, history: dict[str, Any]) -> float:
         """Write the checkpoint of `step` (all ranks call it). Returns the seconds the loop was
         blocked; an async save finishes in the background and is committed by poll()."""
+        try:
+            return self._save(step, history)
+        except BaseException as exc:  # DCP's CheckpointException is a BaseException
+            self._full(step, exc)
+            raise
+
+    def _full(self, step: int, exc: BaseException) -> None:
+        """A save that ran out of space says so (torch's own errors often drop the errno); the
+        partial checkpoint is removed so that result.json, perhaps on the same volume, fits."""
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)) or not no_space(self.root, exc):
+            return
+        if self.rank == 0:
+            for partial in self.root.glob(TMP_PREFIX + "*"):
+                shutil.rmtree(partial, ignore_errors=True)
+        try:
+            st = os.statvfs(self.root)
+            free = f"{st.f_bavail * st.f_frsize // 1024} KiB free after removing the partial checkpoint"
+        except OSError:
+            free = "free space unknown"
+        raise OSError(errno.ENOSPC, f"checkpoint of step {step} not written: no space left on device under "
+                      f"{self.root} ({free}): free space or give another --checkpoint-dir") from exc
+
+    def _save(self, step: int, history: dict[str, Any]) -> float:
         t0 = time.perf_counter()
         self.stats.saves += 1
         self.wait()  # one save in flight at a time
@@ -195,7 +228,7 @@ class Checkpointer:
         torch.save(rng_state(), tmp / f"rng-rank{self.rank}.pt")
         if self.rank == 0:
             state = {"step": step, "key": resume_key(self.cfg, self.world), "world_size": self.world,
-                     "history": history}
+                     "measured": self._measured(), "history": history}
             if not self.deepspeed:
                 state["scheduler"] = self.strategy.scheduler.state_dict()
             (tmp / STATE).write_text(json.dumps(state))
@@ -253,8 +286,12 @@ class Checkpointer:
             return
         future, tmp, final, t0 = self._pending
         self._pending = None
-        future.result()
-        self._finish(tmp, final, t0)
+        try:
+            future.result()
+            self._finish(tmp, final, t0)
+        except BaseException as exc:
+            self._full(int(final.name.split("-")[1]), exc)
+            raise
 
     # -- load ---------------------------------------------------------------------------------
     def resume(self) -> tuple[int, dict[str, Any], list[str]]:

@@ -12,6 +12,7 @@ What a checkpoint holds is described in trainer/checkpoint.py. This module only 
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -194,3 +195,21 @@ def rotate(root: Path, keep: int, head: int, rejected: Iterable[str] = ()) -> li
     for debris in root.glob(OLD_PREFIX + "*"):
         shutil.rmtree(debris, ignore_errors=True)
     return gone
+
+
+def no_space(root: Path, exc: BaseException) -> bool:
+    """Whether a failed save ran out of space: ENOSPC anywhere in the exception chain (torch
+    and DCP wrap it, or keep only the text), or a volume left with less than 1 MiB."""
+    todo: list[BaseException] = [exc]
+    while todo:
+        seen = todo.pop()
+        if isinstance(seen, OSError) and seen.errno == errno.ENOSPC or "no space left" in str(seen).lower():
+            return True
+        todo += [e for e in (seen.__cause__, seen.__context__) if e is not None]
+        # DCP's CheckpointException (a BaseException) carries each rank's (exception, trace).
+        todo += [pair[0] for pair in getattr(seen, "failures", {}).values() if isinstance(pair, tuple)]
+    try:
+        st = os.statvfs(root)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < (1 << 20)

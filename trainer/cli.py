@@ -52,7 +52,7 @@ def check_output_dir(path: str) -> None:
                           "give a directory this user can write, with free space") from None
 
 
-def check(cfg: RunConfig, world_size: int, rank: int = 0) -> None:
+def check(cfg: RunConfig, world_size: int, rank: int = 0, denv=None) -> None:
     """The contract's rules, then DeepSpeed installed where needed (memory that must fit is
     checked by trainer.devices once the device is known)."""
     errors = contract.validate(cfg, world_size)
@@ -60,6 +60,10 @@ def check(cfg: RunConfig, world_size: int, rank: int = 0) -> None:
         raise ConfigError(errors[0])
     if cfg.output_dir and rank == 0:
         check_output_dir(cfg.output_dir)
+    if rank == 0 and denv is not None and (cfg.checkpoint_dir or cfg.resume not in ("auto", "never")):
+        from trainer.checkpoint_guard import prepare
+
+        prepare(cfg, world_size, denv.local_world_size, denv.launcher)  # writable, locked, same settings
     if contract.is_deepspeed(cfg.strategy) and importlib.util.find_spec("deepspeed") is None:
         raise ConfigError(f"--strategy {cfg.strategy} needs DeepSpeed, which is not installed: "
                           "run scripts/bootstrap.sh (or pip install deepspeed after torch)")
@@ -89,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = parse_args(argv)
     denv = detect()
     try:
-        check(cfg, denv.world_size, denv.rank)
+        check(cfg, denv.world_size, denv.rank, denv)
         from trainer.env_info import process_start_time
         from trainer.train import Trainer  # torch is imported only after the cheap checks
 

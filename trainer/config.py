@@ -121,6 +121,9 @@ class RunConfig:
     resume: str = knob("auto", recorded_only=True)
     """auto (the newest valid checkpoint in --checkpoint-dir, if any), never, or a checkpoint
     directory."""
+    resume_allow: str | None = knob(None, recorded_only=True)
+    """Measured settings a resume may change, comma-separated: world_size (ddp, fsdp), steps,
+    checkpointing (trainer/checkpoint_guard.py ALLOWABLE); any other change is refused."""
     argv: list[str] = field(default_factory=list, metadata={"recorded_only": "argv"})
     """The command line this config came from (recorded; not a flag)."""
 
