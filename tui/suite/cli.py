@@ -46,10 +46,12 @@ def _knob(text: str) -> tuple[str, object]:
     key, sep, value = text.partition("=")
     if not sep or not key.strip():
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    from tui.suite import safe_yaml
+
     try:
-        return key.strip(), yaml.safe_load(value)
-    except yaml.YAMLError:
-        raise argparse.ArgumentTypeError(f"{key}: value {value!r} is not valid YAML") from None
+        return key.strip(), safe_yaml.load(value, f"--set {key.strip()}")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 # How a flag's text becomes a MatrixSpec field's value, by the field's declared type.
@@ -115,7 +117,9 @@ def effective_matrix(args: argparse.Namespace) -> MatrixSpec:
 
 def _keys_of(path: Path) -> list[str]:
     """The keys a matrix file sets itself (load_matrix has already checked it reads)."""
-    data = yaml.safe_load(path.read_text()) or {}
+    from tui.suite import safe_yaml
+
+    data = safe_yaml.load(path.read_text(errors="replace"), str(path)) or {}
     return list(data) + list(data.get("options") or {})
 
 

@@ -18,6 +18,8 @@ from typing import Any
 
 import yaml
 
+from tui.suite import safe_yaml
+
 from trainer import contract
 from trainer.config import RunConfig, measured_fields, to_argv
 from tui.suite.faults import fault_errors, kube_fault_errors
@@ -219,11 +221,10 @@ def matrix_from_dict(data: Any) -> MatrixSpec:
 def load_matrix(path: str | os.PathLike) -> MatrixSpec:
     """Read a matrix YAML file; raises ValueError with one line on bad content."""
     try:
-        data = yaml.safe_load(Path(path).read_text()) or {}
+        text = Path(path).read_text(errors="replace")
     except OSError as exc:
         raise ValueError(f"cannot read matrix {path}: {exc.strerror or exc}") from None
-    except yaml.YAMLError as exc:
-        raise ValueError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from None
+    data = safe_yaml.load(text, str(path)) or {}  # bounded aliases, depth, no NUL (ValueError)
     try:
         return matrix_from_dict(data)
     except (TypeError, ValueError) as exc:
@@ -256,7 +257,7 @@ def load_shape(name: str, directory: Path | None = None) -> Shape:
         have = sorted(p.stem for p in directory.glob("*.yaml")) if directory.is_dir() else []
         raise ValueError(f"unknown shape {name!r}: no {path} (have: {', '.join(have) or 'none'})")
     try:
-        values = yaml.safe_load(path.read_text()) or {}
+        values = safe_yaml.load(path.read_text(errors="replace"), str(path)) or {}
         data, run = values.get("shape") or {}, values.get("run") or {}
         defaults = {SHAPE_RUN_KEYS[k]: ([v] if k == "seqLen" else v) for k, v in run.items() if k in SHAPE_RUN_KEYS}
         return Shape(name=name, gpus_per_node=_opt(data.get("gpusPerNode"), int),
