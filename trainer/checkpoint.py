@@ -167,11 +167,9 @@ class Checkpointer:
 
     def _measured(self) -> dict[str, Any]:
         """The run's measured settings, which a resume must match (trainer/checkpoint_guard.py)."""
-        from trainer.checkpoint_guard import measured_now
-        from trainer.dist_env import detect
+        from trainer.checkpoint_guard import settings_to_save
 
-        d = detect()
-        return measured_now(self.cfg, self.world, d.local_world_size, d.launcher)
+        return settings_to_save(self.cfg, self.world)
 
     def due(self, step: int) -> bool:
         return self.cfg.checkpoint_every > 0 and step % self.cfg.checkpoint_every == 0 and step < self.cfg.steps

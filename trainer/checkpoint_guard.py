@@ -34,6 +34,7 @@ do not); steps: run longer or shorter (the LR schedule is rebuilt for the new le
 checkpointing: save at another interval, keep another number, save asynchronously."""
 
 _held: list[int] = []  # the lock's file descriptor, open until the process exits
+_settings: dict[str, Any] = {}  # this run's measured settings, taken before any process group
 
 
 def measured_now(cfg: RunConfig, world_size: int, local_world_size: int, launcher: str | None) -> dict[str, Any]:
@@ -118,5 +119,19 @@ def prepare(cfg: RunConfig, world_size: int, local_world_size: int, launcher: st
         root = Path(cfg.checkpoint_dir)
         probe_writable(root)
         lock(root)
+    _settings.clear()
+    _settings.update(measured_now(cfg, world_size, local_world_size, launcher))
     if cfg.resume != "never":
-        check_resume(cfg, measured_now(cfg, world_size, local_world_size, launcher))
+        check_resume(cfg, dict(_settings))
+
+
+def settings_to_save(cfg: RunConfig, world_size: int) -> dict[str, Any]:
+    """What trainer_state.json stores: the settings prepare() saw. They are taken from the
+    launcher's environment at start: DeepSpeed's init later adds RANK/WORLD_SIZE to it, which
+    would make a deepspeed-launched run look torchrun-launched."""
+    if _settings:
+        return dict(_settings)
+    from trainer.dist_env import detect  # a Trainer used in-process, without trainer.cli
+
+    d = detect()
+    return measured_now(cfg, world_size, d.local_world_size, d.launcher)
