@@ -66,9 +66,11 @@ def main() -> None:
         proc = subprocess.run([sys.executable, "-m", "tui.suite.cli", "report", str(results), "--out",
                                str(Path(tmp) / "report")], cwd=REPO, env=env, capture_output=True, text=True)
         wall = time.monotonic() - t0
-        peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+        peak_mb, cpu = usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime
         print(f"report ({args.shape}): {len(records)} records ({size / 1e6:.1f} MB of result.json), "
-              f"wall {wall:.1f} s, peak RSS {peak_mb:.0f} MB, exit {proc.returncode}")
+              f"wall {wall:.1f} s, CPU {cpu:.1f} s (user+sys; wall depends on the machine's load: "
+              f"load average {os.getloadavg()[0]:.1f}), peak RSS {peak_mb:.0f} MB, exit {proc.returncode}")
         if proc.returncode != 0:
             print(proc.stderr[-3000:])
 

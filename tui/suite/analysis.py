@@ -237,21 +237,27 @@ def _configs(df: pd.DataFrame) -> list[Config]:
     out: list[Config] = []
     if ok.empty:
         return out
-    for _, group in ok.groupby(_keys(ok, CONFIG_KEYS), sort=False):
-        first = group.iloc[0]
-        c = Config({k: first[k] for k in CONFIG_KEYS}, list(group["run_id"]), list(group.index))
+    # Plain lists and groupby indices instead of a sub-frame per group: 5,000 records in
+    # 1,000 configurations took most of a report's time in pandas indexing (benchmarks/bench_report_5k.py).
+    state_cols = [f"model_state_{part}_gib" for part in STATE_PARTS]
+    cols = {c: ok[c].tolist() for c in [*CONFIG_KEYS, *SUMMARY_METRICS, *state_cols, "run_id", "comm_per_step"]}
+    labels = ok.index.tolist()
+    for rows in ok.groupby(_keys(ok, CONFIG_KEYS), sort=False).indices.values():
+        first = rows[0]
+        c = Config({k: cols[k][first] for k in CONFIG_KEYS}, [cols["run_id"][i] for i in rows],
+                   [labels[i] for i in rows])
         for m in SUMMARY_METRICS:
-            e = estimate(group[m])
+            e = estimate(cols[m][i] for i in rows)
             if e is not None:
                 c.est[m] = e
-        tps = [v for v in group["tokens_per_s"] if finite(v)]
+        tps = [v for i in rows if finite(v := cols["tokens_per_s"][i])]
         if len(tps) > 1:
             c.spread = (max(tps) - min(tps)) / (sum(tps) / len(tps))
-        for part in STATE_PARTS:
-            e = estimate(group[f"model_state_{part}_gib"])
+        for part, col in zip(STATE_PARTS, state_cols):
+            e = estimate(cols[col][i] for i in rows)
             if e is not None:
                 c.breakdown[part] = e.mean
-        comm = [t for t in group["comm_per_step"] if isinstance(t, str) and t]
+        comm = [t for i in rows if isinstance(t := cols["comm_per_step"][i], str) and t]
         c.comm = comm[0] if comm else ""
         out.append(c)
     out.sort(key=lambda c: (str(c.strategy), c.world_size, str(c.seq_len), str(c.config_id)))
@@ -260,28 +266,33 @@ def _configs(df: pd.DataFrame) -> list[Config]:
 
 def _scaling(df: pd.DataFrame, configs: list[Config]) -> None:
     """Efficiency of every configuration against its strategy's own smallest world size."""
-    runs = df[(df["status"] != metrics.UNREADABLE) & df["world_size"].notna()]
+    # Only the columns used here: a groupby over the whole frame copies all of them per group.
+    cols = list(dict.fromkeys([*SCALING_GROUP, "world_size", "status", "tokens_per_s", "run_id", "error"]))
+    runs = df.loc[(df["status"] != metrics.UNREADABLE) & df["world_size"].notna(), cols]
     if runs.empty:
         return
     by_key: dict[str, list[Config]] = {}
     for c in configs:
         by_key.setdefault(_key(c.key, SCALING_GROUP), []).append(c)
+    bases, notes, effs = {}, {}, {}  # row label -> value, set in one assignment each (not per group)
+    runs = runs.assign(_ok=(runs["status"] == "ok") & runs["tokens_per_s"].notna())
     for key, group in runs.groupby(_keys(runs, SCALING_GROUP), sort=False):
         base = int(group["world_size"].min())
-        base_runs = group[group["world_size"] == base]
-        base_ok = _ok_rows(base_runs)
-        base_est = estimate(base_ok["tokens_per_s"])
+        at_base = (group["world_size"] == base).to_numpy()
+        base_runs = group[at_base]
+        base_est = estimate(group["tokens_per_s"].to_numpy()[at_base & group["_ok"].to_numpy()])
         note = ""
         if base_est is None:
             statuses = ", ".join(f"{r['run_id']} {r['status']}" + (f" ({str(r['error'])[:80]})" if r["error"] else "")
                                  for _, r in base_runs.head(3).iterrows())
             note = f"base {group.iloc[0]['strategy']} at {base} dev has no ok run: {statuses}"
-        df.loc[group.index, "scaling_base_world_size"] = base
+        for i in group.index:
+            bases[i] = base
         if base_est is None:
-            df.loc[group.index, "scaling_note"] = note
+            notes.update(dict.fromkeys(group.index, note))
         else:
-            ok = _ok_rows(group)
-            df.loc[ok.index, "scaling_efficiency"] = ok["tokens_per_s"] / (base_est.mean * ok["world_size"] / base)
+            ok = group[group["_ok"]]
+            effs.update(ok["tokens_per_s"] / (base_est.mean * ok["world_size"] / base))
         for c in by_key.get(key, []):
             c.base_world_size = base
             if base_est is None:
@@ -291,6 +302,15 @@ def _scaling(df: pd.DataFrame, configs: list[Config]) -> None:
                 c.efficiency_note = "base (1.00 by definition)"
             else:
                 c.efficiency = ratio(c.est["tokens_per_s"], base_est, scale=base / c.world_size)
+    _assign(df, "scaling_base_world_size", bases)
+    _assign(df, "scaling_note", notes)
+    _assign(df, "scaling_efficiency", effs)
+
+
+def _assign(df: pd.DataFrame, col: str, values: dict) -> None:
+    """df.loc[labels, col] = values in one step (a .loc per group was most of the analysis time)."""
+    if values:
+        df.loc[list(values), col] = pd.Series(values, dtype=object)
 
 
 def _speedup(df: pd.DataFrame, configs: list[Config]) -> None:
@@ -298,6 +318,7 @@ def _speedup(df: pd.DataFrame, configs: list[Config]) -> None:
     groups: dict[str, list[Config]] = {}
     for c in configs:
         groups.setdefault(_key(c.key, SPEEDUP_GROUP), []).append(c)
+    tps, speedups = df["tokens_per_s"].to_dict(), {}
     for group in groups.values():
         singles = [c for c in group if int(c.world_size) == 1]
         best = max(singles, key=lambda c: c.est["tokens_per_s"].mean) if singles else None
@@ -308,7 +329,8 @@ def _speedup(df: pd.DataFrame, configs: list[Config]) -> None:
             c.speedup_note = f"vs {best.label}"
             c.speedup = (Estimate(c.n, 1.0, 0.0, 0.0) if c.n > 1 else Estimate(1, 1.0)) if c is best \
                 else ratio(c.est["tokens_per_s"], best.est["tokens_per_s"])
-            df.loc[c.index, "speedup_vs_best_1dev"] = df.loc[c.index, "tokens_per_s"] / best.est["tokens_per_s"].mean
+            speedups.update({i: tps[i] / best.est["tokens_per_s"].mean for i in c.index})
+    _assign(df, "speedup_vs_best_1dev", speedups)
 
 
 OVERLOAD_INPUTS = ["host_cpus", "load_avg_1m_start", "load_avg_1m_end", "device", "devices_per_node", "threads_per_rank"]
@@ -358,33 +380,38 @@ def loss_tolerance(precision: Any, grad_reduce_dtype: Any = None) -> float:
 
 
 def _loss_check(df: pd.DataFrame) -> list[LossGroup]:
-    ok = df[(df["status"] == "ok") & df["loss_curve"].notna()]
+    cols = list(dict.fromkeys([*LOSS_GROUP, "loss_curve", "run_id", "strategy", "model", "grad_reduce_dtype"]))
+    ok = df.loc[(df["status"] == "ok") & df["loss_curve"].notna(), cols]
     out = []
     if ok.empty:
         return out
+    rels, checks = {}, {}
     for _, group in ok.groupby(_keys(ok, LOSS_GROUP), sort=True):
         if len(group) < 2:
             continue
         first = group.iloc[0]
         tol = loss_tolerance(first["precision"], first["grad_reduce_dtype"])
-        length = min(len(c) for c in group["loss_curve"])
-        ref = [_median([c[k] for c in group["loss_curve"]]) for k in range(length)]
+        curves = group["loss_curve"].tolist()
+        length = min(len(c) for c in curves)
+        ref = [_median(list(at_step)) for at_step in zip(*curves)][:length]
         broken, worst = [], 0.0
-        for idx, row in group.iterrows():
-            rel, step = _max_rel(row["loss_curve"][:length], ref)
-            df.at[idx, "loss_max_rel_diff"] = rel if math.isfinite(rel) else None
+        for idx, curve, run_id in zip(group.index, group["loss_curve"], group["run_id"]):
+            rel, step = _max_rel(curve[:length], ref)
+            rels[idx] = rel if math.isfinite(rel) else None
             bad = not math.isfinite(rel) or rel > tol
-            df.at[idx, "loss_check"] = "broken" if bad else "ok"
+            checks[idx] = "broken" if bad else "ok"
             worst = max(worst, rel) if math.isfinite(rel) else worst
             if bad:
-                got = row["loss_curve"][step]
-                broken.append((str(row["run_id"]),
+                got = curve[step]
+                broken.append((str(run_id),
                                f"step {step}: loss {got:.6g} vs reference {ref[step]:.6g} "
                                f"({'not finite' if not math.isfinite(rel) else f'{rel:.2g} relative'} > {tol:g})"))
         label = (f"{first['model']}, seq {_int(first['seq_len'])}, {first['precision']}, global batch "
                  f"{_int(first['global_batch'])}, {_int(first['steps'])} steps, lr {first['lr']:g}, "
                  f"seed {_int(first['seed'])}" if finite(first["lr"]) else f"{first['model']}, seq {_int(first['seq_len'])}")
         out.append(LossGroup(label, tol, len(group), sorted(set(map(str, group["strategy"]))), worst, broken))
+    _assign(df, "loss_max_rel_diff", rels)
+    _assign(df, "loss_check", checks)
     return out
 
 
