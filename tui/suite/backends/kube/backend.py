@@ -17,6 +17,7 @@ launches with the `fault` fields of tui.suite.faults.merge.
 from __future__ import annotations
 
 import os
+import secrets
 import threading
 import time
 from pathlib import Path
@@ -26,6 +27,7 @@ from tui.suite.backends.kube import api as kapi
 from tui.suite.backends.kube import diagnosis as dx
 from tui.suite.backends.kube.faults import LaunchWatch, worker_pod
 from tui.suite.backends.kube.helm import NOT_FOUND, REPO_ROOT, Helm, find_helm
+from tui.suite.backends.kube.ownership import not_ours
 from tui.suite.backends.kube.values import release_name, release_values
 from tui.suite.backends.kube.watch import JobWatch, LauncherLog
 from tui.suite.collect import extract, failed_record, now_iso, parse_progress
@@ -45,7 +47,7 @@ class KubeBackend:
                  keep_failed: bool = False, start_timeout_s: float = 900.0,
                  poll_s: float = 2.0, server_side: str | None = None,
                  no_status_s: float = 60.0, log_read_timeout_s: float = 60.0,
-                 cleanup_timeout_s: float = 180.0):
+                 cleanup_timeout_s: float = 180.0, suite: str | None = None):
         self.kubeconfig = kubeconfig
         self.context = context
         self.namespace = namespace
@@ -68,6 +70,8 @@ class KubeBackend:
         """A launcher log connection silent this long is reopened (a dead connection looks silent)."""
         self.cleanup_timeout_s = cleanup_timeout_s
         """Seconds a kept earlier attempt's MPIJob and pods may take to go before a rerun gives up."""
+        self.suite = suite or secrets.token_hex(3)
+        """This suite's tag, the end of every release name it installs (kube/ownership.py)."""
         self._api = None
 
     # -- availability -------------------------------------------------------------------------
@@ -97,6 +101,9 @@ class KubeBackend:
             return False, "MPI Operator not installed: the cluster serves no kubeflow.org/v2beta1 mpijobs"
         return True, ""
 
+    def release_for(self, run_id: str) -> str:
+        return release_name(run_id, self.suite)
+
     def api(self):
         """A Kubernetes ApiClient for this backend's kubeconfig (raises with a one-line reason)."""
         if self._api is None:
@@ -119,7 +126,7 @@ class KubeBackend:
         run_dir.mkdir(parents=True, exist_ok=True)
         log = RunLog(run_dir / "log.txt", spec.run_id, emit)
         started = now_iso()
-        release = release_name(spec.run_id)
+        release = self.release_for(spec.run_id)
         try:
             record = Attempt(self, spec, release, log, emit, cancel, timeout_s).execute()
         except Exception as exc:  # noqa: BLE001 - a run's failure, never the matrix's
@@ -206,6 +213,9 @@ class Attempt:
 
     def execute(self) -> dict[str, Any]:
         self.emit(RunStateChanged(self.spec.run_id, "installing", f"helm release {self.release}"))
+        foreign = not_ours(self.api, self.namespace, self.release, self.spec.run_id)
+        if foreign:  # never upgraded into shardbench, never uninstalled
+            return failed_record(self.spec, foreign)
         ended = self._clear_previous_attempt()
         if ended:
             return ended
@@ -298,7 +308,7 @@ class Attempt:
                 said = f"; its log ends: {' | '.join(tail)}" if tail else ""
                 return f"{dx.role(pod) or 'pod'} pod {name} failed before the run started: {failure}{said}"
         names = [self.job_name, f"{self.job_name}-launcher"]
-        refused = dx.rejection(kapi.list_events(self.api, self.namespace, names), names)
+        refused = dx.rejection(dx.since(kapi.list_events(self.api, self.namespace, names), self.began), names)
         if refused:
             return f"a pod of the run was refused by the cluster: {refused}"
         if not dx.has_status(job) and time.monotonic() - self.installed_at > self.b.no_status_s:
@@ -318,7 +328,7 @@ class Attempt:
 
     def _show_events(self, name: str) -> None:
         try:
-            for text in dx.event_lines(kapi.list_events(self.api, self.namespace, [name]), name):
+            for text in dx.event_lines(dx.since(kapi.list_events(self.api, self.namespace, [name]), self.began), name):
                 self.log.line(text)
         except Exception as exc:  # noqa: BLE001
             self.log.line(f"[shardbench] no events for {name}: {kapi.short(exc)}")
