@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
+import kmock
+
 from tui.suite.backends.kube.values import release_name
 
 from .kube_emulator import NAMESPACE, add_event, add_pod, mpijobs, serve_log, set_conditions, wait_for_mpijob
@@ -66,3 +68,25 @@ async def test_a_release_of_another_chart_is_refused_not_upgraded(cluster, tmp_p
     assert not mpijobs(emu)  # nothing of shardbench was installed over it ...
     live = {name for (res, ns, name), obj in emu.objects.items() if res.plural == "configmaps" and not obj.deleted}
     assert f"{b.release_for(s.run_id)}-data" in live  # ... and the other release was left alone
+
+
+async def test_a_watch_answering_410_gone_re_lists_the_job(cluster, tmp_path):  # noqa: F811
+    """Every watch of the MPIJob answers 410 Gone (its history expired); the operator is slow
+    to start the launcher. The backend must read the job itself, not call the operator absent."""
+    emu, kubeconfig, helm = cluster  # noqa: F811
+    s = spec()
+    (emu ** 1)[kmock.action.WATCH, kmock.resource("kubeflow.org/v2beta1/mpijobs")] << 410
+
+    async def operator():
+        name = (await wait_for_mpijob(emu))["metadata"]["name"]
+        await set_conditions(emu, name, "Created")
+        await asyncio.sleep(2.0)  # longer than no_status_s
+        pod = add_pod(emu, name, "launcher", "Running")
+        await set_conditions(emu, name, "Created", "Running")
+        await serve_log(emu, pod, launcher_log(s, 41.0), delay_s=0.01).task
+        await set_conditions(emu, name, "Created", "Running", "Succeeded")
+
+    op = asyncio.create_task(operator())
+    record, _ = await run_in_thread(backend(kubeconfig, helm, no_status_s=1.0), s, tmp_path / "run")
+    assert op.done() or not op.cancel(), record.get("error")
+    assert record["status"] == "ok" and record["tokens_per_s"] == 41.0, record.get("error")
