@@ -4,9 +4,11 @@ attempt, API permission errors, a watch answering 410 Gone, releases that are no
 from __future__ import annotations
 
 import asyncio
+import json
 
 import kmock
 
+from tui.suite.backends.kube import api as kapi
 from tui.suite.backends.kube.values import release_name
 
 from .kube_emulator import NAMESPACE, add_event, add_pod, mpijobs, serve_log, set_conditions, wait_for_mpijob
@@ -90,3 +92,36 @@ async def test_a_watch_answering_410_gone_re_lists_the_job(cluster, tmp_path):  
     record, _ = await run_in_thread(backend(kubeconfig, helm, no_status_s=1.0), s, tmp_path / "run")
     assert op.done() or not op.cancel(), record.get("error")
     assert record["status"] == "ok" and record["tokens_per_s"] == 41.0, record.get("error")
+
+
+FORBIDDEN = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Forbidden", "code": 403,
+             "message": 'pods is forbidden: User "bench-ci" cannot list resource "pods" in API group "" '
+                        f'in the namespace "{NAMESPACE}"'}
+
+
+async def test_a_403_names_the_permission_and_fails_at_once(cluster, tmp_path):  # noqa: F811
+    """The user may install but not list pods: a retry never helps, and "(403)" alone says nothing."""
+    emu, kubeconfig, helm = cluster  # noqa: F811
+    s = spec()
+
+    async def operator():
+        name = (await wait_for_mpijob(emu))["metadata"]["name"]
+        (emu ** 1)[kmock.action.LIST, kmock.resource("v1/pods")] << 403 << FORBIDDEN
+        await set_conditions(emu, name, "Created")
+
+    op = asyncio.create_task(operator())
+    record, _ = await run_in_thread(backend(kubeconfig, helm, start_timeout_s=60), s, tmp_path / "run")
+    await op
+    assert record["status"] == "failed"
+    assert 'cannot list resource "pods"' in record["error"] and f"namespace {NAMESPACE}" in record["error"]
+    assert "kubectl auth can-i" in record["error"]
+
+
+def test_a_404_names_the_namespace():
+    from kubernetes.client.rest import ApiException
+
+    exc = ApiException(status=404, reason="Not Found")
+    exc.body = json.dumps({"kind": "Status", "code": 404, "message": 'namespaces "bench-x" not found'})
+    line = kapi.short(exc, "bench-x")
+    assert line.startswith("HTTP 404 Not Found: namespaces \"bench-x\" not found") and "kubectl get namespace bench-x" in line
+    assert "\n" not in line

@@ -26,6 +26,7 @@ from typing import Any
 from tui.suite.backends.kube import api as kapi
 from tui.suite.backends.kube import diagnosis as dx
 from tui.suite.backends.kube.faults import LaunchWatch, worker_pod
+from tui.suite.backends.kube.errors import FATAL, status_of
 from tui.suite.backends.kube.helm import NOT_FOUND, REPO_ROOT, Helm, find_helm
 from tui.suite.backends.kube.ownership import not_ours
 from tui.suite.backends.kube.values import release_name, release_values
@@ -130,8 +131,9 @@ class KubeBackend:
         try:
             record = Attempt(self, spec, release, log, emit, cancel, timeout_s).execute()
         except Exception as exc:  # noqa: BLE001 - a run's failure, never the matrix's
-            log.line(f"[shardbench] {type(exc).__name__}: {kapi.short(exc)}")
-            record = failed_record(spec, f"kubernetes backend: {type(exc).__name__}: {kapi.short(exc)}")
+            why = kapi.short(exc, self.namespace)
+            log.line(f"[shardbench] {type(exc).__name__}: {why}")
+            record = failed_record(spec, f"kubernetes backend: {type(exc).__name__}: {why}")
             self.cleanup(release, record, log)
         finally:
             log.close()  # an abandoned log stream writes nothing after this
@@ -288,6 +290,8 @@ class Attempt:
                     return None, failed_record(self.spec, why)
                 self._show_waiting(pods, shown)
             except Exception as exc:  # noqa: BLE001 - an API hiccup is no reason to end the run
+                if status_of(exc) in FATAL:  # ... but a missing permission or namespace is
+                    return None, failed_record(self.spec, f"kubernetes API: {kapi.short(exc, self.namespace)}")
                 self.log.line(f"[shardbench] reading the job's pods failed ({kapi.short(exc)}); retrying")
             if time.monotonic() > deadline:
                 waiting = "; ".join(f"{k}: {v}" for k, v in sorted(shown.items()))
