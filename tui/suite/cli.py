@@ -17,7 +17,6 @@ import time
 from dataclasses import asdict, fields
 from pathlib import Path
 
-import yaml
 
 from trainer.fielddocs import field_docs
 
