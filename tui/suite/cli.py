@@ -17,7 +17,6 @@ import time
 from dataclasses import asdict, fields
 from pathlib import Path
 
-
 from trainer.fielddocs import field_docs
 
 from tui.suite.backends import add_cluster_flags, cluster_options
