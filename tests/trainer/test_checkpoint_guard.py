@@ -27,6 +27,7 @@ def refused(run) -> str:
     return lines[0]
 
 
+@pytest.mark.slow  # three trainer processes (each exits 2 before training, after importing torch)
 def test_resume_with_other_measured_settings_is_refused(full, tmp_path):  # noqa: F811
     _, ckpt = full
     line = refused(run_trainer([*ARGS, "--checkpoint-dir", str(ckpt), "--lr", "2e-3", "--weight-decay", "0.1",
