@@ -215,7 +215,11 @@ class Attempt:
 
     def execute(self) -> dict[str, Any]:
         self.emit(RunStateChanged(self.spec.run_id, "installing", f"helm release {self.release}"))
-        foreign = not_ours(self.api, self.namespace, self.release, self.spec.run_id)
+        try:
+            foreign = not_ours(self.api, self.namespace, self.release, self.spec.run_id)
+        except Exception as exc:  # noqa: BLE001 - returned, not raised: the error path would uninstall
+            foreign = (f"cannot tell whether helm release {self.release} is this run's "
+                       f"({kapi.short(exc, self.namespace)}); nothing was installed or removed")
         if foreign:  # never upgraded into shardbench, never uninstalled
             return failed_record(self.spec, foreign)
         ended = self._clear_previous_attempt()
