@@ -16,6 +16,7 @@ import json
 import os
 import socket
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,8 @@ from trainer.config import ConfigError, RunConfig, measured_fields
 from trainer.contract import is_deepspeed
 
 LOCK = ".lock"
+LOCK_WAIT_S = 15.0
+"""How long a run waits for the lock before it is refused ($SHARDBENCH_CKPT_LOCK_WAIT_S)."""
 ALLOWABLE = {
     "world_size": ("world_size", "nodes", "launcher", "micro_batch", "grad_accum"),
     "steps": ("steps",),
@@ -59,15 +62,23 @@ def probe_writable(path: Path) -> None:
 
 
 def lock(path: Path) -> None:
-    """Hold `path/.lock` until this process exits; refuse when another live process holds it."""
+    """Hold `path/.lock` until this process exits; refuse when another live process still holds
+    it after LOCK_WAIT_S (a retried launcher may start while the failed attempt's rank 0 is
+    still being ended)."""
     fd = os.open(path / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        owner = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "another process"
-        os.close(fd)
-        raise ConfigError(f"--checkpoint-dir {path} is in use by {owner}: wait for that run to end or give "
-                          "another --checkpoint-dir") from None
+    deadline = time.monotonic() + float(os.environ.get("SHARDBENCH_CKPT_LOCK_WAIT_S", LOCK_WAIT_S))
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except OSError:
+            if time.monotonic() < deadline:
+                time.sleep(0.5)
+                continue
+            owner = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise ConfigError(f"--checkpoint-dir {path} is in use by {owner}: wait for that run to end or give "
+                              "another --checkpoint-dir") from None
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"pid {os.getpid()} on host {socket.gethostname()} (since {started})\n".encode(), 0)

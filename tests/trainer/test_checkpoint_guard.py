@@ -64,7 +64,11 @@ def test_a_checkpoint_dir_in_use_is_refused_with_its_owner(tmp_path):
                              cwd=REPO, env=cpu_env(), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         wait_for_step(first, 1, time.time() + 120)
-        line = refused(run_trainer([*LONG_RUN, "--checkpoint-dir", str(ckpt)], tmp_path))
+        os.environ["SHARDBENCH_CKPT_LOCK_WAIT_S"] = "1"  # not the default 15 s a retried launcher gets
+        try:
+            line = refused(run_trainer([*LONG_RUN, "--checkpoint-dir", str(ckpt)], tmp_path))
+        finally:
+            del os.environ["SHARDBENCH_CKPT_LOCK_WAIT_S"]
     finally:
         first.kill()
         first.wait()
