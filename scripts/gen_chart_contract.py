@@ -1,11 +1,13 @@
-"""Writes the trainer's facts the chart needs into chart/files/contract.json and the enums and
-defaults of chart/values.schema.json, so the chart never keeps its own copy of them.
+"""Writes the trainer's facts the chart needs into chart/files/contract.json, the enums, bounds and
+defaults of chart/values.schema.json and chart/files/ds_configs/ (the trainer's DeepSpeed
+configs), so the chart never keeps its own copy of them.
 
     python scripts/gen_chart_contract.py          # rewrite both files
     python scripts/gen_chart_contract.py --check  # exit 1 naming each file that is out of date
 
 The templates read contract.json with .Files.Get (which strategies run on DeepSpeed, each
-preset's block size, the variables every rank must get); helm validates values against the
+preset's block size, the variables every rank must get, the first-class `run:` values and their
+trainer flags: `runFlags`, from trainer/config.py fields marked chart=True); helm validates values against the
 schema's enums before rendering. tests/chart/test_chart_contract.py fails when the checked-in
 files differ from what this script writes. Imports no torch.
 """
@@ -14,19 +16,53 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import typing
 from dataclasses import fields
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from trainer import launchers  # noqa: E402
+from trainer import knobs, launchers  # noqa: E402
 from trainer.config import RunConfig  # noqa: E402
 from trainer.contract import CLUSTER_LAUNCHERS, DEVICES, PRECISIONS, STRATEGIES  # noqa: E402
 from trainer.presets import PRESETS  # noqa: E402
 
 CONTRACT = REPO / "chart" / "files" / "contract.json"
 SCHEMA = REPO / "chart" / "values.schema.json"
+DS_CONFIGS = REPO / "chart" / "files" / "ds_configs"
+TRAINER_DS_CONFIGS = REPO / "trainer" / "ds_configs"
+_JSON_TYPES = {int: "integer", float: "number", bool: "boolean", str: "string"}
+
+
+def run_flags() -> list[dict]:
+    """The first-class `run:` values in flag order: the chart's template writes `flag value` for
+    each (booleans: flag or noFlag; gradAccum: derived from globalBatch when that is set)."""
+    out = []
+    for f in knobs.chart_fields():
+        kind = knobs.base_type(RunConfig, f.name)
+        out.append({"value": knobs.camel(f.name), "flag": "--" + f.name.replace("_", "-"),
+                    "noFlag": "--no-" + f.name.replace("_", "-"), "type": _JSON_TYPES.get(kind, "string")})
+    return out
+
+
+def run_property(f, current: dict) -> dict:
+    """The schema of one first-class run value: enum for a Literal, else type and bounds."""
+    kind, prop = knobs.base_type(RunConfig, f.name), dict(current)
+    if typing.get_origin(kind) is typing.Literal:
+        prop["enum"] = list(typing.get_args(kind))
+        return prop
+    prop["type"] = _JSON_TYPES.get(kind, "string")
+    for key, word in (("min", "minimum"), ("above", "exclusiveMinimum")):
+        if f.metadata.get(key) is not None:
+            prop[word] = f.metadata[key]
+    return prop
+
+
+def ds_configs() -> dict[Path, str]:
+    """chart/files/ds_configs/<strategy>.json: the trainer's packaged config of each DeepSpeed strategy."""
+    return {DS_CONFIGS / f"{name}.json": (TRAINER_DS_CONFIGS / f"{name}.json").read_text()
+            for name, s in STRATEGIES.items() if s.engine == "deepspeed"}
 
 
 def strategy_facts() -> dict[str, dict]:
@@ -50,6 +86,7 @@ def contract() -> dict:
         "unboundFlags": list(launchers.UNBOUND_FLAGS),
         # numa_bound_flags(N) with N as a placeholder the chart fills with gpusPerWorker.
         "numaBoundFlags": launchers.numa_bound_flags(0),
+        "runFlags": run_flags(),
     }
 
 
@@ -61,6 +98,8 @@ def schema(current: dict) -> dict:
     """`current` with the trainer-owned enums and defaults replaced; everything else kept."""
     out = json.loads(json.dumps(current))
     run = out["properties"]["run"]["properties"]
+    for f in knobs.chart_fields():
+        run[knobs.camel(f.name)] = run_property(f, run.get(knobs.camel(f.name), {}))
     run["strategy"]["enum"] = list(STRATEGIES)
     run["model"]["enum"] = list(PRESETS)
     run["model"]["default"] = _default("model")
@@ -74,7 +113,13 @@ def schema(current: dict) -> dict:
 def rendered() -> dict[Path, str]:
     current = json.loads(SCHEMA.read_text())
     return {CONTRACT: json.dumps(contract(), indent=2) + "\n",
-            SCHEMA: json.dumps(schema(current), indent=2) + "\n"}
+            SCHEMA: json.dumps(schema(current), indent=2) + "\n", **ds_configs()}
+
+
+def extra_files() -> list[Path]:
+    """Files in chart/files/ds_configs/ that no DeepSpeed strategy has any more."""
+    want = set(ds_configs())
+    return sorted(p for p in DS_CONFIGS.glob("*.json") if p not in want)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,11 +127,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="only report files that are out of date")
     args = parser.parse_args(argv)
     stale = [path for path, text in rendered().items() if not path.is_file() or path.read_text() != text]
+    stale += extra_files()
     if args.check:
         for path in stale:
             print(f"{path.relative_to(REPO)} is out of date: run python scripts/gen_chart_contract.py", file=sys.stderr)
         return 1 if stale else 0
+    for path in extra_files():
+        path.unlink()
     for path, text in rendered().items():
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
     return 0
 

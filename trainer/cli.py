@@ -19,7 +19,7 @@ import time
 import traceback
 from typing import NoReturn
 
-from trainer import contract
+from trainer import contract, rules
 from trainer.config import ConfigError, RunConfig, parse_args
 from trainer.dist_env import detect
 from trainer.lifeline import tie_to_launcher
@@ -55,7 +55,7 @@ def check_output_dir(path: str) -> None:
 def check(cfg: RunConfig, world_size: int, rank: int = 0, denv=None) -> None:
     """The contract's rules, then DeepSpeed installed where needed (memory that must fit is
     checked by trainer.devices once the device is known)."""
-    errors = contract.validate(cfg, world_size)
+    errors = rules.validate(cfg, world_size)
     if errors:
         raise ConfigError(errors[0])
     if cfg.output_dir and rank == 0:

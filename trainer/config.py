@@ -1,11 +1,12 @@
 """The trainer's run configuration: one dataclass whose fields are the knobs, their defaults and
 their documentation, and the command line generated from it (as torchtitan's job config does):
 each field is a `--flag`, its docstring the help text, a `Literal[...]` type the choices, a bool
-an on/off switch. The rules every run must pass are trainer.contract.validate().
+an on/off switch. The rules every run must pass are trainer.rules.validate().
 
-A new knob is a new field here (type, default, docstring) plus the code that uses it: the CLI,
-the matrix's per-run validation, the config id of the run and the suite's trainer arguments
-follow from the field.
+A new knob is a new field here (type, default, roles through `knob()`, docstring) plus the code
+that uses it: the CLI, the matrix key and `shardbench run` flag, the per-run validation, the
+config id, the trainer arguments, the record's settings, the CSV column, the loss groups, the
+scaling bases and the chart's flags follow from the field (trainer/knobs.py).
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Literal
 
 from trainer.contract import DEVICES, PRECISIONS, STRATEGIES, ConfigError, flag
-from trainer.fielddocs import field_docs
+from trainer.flags import add_flags
 from trainer.presets import PRESETS, ModelConfig
 
 __all__ = ["ConfigError", "RunConfig", "build_parser", "parse_args", "to_argv", "measured_fields"]
@@ -27,19 +28,32 @@ Precision = Literal[PRECISIONS]  # type: ignore[valid-type]
 Device = Literal[DEVICES]  # type: ignore[valid-type]
 
 
-def knob(default: Any, *, min: float | None = None, above: float | None = None,
-         recorded_only: bool = False) -> Any:
-    """A field with bounds that validate() checks. recorded_only: the field is written into the
-    record but does not change what is measured (left out of the config id)."""
-    meta = {"min": min, "above": above, "recorded_only": recorded_only}
+MODEL_FIELDS = ("model", "n_layer", "n_embd", "n_head", "vocab_size")
+"""The fields model_config() builds the model from (the record's `model`, the CSV's model_key)."""
+
+
+def knob(default: Any = MISSING, *, min: float | None = None, above: float | None = None,
+         recorded_only: bool = False, same_loss: bool = False, per_world: bool = False,
+         chart: bool = False, column: str | None = None) -> Any:
+    """A field with its metadata; trainer/knobs.py derives every other part from it.
+
+    min/above: bounds validate() checks. recorded_only: written into the record but does not
+    change what is measured (left out of the config id, the CSV and the comparisons).
+    same_loss: runs that differ only here must follow one loss curve (the loss check compares
+    them); a measured field without it splits the loss groups. per_world: follows the world size
+    at a fixed global batch (not part of a scaling base). chart: a first-class chart value
+    `run.<camelCase>` (else a cluster run gets it through run.extraArgs). column: the CSV column
+    that already holds it under another name."""
+    meta = {"min": min, "above": above, "recorded_only": recorded_only, "same_loss": same_loss,
+            "per_world": per_world, "chart": chart, "column": column}
     return field(default=default, metadata=meta)
 
 
 @dataclass
 class RunConfig:
-    strategy: StrategyName
+    strategy: StrategyName = knob(same_loss=True, chart=True)
     """Distributed strategy (required)."""
-    model: PresetName = "tiny"
+    model: PresetName = knob("tiny", chart=True)
     """Model preset (trainer/presets.py)."""
     n_layer: int | None = knob(None, min=1)
     """Override of the preset's layer count."""
@@ -49,22 +63,22 @@ class RunConfig:
     """Override of the preset's head count."""
     vocab_size: int | None = knob(None, min=1)
     """Override of the preset's vocabulary size."""
-    seq_len: int | None = knob(None, min=1)
+    seq_len: int | None = knob(None, min=1, chart=True)
     """Tokens per sequence; default: the preset's. At most the preset's block size."""
-    micro_batch: int = knob(4, min=1)
+    micro_batch: int = knob(4, min=1, same_loss=True, chart=True)
     """Sequences per rank per forward/backward."""
-    grad_accum: int | None = knob(None, min=1)
+    grad_accum: int | None = knob(None, min=1, same_loss=True, per_world=True, chart=True)
     """Micro-steps per optimizer step; default: 1, or derived from --global-batch."""
-    global_batch: int | None = knob(None, min=1)
+    global_batch: int | None = knob(None, min=1, same_loss=True, per_world=True)
     """Sequences per optimizer step; grad-accum = global batch / (micro-batch x world size)."""
-    steps: int = knob(100, min=1)
+    steps: int = knob(100, min=1, chart=True)
     """Optimizer steps, warm-up included."""
-    warmup_steps: int = knob(10, min=0)
+    warmup_steps: int = knob(10, min=0, same_loss=True, chart=True)
     """Steps excluded from every metric (allocator, autotuning, compilation settle)."""
-    precision: Precision = "auto"
+    precision: Precision = knob("auto", chart=True)
     """fp32, bf16 (autocast / mixed precision), fp16 (loss-scaled), auto: bf16 on a GPU that has
     it, else fp32."""
-    seed: int = knob(1234, min=0)
+    seed: int = knob(1234, min=0, chart=True)
     """Seeds the initial weights and the synthetic tokens: same seed, same run."""
     lr: float = knob(1e-4, above=0)
     """Peak AdamW learning rate."""
@@ -77,26 +91,26 @@ class RunConfig:
     grad_reduce_dtype: Literal["fp32", "bf16"] = "fp32"
     """Dtype gradients are reduced in, the same for every strategy: DDP's comm hook, FSDP's
     MixedPrecisionPolicy reduce_dtype, DeepSpeed's communication_data_type."""
-    fsdp_grad_sync: Literal["every_micro_step", "last_micro_step"] = "every_micro_step"
+    fsdp_grad_sync: Literal["every_micro_step", "last_micro_step"] = knob("every_micro_step", same_loss=True)
     """fsdp only: reduce-scatter gradients after every micro-step (torchtitan's default: only
     sharded gradients are held) or only after the last one (unsharded gradients held between
     micro-steps, fewer collectives)."""
-    threads_per_rank: int = knob(1, min=1)
+    threads_per_rank: int = knob(1, min=1, same_loss=True)
     """CPU threads of every rank whatever the world size (1 rank = 1 core, like 1 GPU); each rank
     is pinned to cores of its own when the machine has enough."""
-    activation_checkpointing: bool = False
+    activation_checkpointing: bool = knob(False, same_loss=True)
     """Recompute each block's activations in backward (memory for compute)."""
-    compile: bool = False
+    compile: bool = knob(False, same_loss=True)
     """torch.compile each transformer block."""
-    device: Device = "auto"
+    device: Device = knob("auto", same_loss=True, chart=True)
     """auto (cuda when present), cpu or cuda."""
     deepspeed_config: str | None = None
     """DeepSpeed JSON config; default: trainer/ds_configs/<strategy>.json."""
-    shape: str | None = None
+    shape: str | None = knob(None, same_loss=True, column="gpu_shape")
     """GPU shape the run is on (values file name): recorded, and its peak is a fallback for MFU."""
-    peak_tflops: float | None = knob(None, above=0)
+    peak_tflops: float | None = knob(None, above=0, same_loss=True)
     """Peak dense TFLOP/s of one device for MFU; default: looked up from the device name."""
-    launcher: str | None = None
+    launcher: str | None = knob(None, same_loss=True)
     """Launcher that started the ranks (recorded); default: detected from the environment."""
     output_dir: str | None = knob(None, recorded_only=True)
     """Where rank 0 writes result.json (atomically)."""
@@ -112,11 +126,11 @@ class RunConfig:
     """Print a progress line every N steps on rank 0."""
     checkpoint_dir: str | None = knob(None, recorded_only=True)
     """Directory of the run's checkpoints (step-NNNNNNNN/ each); also where --resume auto looks."""
-    checkpoint_every: int = knob(0, min=0)
+    checkpoint_every: int = knob(0, min=0, same_loss=True)
     """Save a checkpoint every N optimizer steps (0: never); needs --checkpoint-dir."""
-    keep_checkpoints: int = knob(2, min=1)
+    keep_checkpoints: int = knob(2, min=1, same_loss=True)
     """Newest checkpoints kept; older ones are deleted after each save."""
-    async_checkpoint: bool = False
+    async_checkpoint: bool = knob(False, same_loss=True)
     """ddp and fsdp only: save in the background (torch.distributed.checkpoint async_save)."""
     resume: str = knob("auto", recorded_only=True)
     """auto (the newest valid checkpoint in --checkpoint-dir, if any), never, or a checkpoint
@@ -129,7 +143,7 @@ class RunConfig:
 
     def model_config(self) -> ModelConfig:
         base = PRESETS[self.model]
-        overrides = {k: getattr(self, k) for k in ("n_layer", "n_embd", "n_head", "vocab_size")}
+        overrides = {k: getattr(self, k) for k in MODEL_FIELDS[1:]}
         return ModelConfig(**{**base.__dict__, **{k: v for k, v in overrides.items() if v is not None}})
 
     def effective_seq_len(self) -> int:
@@ -159,33 +173,10 @@ class _OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"error: {message} (see {self.prog} --help)\n")
 
 
-def _argument(f, kind: Any, doc: str) -> tuple[list[str], dict[str, Any]]:
-    default = f.default if f.default is not MISSING else None
-    args = typing.get_args(kind)
-    base = next((a for a in args if a is not type(None)), kind) if args else kind
-    shown = "" if default is None else f" (default: {default})"
-    spec: dict[str, Any] = {"dest": f.name, "default": default, "help": (doc + shown).replace("%", "%%"),
-                            "required": f.default is MISSING and f.default_factory is MISSING}
-    if typing.get_origin(kind) is Literal:
-        spec.update(choices=args, metavar="{" + ",".join(map(str, args)) + "}")
-    elif base is bool:
-        spec["action"] = argparse.BooleanOptionalAction
-    elif base in (int, float):
-        spec.update(type=base, metavar="N" if base is int else "X")
-    else:
-        spec["metavar"] = "TEXT"
-    return [flag(f.name)], spec
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = _OneLineParser(prog="python -m trainer",
                        description="Train TinyGPT under one distributed strategy and print one result record.")
-    hints, docs = typing.get_type_hints(RunConfig), field_docs(RunConfig)
-    for f in fields(RunConfig):
-        if f.metadata.get("recorded_only") == "argv":
-            continue
-        names, spec = _argument(f, hints[f.name], docs.get(f.name, ""))
-        p.add_argument(*names, **spec)
+    add_flags(p, RunConfig, names=[f.name for f in fields(RunConfig) if f.metadata.get("recorded_only") != "argv"])
     return p
 
 

@@ -9,18 +9,16 @@ argument checks, the matrix expander and the TUI read it for free at start-up.
 - PRECISIONS, DEVICES, LAUNCHERS, CLUSTER_LAUNCHERS, BACKENDS, STATUSES: the allowed names.
 - run ids: `config_id()` hashes every field that changes what is measured; `run_id()` puts a
   readable prefix before it and the repeat after; `parse_run_id()` reads one back.
-- `validate()`: every rule a run must pass, one wording per rule, used by the trainer before any
-  process group starts and by the matrix for every run it expands.
-The run's knobs and their defaults are the fields of `trainer.config.RunConfig`.
+The run's knobs and their defaults are the fields of `trainer.config.RunConfig` (which reads these
+tables); the rules a RunConfig must pass are `trainer.rules.validate()`. This module reads no
+RunConfig: tables and names only, so the dependency goes one way (rules -> config -> contract).
 """
 from __future__ import annotations
 
 import hashlib
 import json
-import math
 import re
-import typing
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -135,107 +133,3 @@ def parse_run_id(text: str) -> dict[str, Any] | None:
 
 def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
-
-
-def _field_rule_errors(cfg: Any) -> list[str]:
-    """Per-field rules from RunConfig's types and metadata: choices, integers and bounds."""
-    errors = []
-    hints = typing.get_type_hints(type(cfg))
-    for f in fields(cfg):
-        if f.metadata.get("recorded_only") == "argv":
-            continue
-        value, kind = getattr(cfg, f.name), hints[f.name]
-        problem = _check_value(value, kind, f.metadata)
-        if problem:
-            errors.append(f"{flag(f.name)} {problem}")
-    return errors
-
-
-def _check_value(value: Any, kind: Any, meta: dict) -> str | None:
-    args = typing.get_args(kind)
-    if value is None:
-        return None if type(None) in args else "is required"
-    if typing.get_origin(kind) is typing.Literal:
-        return None if value in args else f"got {value!r}: use one of {', '.join(map(str, args))}"
-    base = next((a for a in args if a is not type(None)), kind) if args else kind
-    if base is bool:
-        return None if isinstance(value, bool) else f"must be true or false, got {value!r}"
-    if base is int:
-        if not isinstance(value, int) or isinstance(value, bool):
-            return f"must be an integer, got {value!r}"
-    elif base is float:
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-            return f"must be a finite number, got {value!r}"
-    elif base is str:
-        return None if isinstance(value, str) else f"must be text, got {value!r}"
-    else:
-        return None
-    low, above = meta.get("min"), meta.get("above")
-    if low is not None and value < low:
-        return f"must be at least {low}, got {value}"
-    if above is not None and value <= above:
-        return f"must be above {above}, got {value}"
-    return None
-
-
-def _run_rule_errors(cfg: Any, world_size: int) -> list[str]:
-    """Rules between fields: each stated once, in the trainer's flag names."""
-    errors = []
-    if cfg.warmup_steps >= cfg.steps:
-        errors.append(f"--warmup-steps {cfg.warmup_steps} leaves no measured step out of --steps "
-                      f"{cfg.steps}: use fewer warm-up steps or more steps")
-    if cfg.grad_accum is not None and cfg.global_batch is not None:
-        errors.append("give --grad-accum or --global-batch, not both")
-    per_step = cfg.micro_batch * world_size
-    if cfg.global_batch is not None and (cfg.global_batch % per_step or cfg.global_batch < per_step):
-        errors.append(f"--global-batch {cfg.global_batch} is not a multiple of --micro-batch "
-                      f"{cfg.micro_batch} x world size {world_size} = {per_step}: pick a multiple of it")
-    mcfg = cfg.model_config()
-    if mcfg.n_embd % mcfg.n_head:
-        errors.append(f"width {mcfg.n_embd} is not divisible by {mcfg.n_head} heads: "
-                      "change --n-embd or --n-head")
-    seq = cfg.effective_seq_len()
-    if seq > mcfg.block_size:
-        errors.append(f"--seq-len {seq} exceeds the {cfg.model} preset's block size "
-                      f"{mcfg.block_size}: use at most {mcfg.block_size}")
-    if cfg.deepspeed_config and not is_deepspeed(cfg.strategy):
-        errors.append(f"--deepspeed-config applies to DeepSpeed strategies, not {cfg.strategy}")
-    if cfg.precision == "fp16" and cfg.device == "cpu":
-        errors.append("--precision fp16 needs a CUDA GPU (loss-scaled fp16 is unsupported on "
-                      "CPU): use fp32 or bf16")
-    if cfg.checkpoint_every and not cfg.checkpoint_dir:
-        errors.append("--checkpoint-every needs --checkpoint-dir: give the directory to save into")
-    if cfg.async_checkpoint and is_deepspeed(cfg.strategy):
-        errors.append(f"--async-checkpoint applies to ddp and fsdp (torch.distributed.checkpoint), not "
-                      f"{cfg.strategy}: DeepSpeed saves synchronously")
-    return errors
-
-
-def validate(cfg: Any, world_size: int) -> list[str]:
-    """Every reason `cfg` (a trainer.config.RunConfig) cannot run at `world_size` ranks, one line
-    each; empty when it can. Device checks that need torch.cuda live in trainer.devices."""
-    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
-        return [f"world size must be a positive integer, got {world_size!r}"]
-    errors = _field_rule_errors(cfg)
-    if errors:  # the rules between fields need well-typed values
-        return errors
-    return _run_rule_errors(cfg, world_size)
-
-
-def model_state_bytes(cfg: Any, world_size: int) -> int:
-    """Model-state bytes one rank will hold (the strategy's formula x parameters): what must fit
-    before anything is allocated."""
-    info = STRATEGIES[cfg.strategy]
-    precision = "fp32" if cfg.precision == "auto" else cfg.precision
-    return int(cfg.model_config().n_params() * info.model_state_bytes_per_param(precision, world_size))
-
-
-def check_fits(cfg: Any, world_size: int, ranks_here: int, available_bytes: int, where: str) -> str | None:
-    """A one-line refusal when the model state of `ranks_here` ranks cannot fit in
-    `available_bytes` of `where` (host or device memory), else None."""
-    need = model_state_bytes(cfg, world_size) * ranks_here
-    if need <= available_bytes:
-        return None
-    return (f"{cfg.model} under {cfg.strategy} needs about {need / 2**30:.1f} GiB of model state "
-            f"for {ranks_here} rank(s) here but {where} has {available_bytes / 2**30:.1f} GiB "
-            "available: use a smaller --model, more ranks, or a sharding strategy")

@@ -8,7 +8,7 @@ import torch
 
 from trainer import env_info
 from trainer.config import ConfigError, RunConfig
-from trainer.contract import check_fits
+from trainer.rules import check_fits
 
 # The oldest Linux driver each CUDA major version runs on (NVIDIA's CUDA compatibility guide:
 # minor-version compatibility across 12.x from 525.60.13; CUDA 13 from 580.65.06).

@@ -264,6 +264,9 @@ class ResultRecord:
     finished_at: str = ""
     args: list[str] = field(default_factory=list)
     """The trainer's command-line arguments, to rerun exactly this run."""
+    settings: dict[str, Any] = field(default_factory=dict)
+    """Every knob of the run as given (trainer.config.RunConfig's fields, trainer.knobs.settings):
+    the CSV reads the knobs it has no column for from here."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

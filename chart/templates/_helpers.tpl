@@ -93,11 +93,28 @@ with the configuration hash only it computes (trainer.contract.run_id), so no --
 
 {{/*
 Arguments after `python -m trainer`, in the order tui/suite/matrix.py RunSpec.trainer_args()
-writes them (tests/chart/test_launch_command.py checks they agree). One JSON list.
+writes them (tests/chart/test_launch_command.py checks they agree). One JSON list. The first-class
+run values and their flags come from files/contract.json `runFlags` (generated from the trainer's
+RunConfig fields marked chart=True), e.g. run.microBatch -> --micro-batch.
 */}}
 {{- define "shardbench.trainerArgs" -}}
 {{- $r := .Values.run }}
-{{- $a := list "--strategy" $r.strategy "--model" $r.model "--seq-len" (toString (int $r.seqLen)) "--micro-batch" (toString (int $r.microBatch)) "--grad-accum" (include "shardbench.gradAccum" .) "--steps" (toString (int $r.steps)) "--warmup-steps" (toString (int $r.warmupSteps)) "--precision" $r.precision "--seed" (toString (int $r.seed)) "--device" $r.device }}
+{{- $a := list }}
+{{- range (include "shardbench.contract" . | fromJson).runFlags }}
+{{- $v := get $r .value }}
+{{- if not (hasKey $r .value) }}
+{{- /* not in values.yaml: the trainer's own default */}}
+{{- else if eq .value "gradAccum" }}
+{{- $a = concat $a (list .flag (include "shardbench.gradAccum" $)) }}
+{{- else if eq .type "boolean" }}
+{{- $a = append $a (ternary .flag .noFlag (eq (toString $v) "true")) }}
+{{- else if kindIs "invalid" $v }}
+{{- else if eq .type "integer" }}
+{{- $a = concat $a (list .flag (toString (int64 $v))) }}
+{{- else }}
+{{- $a = concat $a (list .flag (toString $v)) }}
+{{- end }}
+{{- end }}
 {{- with $r.id }}{{ $a = concat $a (list "--run-id" .) }}{{ end }}
 {{- with .Values.shape.name }}{{ $a = concat $a (list "--shape" .) }}{{ end }}
 {{- with .Values.shape.peakTflopsBf16 }}{{ $a = concat $a (list "--peak-tflops" (toString .)) }}{{ end }}

@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from trainer import contract
+
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "chart"
 VALUES_DIR = REPO / "values"
@@ -27,7 +29,7 @@ MPIJOB_CRD = Path(__file__).resolve().parent / "vendor" / "kubeflow.org_mpijobs.
 RELEASE = "sb"
 NAMESPACE = "bench"
 VALUES_FILES = sorted(p.name for p in VALUES_DIR.glob("*.yaml"))
-STRATEGIES = ("ddp", "fsdp", "zero1", "zero2", "zero3")
+STRATEGIES = tuple(contract.STRATEGIES)  # the contract's table: a new row is rendered too
 CHART_LAUNCHERS = ("deepspeed", "mpirun")
 RDMA_MODES = ("none", "shared-device", "host-network", "sriov")
 # What every rdma mode needs besides its name (sriov: the VFs' Multus network).

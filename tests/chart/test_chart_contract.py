@@ -33,7 +33,8 @@ def test_contract_holds_the_trainer_tables():
 
     c = json.loads((CHART / "files" / "contract.json").read_text())
     assert list(c["strategies"]) == list(STRATEGIES)
-    assert {s for s, f in c["strategies"].items() if f["deepspeed"]} == {"zero1", "zero2", "zero3"}
+    assert {s for s, f in c["strategies"].items() if f["deepspeed"]} == {s for s, i in STRATEGIES.items()
+                                                                         if i.engine == "deepspeed"}
     assert {k: v["blockSize"] for k, v in c["presets"].items()} == {k: p.block_size for k, p in PRESETS.items()}
     assert c["precisions"] == list(PRECISIONS)
     schema = json.loads((CHART / "values.schema.json").read_text())
@@ -50,3 +51,24 @@ def test_templates_take_strategy_facts_from_the_contract():
         job = one(render("helm3", (), (*sets, f"run.strategy={strategy}")), "MPIJob")
         args = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["args"]
         assert ("--deepspeed-config" in args) == mounted
+
+
+def test_ds_configs_are_generated_and_a_stale_or_orphan_copy_is_named(tmp_path, monkeypatch, capsys):
+    """chart/files/ds_configs/ was a hand copy of trainer/ds_configs/; the script now writes it."""
+    from trainer.contract import STRATEGIES
+
+    want = {p.name for p in gen.ds_configs()}
+    assert want == {f"{s}.json" for s, i in STRATEGIES.items() if i.engine == "deepspeed"}
+    monkeypatch.setattr(gen, "DS_CONFIGS", tmp_path)
+    monkeypatch.setattr(gen, "REPO", tmp_path.parent)
+    for path, text in gen.ds_configs().items():
+        path.write_text(text)
+    (tmp_path / "zero9.json").write_text("{}")  # a strategy the table no longer has
+    first = sorted(want)[0]
+    (tmp_path / first).write_text('{"stale": true}')
+    monkeypatch.setattr(gen, "rendered", lambda: gen.ds_configs())
+    assert gen.main(["--check"]) == 1
+    err = capsys.readouterr().err
+    assert f"{first} is out of date" in err and "zero9.json is out of date" in err
+    assert gen.main([]) == 0 and not (tmp_path / "zero9.json").exists()
+    assert gen.main(["--check"]) == 0

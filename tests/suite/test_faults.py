@@ -9,20 +9,20 @@ import json
 
 import pytest
 
+from trainer import contract
 from tui.suite.backends import get_backend
 from tui.suite.faults import Fault, fault_errors, parse_fault
 from tui.suite.matrix import expand, matrix_from_dict
 from tui.suite.runner import Runner
 
-STRATEGIES = ["ddp", "fsdp", "zero1", "zero2", "zero3"]
+STRATEGIES = list(contract.STRATEGIES)  # a new row of the contract's table runs here too
 BASE = {"world_sizes": [2], "seq_lens": [32], "steps": 8, "warmup_steps": 1, "repeats": 1, "precision": "fp32",
         "device": "cpu", "shape": "cpu", "checkpoint_every": 3, "pg_timeout_s": 10, "timeout_s": 240,
         "max_restarts": 2}
 # Every strategy loses rank 1 at step 5 (checkpoint at 3: steps 4 and 5 are redone); one
 # DeepSpeed strategy also hangs instead, and fsdp also loses its launcher.
-FAULTS = {"ddp": ["none", "kill-rank:1@5"], "fsdp": ["none", "kill-rank:1@5", "kill-launcher@5"],
-          "zero1": ["none", "kill-rank:1@5"], "zero2": ["none", "kill-rank:1@5"],
-          "zero3": ["none", "kill-rank:1@5", "stop-rank:1@5"]}
+FAULTS = {**{s: ["none", "kill-rank:1@5"] for s in STRATEGIES},
+          "fsdp": ["none", "kill-rank:1@5", "kill-launcher@5"], "zero3": ["none", "kill-rank:1@5", "stop-rank:1@5"]}
 
 
 def specs_for(strategy: str, faults: list[str], **extra):

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.fsfaults import fill, tmpfs
+from trainer import contract
 from trainer.record import write_atomic
 from tui.suite import events as ev
 from tui.suite import synthetic
@@ -59,10 +60,11 @@ def finish(results: Path, spec, record: dict | None = None) -> dict:
 # -- order ------------------------------------------------------------------------------------
 
 def test_repeats_are_interleaved_in_a_seeded_shuffle(tmp_path):
-    s = specs(repeats=3, strategies=["ddp", "fsdp", "zero1", "zero2", "zero3"])
+    s = specs(repeats=3, strategies=list(contract.STRATEGIES))
     order = interleaved(s, seed=7)
-    assert [x.repeat for x in order] == [0] * 10 + [1] * 10 + [2] * 10
-    rounds = [[x.config_id for x in order[i:i + 10]] for i in (0, 10, 20)]
+    n = len(s) // 3  # configurations: every strategy at 2 world sizes
+    assert [x.repeat for x in order] == [0] * n + [1] * n + [2] * n
+    rounds = [[x.config_id for x in order[i:i + n]] for i in (0, n, 2 * n)]
     assert all(sorted(r) == sorted(rounds[0]) for r in rounds)  # every configuration once per round
     assert len({tuple(r) for r in rounds}) > 1  # shuffled, not the same order each round
     assert [x.run_id for x in interleaved(s, seed=7)] == [x.run_id for x in order]

@@ -14,11 +14,12 @@ import pytest
 
 from tests.trainer.conftest import run_trainer
 from trainer import checkpoint
+from trainer.contract import STRATEGIES as STRATEGY_TABLE, default_launcher
 
 pytestmark = pytest.mark.slow  # multi-process runs
 
-STRATEGIES = ["ddp", "fsdp", "zero1", "zero2", "zero3"]
-LAUNCHER = {"ddp": "mpirun", "fsdp": "mpirun", "zero1": "deepspeed", "zero2": "deepspeed", "zero3": "mpirun"}
+STRATEGIES = list(STRATEGY_TABLE)  # a new row of the contract's table runs here too
+LAUNCHER = {**{s: default_launcher(s) for s in STRATEGIES}, "zero3": "mpirun"}
 STEPS, EVERY = 8, 3
 COMMON = ["--model", "tiny", "--seq-len", "32", "--global-batch", "8", "--steps", str(STEPS),
           "--warmup-steps", "1", "--precision", "fp32", "--seed", "11", "--lr", "1e-3",

@@ -7,7 +7,7 @@ from dataclasses import fields
 
 import pytest
 
-from trainer import contract
+from trainer import contract, rules
 from trainer.config import RunConfig, build_parser, parse_args, to_argv
 from trainer.fielddocs import field_docs
 from trainer.presets import PRESETS
@@ -65,17 +65,17 @@ def test_every_strategy_is_complete_data(name):
 
 def test_model_state_estimate_refuses_what_cannot_fit():
     cfg = RunConfig(strategy="ddp", model="llama-7b-shape", device="cpu")
-    assert contract.check_fits(cfg, 1, 1, 24 * 2 ** 30, "this host").startswith(
+    assert rules.check_fits(cfg, 1, 1, 24 * 2 ** 30, "this host").startswith(
         "llama-7b-shape under ddp needs about ")
-    assert contract.check_fits(RunConfig(strategy="ddp"), 1, 2, 24 * 2 ** 30, "this host") is None
+    assert rules.check_fits(RunConfig(strategy="ddp"), 1, 2, 24 * 2 ** 30, "this host") is None
 
 
 def test_validate_collects_every_type_problem_in_one_pass():
     cfg = RunConfig(strategy="ddp", seed="abc", steps=0, lr=float("nan"))  # type: ignore[arg-type]
-    assert contract.validate(cfg, 1) == ["--steps must be at least 1, got 0",
+    assert rules.validate(cfg, 1) == ["--steps must be at least 1, got 0",
                                          "--seed must be an integer, got 'abc'",
                                          "--lr must be a finite number, got nan"]
-    assert contract.validate(RunConfig(strategy="ddp"), 0) == ["world size must be a positive integer, got 0"]
+    assert rules.validate(RunConfig(strategy="ddp"), 0) == ["world size must be a positive integer, got 0"]
 
 
 def test_trainer_help_lists_every_flag_without_torch():
@@ -83,3 +83,17 @@ def test_trainer_help_lists_every_flag_without_torch():
             "import trainer.contract; print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_the_contract_reads_no_run_config():
+    """One way only: rules -> config -> contract. contract.py once took `cfg: Any` and read
+    RunConfig's fields while config.py imported it (two modules claiming to be the contract)."""
+    import inspect
+
+    for name, fn in inspect.getmembers(contract, inspect.isfunction):
+        if fn.__module__ == contract.__name__:
+            assert "cfg" not in inspect.signature(fn).parameters, f"contract.{name} reads a RunConfig"
+    code = subprocess.run([sys.executable, "-c", "import sys, trainer.contract; "
+                           "print(sorted(m for m in sys.modules if m.startswith('trainer.')))"],
+                          capture_output=True, text=True, check=True).stdout
+    assert "trainer.config" not in code and "trainer.rules" not in code

@@ -140,7 +140,7 @@ def test_only_the_step_is_inside_the_timed_window(restore_cpu):
     t.init_process_group()
     t.build()
     timing, inside = [False], []
-    timed, batches, state = t._timed_step, t.data.step_batches, t.strategy.model_state
+    timed, batches, state = t.steps.timed, t.data.step_batches, t.strategy.model_state
 
     def timed_step(host):
         timing[0] = True
@@ -149,11 +149,11 @@ def test_only_the_step_is_inside_the_timed_window(restore_cpu):
         finally:
             timing[0] = False
 
-    t._timed_step = timed_step
+    t.steps.timed = timed_step
     t.data.step_batches = lambda step: inside.append(("data", timing[0])) or batches(step)
     t.strategy.model_state = lambda: inside.append(("state", timing[0])) or state()
     t.train(0.0)
     assert all(not during for _, during in inside), inside
     assert [kind for kind, _ in inside].count("state") == 3 + 1
     assert [kind for kind, _ in inside].count("data") == 3 + 1  # steps, and the memory step's
-    assert t.state.peak_at.startswith("micro-step") and len(t.step_times) == 2
+    assert t.state.peak_at.startswith("micro-step") and len(t.history.step_times) == 2

@@ -87,6 +87,10 @@ class Strategy:
         rank holds right now (the trainer samples it through one untimed step)."""
         raise NotImplementedError
 
+    def recorded(self) -> dict:
+        """Record fields only this strategy fills (ResultRecord names), e.g. fsdp's gradient sync."""
+        return {}
+
     @property
     def compute_path(self) -> str:
         """How this strategy computes in the run's precision (recorded)."""

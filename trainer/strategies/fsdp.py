@@ -76,3 +76,6 @@ class FSDPStrategy(TorchStrategy):
                 out.append(getattr(unsharded, "grad", None))
                 out.append(fsdp_param.unsharded_accumulated_grad)
         return [t for t in out if t is not None]
+
+    def recorded(self) -> dict:
+        return {"fsdp_grad_sync": self.ctx.cfg.fsdp_grad_sync}

@@ -64,8 +64,8 @@ class BenchApp(App):
         """The tui.suite.runner.Runner of the matrix running now (cancel goes through it)."""
         self.matrix_worker: Worker | None = None
         self.views: dict[str, Screen] = {
-            "matrix": MatrixScreen(matrix), "runs": RunsScreen(), "logs": LogsScreen(),
-            "results": ResultsScreen(),
+            "matrix": MatrixScreen(matrix, matrix_path), "runs": RunsScreen(self.board),
+            "logs": LogsScreen(self.board), "results": ResultsScreen(self.results_dir),
         }
         for name, screen in self.views.items():
             self.add_mode(name, lambda screen=screen: screen)
@@ -147,7 +147,7 @@ class BenchApp(App):
         if self.runs_screen.is_mounted:
             self.runs_screen.redraw()
         self.logs_screen.run_id = None
-        self.results_dir = Path(spec.results)
+        self.results_dir = self.results_screen.results_dir = Path(spec.results)
         self.matrix_worker = self.run_specs(list(screen.specs), spec.backend, self.results_dir)
         self.switch_mode("runs")
 
@@ -270,7 +270,7 @@ class BenchApp(App):
         if not Path(path).is_dir():
             self.notify(f"{path} is not a directory", severity="error")
             return
-        self.results_dir = Path(path)
+        self.results_dir = self.results_screen.results_dir = Path(path)
         self.refresh_results()
 
     def action_write_report(self) -> None:
@@ -301,7 +301,7 @@ class BenchApp(App):
         except (OSError, ValueError) as exc:
             self.notify(str(exc), severity="error", timeout=10)
             return
-        self.matrix_path = path
+        self.matrix_path = self.matrix_screen.path = path
         self.matrix_screen.show(spec)
         self.notify(f"loaded {path}")
 
@@ -315,5 +315,5 @@ class BenchApp(App):
         except OSError as exc:
             self.notify(f"could not save {path}: {exc}", severity="error")
             return
-        self.matrix_path = path
+        self.matrix_path = self.matrix_screen.path = path
         self.notify(f"saved {path}")

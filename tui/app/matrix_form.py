@@ -13,7 +13,7 @@ from tui.suite.matrix import MatrixSpec, matrix_from_dict, values_dir
 
 INT_LIST_FIELDS = ("world_sizes", "seq_lens")
 INT_FIELDS = ("micro_batch", "grad_accum", "global_batch", "steps", "warmup_steps", "repeats")
-OPTIONAL_INT_FIELDS = ("global_batch",)
+OPTIONAL_INT_FIELDS = ("grad_accum", "global_batch")
 CHOICE_FIELDS = ("model", "precision", "launcher", "shape", "backend")
 EXTRA_FIELDS = tuple(f.name for f in dataclass_fields(MatrixSpec)
                      if f.name not in ("strategies", *INT_LIST_FIELDS, *INT_FIELDS, *CHOICE_FIELDS))
@@ -67,8 +67,9 @@ def to_matrix(fields: dict[str, Any]) -> tuple[MatrixSpec | None, list[str]]:
 
 
 def from_matrix(spec: MatrixSpec) -> dict[str, Any]:
-    """Field values (strings for inputs) showing `spec`."""
-    data = asdict(spec)
+    """Field values (strings for inputs) showing `spec`; a knob it does not set shows RunConfig's
+    default (MatrixSpec reads it through)."""
+    data = {**asdict(spec), **{k: getattr(spec, k) for k in (*INT_FIELDS, *CHOICE_FIELDS)}}
     out: dict[str, Any] = {k: data[k] for k in ("strategies", *CHOICE_FIELDS, *EXTRA_FIELDS)}
     for name in INT_LIST_FIELDS:
         out[name] = ", ".join(str(v) for v in data[name])

@@ -6,7 +6,7 @@ The rules (README "How the report decides" states them for users):
   interval per metric (tui/suite/stats.py).
 - Scaling efficiency eff(N) = tok/s(N) / (tok/s(base) x N / base), base = the same strategy's
   smallest world size in the matrix (same model, seq len, micro-batch, precision, shape,
-  launcher), only when that base has an ok run; else it stays empty with the reason. Its interval
+  launcher and every other knob), only when that base has an ok run; else it stays empty with the reason. Its interval
   propagates both spreads (delta method, Welch-Satterthwaite df). Speedup = tok/s over the best
   single-device mean of any strategy (same model, seq len, precision, shape, device), same method.
 - Flags (a flagged configuration is never named winner): efficiency above 1.05; throughput
@@ -14,7 +14,8 @@ The rules (README "How the report decides" states them for users):
   load average at its start or end above the host's CPUs + 1); a loss curve off its group's
   reference. Memory verdicts (counted, not timed) are blocked only by a broken loss curve.
 - Loss check: runs that must follow one trajectory (same model, seq len, precision, gradient
-  reduction dtype, global batch, steps, lr, seed) are compared step by step with the per-step
+  reduction dtype, global batch, steps, optimizer settings, seed: every knob not marked
+  same_loss in trainer/config.py) are compared step by step with the per-step
   median of the group; a run further than 1e-4 relative (fp32; 1e-2 when compute or gradient
   reduction is bf16/fp16) at any step is broken.
 - Winner: per comparison group (model, seq len, precision, shape, device, world size) and
@@ -30,16 +31,20 @@ from typing import Any
 
 import pandas as pd
 
+from trainer import knobs
 from tui.suite import metrics
 from tui.suite.stats import Estimate, estimate, finite, ratio, repeats_needed, separated
 
 CONFIG_KEYS = ["config_id", "strategy", "world_size", "model", "seq_len", "micro_batch", "grad_accum",
                "precision", "gpu_shape", "device", "launcher"]
 GROUP = ["model", "seq_len", "precision", "gpu_shape", "device", "world_size"]
-SCALING_GROUP = ["strategy", "model", "seq_len", "micro_batch", "precision", "gpu_shape", "launcher"]
+# A scaling base shares every measured knob but the world size (trainer.knobs.scaling_keys).
+SCALING_GROUP = list(dict.fromkeys(["strategy", "model", "seq_len", "micro_batch", "precision", "gpu_shape",
+                                    "launcher", *knobs.scaling_keys()]))
 SPEEDUP_GROUP = ["model", "seq_len", "precision", "gpu_shape", "device"]
-# grad_reduce_dtype too: a bf16 reduction in an fp32 run is a different trajectory, not a broken one.
-LOSS_GROUP = ["model_key", "seq_len", "precision", "grad_reduce_dtype", "global_batch", "steps", "lr", "seed"]
+# Every measured knob not marked same_loss (trainer.knobs.loss_group): a bf16 reduction or another
+# weight decay is a different trajectory, not a broken one.
+LOSS_GROUP = knobs.loss_group()
 
 EFFICIENCY_LIMIT = 1.05
 SPREAD_LIMIT = 0.20
@@ -239,12 +244,15 @@ def _configs(df: pd.DataFrame) -> list[Config]:
         return out
     # Plain lists and groupby indices instead of a sub-frame per group: 5,000 records in
     # 1,000 configurations took most of a report's time in pandas indexing (benchmarks/bench_report_5k.py).
+    # The knobs of a scaling base too (they are the same for every repeat of a config_id).
+    key_cols = list(dict.fromkeys(CONFIG_KEYS + SCALING_GROUP))
     state_cols = [f"model_state_{part}_gib" for part in STATE_PARTS]
-    cols = {c: ok[c].tolist() for c in [*CONFIG_KEYS, *SUMMARY_METRICS, *state_cols, "run_id", "comm_per_step"]}
+    cols = {c: ok[c].tolist() for c in dict.fromkeys([*key_cols, *SUMMARY_METRICS, *state_cols, "run_id",
+                                                       "comm_per_step"])}
     labels = ok.index.tolist()
     for rows in ok.groupby(_keys(ok, CONFIG_KEYS), sort=False).indices.values():
         first = rows[0]
-        c = Config({k: cols[k][first] for k in CONFIG_KEYS}, [cols["run_id"][i] for i in rows],
+        c = Config({k: cols[k][first] for k in key_cols}, [cols["run_id"][i] for i in rows],
                    [labels[i] for i in rows])
         for m in SUMMARY_METRICS:
             e = estimate(cols[m][i] for i in rows)
@@ -380,7 +388,8 @@ def loss_tolerance(precision: Any, grad_reduce_dtype: Any = None) -> float:
 
 
 def _loss_check(df: pd.DataFrame) -> list[LossGroup]:
-    cols = list(dict.fromkeys([*LOSS_GROUP, "loss_curve", "run_id", "strategy", "model", "grad_reduce_dtype"]))
+    cols = list(dict.fromkeys([*LOSS_GROUP, "loss_curve", "run_id", "strategy", "model", "grad_reduce_dtype",
+                               "precision", "seq_len", "global_batch", "steps", "lr", "seed"]))  # + the label's
     ok = df.loc[(df["status"] == "ok") & df["loss_curve"].notna(), cols]
     out = []
     if ok.empty:

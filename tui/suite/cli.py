@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import signal
 import sys
 import threading
@@ -17,26 +18,16 @@ import time
 from dataclasses import asdict, fields
 from pathlib import Path
 
-from trainer.fielddocs import field_docs
+from trainer.config import RunConfig
+from trainer.flags import add_flags
 
 from tui.suite.backends import add_cluster_flags, cluster_options
-from tui.suite.matrix import (CONFIRM_ABOVE, DEFAULT_MATRIX, MatrixSpec, expand, load_matrix, matrix_from_dict,
-                               save_matrix, with_shape_defaults)
+from tui.suite.matrix import (CONFIRM_ABOVE, DEFAULT_MATRIX, KNOB_KEYS, MatrixSpec, expand, load_matrix,
+                               matrix_from_dict, save_matrix, with_shape_defaults)
 
 
 DESCRIPTION = ("The headless suite: run a matrix of benchmark runs, report on a results directory, "
                "or collect a record from a saved log.")
-
-
-def _ints(text: str) -> list[int]:
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-
-
-def _strs(text: str) -> list[str]:
-    return [x.strip() for x in text.split(",") if x.strip()]
 
 
 def _knob(text: str) -> tuple[str, object]:
@@ -52,19 +43,31 @@ def _knob(text: str) -> tuple[str, object]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-# How a flag's text becomes a MatrixSpec field's value, by the field's declared type.
-_PARSERS = {"list[str]": _strs, "list[int]": _ints, "int": int, "int | None": int, "float": float,
-            "float | None": float, "str": str, "str | None": str}
+def _yaml_value(text: str) -> object:
+    """A knob's value as YAML (true, 2, [fp32, bf16]); 1e-4, which YAML 1.1 reads as text, a number."""
+    from tui.suite import safe_yaml  # bounded aliases, depth, no NUL: one line on bad input
+
+    try:
+        value = safe_yaml.load(text, repr(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return [_number(v) for v in value] if isinstance(value, list) else _number(value)
+
+
+_EXPONENT = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+$")
+
+
+def _number(value: object) -> object:
+    """1e-4 as a number (YAML 1.1 wants 1.0e-4); any other text stays text."""
+    return float(value) if isinstance(value, str) and _EXPONENT.match(value) else value
 
 
 def _add_matrix_flags(parser: argparse.ArgumentParser) -> None:
-    """One flag per MatrixSpec field (lists comma-separated), help from its docstring; each
-    overrides the matrix file's value. Other trainer knobs: --set KEY=VALUE."""
-    docs = field_docs(MatrixSpec)
-    for f in fields(MatrixSpec):
-        if f.type in _PARSERS:
-            parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=_PARSERS[f.type],
-                                default=None, help=docs.get(f.name, "").replace("%", "%%"))
+    """One flag per MatrixSpec field (lists comma-separated) and per trainer knob (a YAML value: a
+    list sweeps it), help from its docstring (trainer.flags); each overrides the matrix file's value."""
+    add_flags(parser, MatrixSpec, names=[f.name for f in fields(MatrixSpec) if f.name != "options"], defaults=False)
+    add_flags(parser, RunConfig, names=KNOB_KEYS, defaults=False, value_type=_yaml_value,
+              dest=lambda name: f"knob.{name}", help_suffix=" (trainer knob; a list [a,b] sweeps it)")
     parser.add_argument("--set", dest="knobs", type=_knob, action="append", default=[], metavar="KEY=VALUE",
                         help="any trainer knob for every run, e.g. --set activation_checkpointing=true "
                              "(a list sweeps it: --set precision=[fp32,bf16])")
@@ -102,14 +105,15 @@ def effective_matrix(args: argparse.Namespace) -> MatrixSpec:
     spec = load_matrix(args.matrix or DEFAULT_MATRIX)
     overrides = {f.name: getattr(args, f.name) for f in fields(MatrixSpec)
                  if getattr(args, f.name, None) is not None}
-    if "global_batch" in overrides:
-        overrides.setdefault("grad_accum", None)
+    knob_flags = {name: getattr(args, f"knob.{name}") for name in KNOB_KEYS
+                  if getattr(args, f"knob.{name}", None) is not None}
     if overrides.get("shape") in ("", "none"):
         overrides["shape"] = None  # --shape none: hardware unknown (no peak, no price)
     data = {**asdict(spec), **overrides}
     options = data.pop("options")
-    matrix = matrix_from_dict({**data, **options, **dict(args.knobs)})
-    explicit = set(overrides) | set(dict(args.knobs)) | (set(_keys_of(args.matrix)) if args.matrix else set())
+    matrix = matrix_from_dict({**data, **options, **knob_flags, **dict(args.knobs)})
+    explicit = (set(overrides) | set(knob_flags) | set(dict(args.knobs))
+                | (set(_keys_of(args.matrix)) if args.matrix else set()))
     return with_shape_defaults(matrix, explicit)
 
 

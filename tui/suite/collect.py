@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, BinaryIO
 
+from trainer import knobs
 from trainer.record import END_MARKER, PROGRESS_PREFIX, SCHEMA_VERSION, START_MARKER, STATUSES, ResultRecord
 
 READABLE_SCHEMA_VERSIONS = tuple(range(1, SCHEMA_VERSION + 1))
@@ -348,6 +349,7 @@ def failed_record(spec: Any | None, error: str, status: str = "failed", run_id: 
         rec.steps, rec.warmup_steps, rec.seed = spec.steps, spec.warmup_steps, spec.seed
         rec.usd_per_gpu_hour = spec.usd_per_gpu_hour
         rec.args = spec.trainer_args()
+        rec.settings = knobs.settings(spec.run_config())
     if run_id:
         rec.run_id = run_id
     data = rec.to_dict()

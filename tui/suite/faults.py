@@ -1,12 +1,7 @@
 """The suite's fault axis: inject a failure into a running run, relaunch it from its checkpoint,
-and report the whole run (every attempt) as one record.
-
-Faults (the matrix's `faults` axis; `none` is a fault-free run):
-- `kill-rank:R@S`: SIGKILL rank R once rank 0 reports optimizer step S (a node or process dies);
-- `stop-rank:R@S`: SIGSTOP rank R at step S (a hang: the other ranks wait in a collective until
-  the process-group timeout, --pg-timeout-s, ends them);
-- `kill-launcher@S`: SIGKILL the launcher at step S (the job's driver dies; its ranks follow it,
-  trainer/lifeline.py).
+and report the whole run (every attempt) as one record. The grammar (`kill-rank:R@S`,
+`stop-rank:R@S`, `kill-launcher@S`) is tui/suite/fault_grammar.py, finding and signalling an
+attempt's processes tui/suite/fault_procs.py; this module is the restart wrapper and the merge.
 
 On the kubernetes backend only kill-rank is injected (KUBE_FAULT_KINDS): the cluster backend
 deletes the worker pod that holds the rank and follows the retried launcher
@@ -24,150 +19,21 @@ first step after resume), steps redone and goodput.
 from __future__ import annotations
 
 import os
-import re
 import shutil
-import signal
 import threading
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 from trainer.record import FaultRecovery
 from tui.suite.events import Emit, RunLogLine, RunProgress, RunStateChanged, guarded
+from tui.suite.fault_grammar import (FAULT_KINDS, KUBE_FAULT_KINDS, Fault, fault_errors,  # noqa: F401 (re-exported)
+                                     kube_fault_errors, parse_fault)
+from tui.suite.fault_procs import attempt_processes, inject, launcher_pid, rank_pid  # noqa: F401 (re-exported)
 
-FAULT_KINDS = ("kill-rank", "stop-rank", "kill-launcher")
-_FAULT = re.compile(r"^(?P<kind>kill-rank|stop-rank):(?P<rank>\d+)@(?P<step>\d+)$|^(?P<lkind>kill-launcher)@(?P<lstep>\d+)$")
 CHECKPOINTS = "checkpoints"
 """Sub-directory of a run's directory that holds its checkpoints."""
-
-
-@dataclass(frozen=True)
-class Fault:
-    kind: str
-    """kill-rank, stop-rank or kill-launcher."""
-    step: int
-    """Injected once rank 0 has reported this optimizer step."""
-    rank: int | None = None
-    """The rank signalled (None for kill-launcher)."""
-
-    def __str__(self) -> str:
-        return f"{self.kind}@{self.step}" if self.rank is None else f"{self.kind}:{self.rank}@{self.step}"
-
-
-def parse_fault(text: Any) -> Fault | None:
-    """`none` -> None; `kill-rank:1@12` -> Fault; anything else: ValueError with one line."""
-    if text in (None, "none"):
-        return None
-    m = _FAULT.match(str(text)) if isinstance(text, str) else None
-    if not m:
-        raise ValueError(f"fault {text!r} is not none, kill-rank:R@S, stop-rank:R@S or kill-launcher@S "
-                         "(R a rank, S an optimizer step)")
-    if m["lkind"]:
-        return Fault(m["lkind"], int(m["lstep"]))
-    return Fault(m["kind"], int(m["step"]), int(m["rank"]))
-
-
-def fault_errors(text: Any, world_size: int, steps: int) -> list[str]:
-    """Why `text` cannot be injected into a run of `world_size` ranks and `steps` steps."""
-    try:
-        fault = parse_fault(text)
-    except ValueError as exc:
-        return [str(exc)]
-    if fault is None:
-        return []
-    errors = []
-    if fault.rank is not None and fault.rank >= world_size:
-        errors.append(f"fault {fault} names rank {fault.rank} but the run has {world_size} rank(s)")
-    if not 1 <= fault.step < steps:
-        errors.append(f"fault {fault} fires at step {fault.step}: use a step from 1 to {steps - 1}")
-    return errors
-
-
-KUBE_FAULT_KINDS = ("kill-rank",)
-"""The faults the cluster backend injects; stop-rank and kill-launcher need the ranks' processes."""
-
-
-def kube_fault_errors(text) -> list[str]:
-    """Why fault `text` cannot be injected on the kubernetes backend (one line), or []."""
-    try:
-        fault = parse_fault(text)
-    except ValueError:
-        return []  # the matrix's own fault check says what is wrong with it
-    if fault is None or fault.kind in KUBE_FAULT_KINDS:
-        return []
-    return [f"fault {fault} cannot be injected on the kubernetes backend (it deletes a worker pod): "
-            "use kill-rank:R@S there, or backend local"]
-
-
-# --- finding the processes of one attempt -------------------------------------------------------
-
-def _cmdline(pid: int) -> list[str]:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().decode("utf-8", "replace").split("\0")
-    except OSError:
-        return []
-
-
-def _environ(pid: int) -> dict[str, str]:
-    try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes().decode("utf-8", "replace")
-    except OSError:
-        return {}
-    return dict(item.split("=", 1) for item in raw.split("\0") if "=" in item)
-
-
-def _ppid(pid: int) -> int:
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-        return int(raw[raw.rfind(")") + 2:].split()[1])
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
-def attempt_processes(marker: str) -> dict[int, list[str]]:
-    """pid -> argv of every process whose command line holds `marker` (the attempt's own
-    --output-dir, unique to it): the launcher chain and the ranks."""
-    out = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) != os.getpid():
-            argv = _cmdline(int(entry))
-            if any(marker in a for a in argv):
-                out[int(entry)] = argv
-    return out
-
-
-def _is_rank(argv: list[str]) -> bool:
-    """`python [-u] -m trainer ...`: a rank, not a launcher (mpirun, deepspeed, torchrun, whose
-    own command lines also hold the trainer's arguments)."""
-    args = argv[1:4]
-    return os.path.basename(argv[0]).startswith("python") and args[:2] == ["-m", "trainer"] or args == ["-u", "-m", "trainer"]
-
-
-def rank_pid(marker: str, rank: int) -> int | None:
-    """The pid of rank `rank` of the attempt: its launcher's rank variable says which it is."""
-    for pid, argv in attempt_processes(marker).items():
-        env = _environ(pid)
-        found = env.get("OMPI_COMM_WORLD_RANK", env.get("RANK", env.get("PMI_RANK")))
-        if _is_rank(argv) and found is not None and int(found) == rank:
-            return pid
-    return None
-
-
-def launcher_pid(marker: str) -> int | None:
-    """The top of the attempt's launcher chain (the process whose parent is not in it)."""
-    procs = attempt_processes(marker)
-    tops = [pid for pid in procs if _ppid(pid) not in procs and not _is_rank(procs[pid])]
-    return min(tops) if tops else None
-
-
-def inject(fault: Fault, marker: str) -> str:
-    """Send the fault's signal; returns what was done (for the log)."""
-    pid = launcher_pid(marker) if fault.kind == "kill-launcher" else rank_pid(marker, fault.rank)
-    if pid is None:
-        return f"fault {fault}: no such process found (it already ended?)"
-    os.kill(pid, signal.SIGSTOP if fault.kind == "stop-rank" else signal.SIGKILL)
-    return f"fault {fault}: sent {'SIGSTOP' if fault.kind == 'stop-rank' else 'SIGKILL'} to pid {pid}"
 
 
 # --- the wrapper ------------------------------------------------------------------------------

@@ -4,7 +4,7 @@ A matrix is a YAML file (or CLI flags) naming the axes to sweep (strategies x wo
 lens x repeats), the suite's settings (launcher, backend, shape, timeout) and the trainer's
 knobs every run shares. Any field of trainer.config.RunConfig is a matrix key; a list value
 sweeps it as one more axis. Every run is checked with the trainer's own rules
-(trainer.contract.validate); `expand` reports every problem, one line each, before anything runs.
+(trainer.rules.validate); `expand` reports every problem, one line each, before anything runs.
 Cheap to import: no torch (the TUI imports this at start-up).
 """
 from __future__ import annotations
@@ -12,17 +12,18 @@ from __future__ import annotations
 import itertools
 import math
 import os
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from trainer import contract, rules
+from trainer.config import RunConfig, measured_fields
 from tui.suite import safe_yaml
-
-from trainer import contract
-from trainer.config import RunConfig, measured_fields, to_argv
-from tui.suite.faults import fault_errors, kube_fault_errors
+from tui.suite.fault_grammar import fault_errors, kube_fault_errors
+from tui.suite.specs import (_SUITE_OWNED, KNOB_KEYS, SHAPE_RUN_KEYS, STANDARD_ARGS,  # noqa: F401 (re-exported)
+                             MatrixSpec, RunSpec, Shape)
 
 DEFAULT_MATRIX = Path(__file__).resolve().parent / "matrices" / "default.yaml"
 """The one default matrix of every entry point: `make bench`, `shardbench run`, benchtui."""
@@ -32,169 +33,10 @@ LOCAL_OVERSUBSCRIBE = 4
 """A local run may use at most cores x this many threads in all; past that it measures the
 scheduler, not the strategy."""
 
-# Trainer fields the suite sets itself for every run, so a matrix may not.
-_SUITE_OWNED = {"strategy", "seq_len", "run_id", "output_dir", "launcher", "repeat", "argv", "checkpoint_dir",
-                "resume"}
-
-
-def _default(name: str) -> Any:
-    """RunConfig's default for a field: the one place a trainer knob's default is written."""
-    return next(f.default for f in fields(RunConfig) if f.name == name)
-
-
-@dataclass
-class MatrixSpec:
-    """A benchmark matrix as written in a matrix YAML file (keys are these field names, plus any
-    other trainer.config.RunConfig field in `options`)."""
-
-    strategies: list[str] = field(default_factory=lambda: list(contract.STRATEGIES))
-    """Strategies to compare (trainer.contract.STRATEGIES)."""
-    world_sizes: list[int] = field(default_factory=lambda: [1, 2])
-    """Numbers of devices (ranks) per run; every strategy runs at every world size."""
-    seq_lens: list[int] = field(default_factory=lambda: [64])
-    """Sequence lengths (tokens); each must be <= the model preset's block size."""
-    micro_batch: int = _default("micro_batch")
-    """Sequences per rank per forward/backward pass."""
-    grad_accum: int | None = 1
-    """Micro-steps per optimizer step; ignored when global_batch is set."""
-    global_batch: int | None = None
-    """Fixed sequences per optimizer step for every world size: grad_accum is derived as
-    global_batch / (micro_batch x world_size) and must come out a whole number."""
-    model: str = _default("model")
-    """Model preset (trainer/presets.py)."""
-    precision: str = _default("precision")
-    """auto, fp32, bf16 or fp16 (auto: bf16 on a GPU that has it, else fp32)."""
-    steps: int = _default("steps")
-    """Optimizer steps per run, warm-up included."""
-    warmup_steps: int = _default("warmup_steps")
-    """Steps excluded from every metric; must be below steps."""
-    repeats: int = 1
-    """Times every configuration runs; repeats are interleaved and give the report its intervals."""
-    launcher: str = "auto"
-    """mpirun, deepspeed, torchrun, or auto (each strategy's default launcher)."""
-    backend: str = "local"
-    """local (this machine) or kubernetes (one Helm release per run)."""
-    shape: str | None = "cpu"
-    """GPU shape = values/<shape>.yaml (peak FLOP/s, $/GPU-hour, GPUs per node); None: unknown."""
-    device: str = _default("device")
-    """Trainer --device: auto, cpu or cuda."""
-    usd_per_gpu_hour: float | None = None
-    """Price of one device-hour for the cost report; None: the shape's usdPerGpuHour."""
-    timeout_s: float | None = 600.0
-    """Per-run wall-clock limit in seconds (the run becomes status timeout); None: no limit."""
-    seed: int = _default("seed")
-    """Trainer --seed; the same for every run so every strategy sees the same tokens."""
-    max_world_size: int | None = None
-    """Devices the backend may use at most (cluster capacity); None: what the shape allows."""
-    faults: list[str] = field(default_factory=lambda: ["none"])
-    """Faults to inject, one axis: none, kill-rank:R@S, stop-rank:R@S, kill-launcher@S (rank R,
-    optimizer step S; tui/suite/faults.py). A faulty run checkpoints and is relaunched."""
-    max_restarts: int = 2
-    """Relaunches of a run that failed (with --resume auto from its checkpoints), for faulty runs."""
-    results: str = "results/default"
-    """Results directory: results/<run id>/ for every run (a suite locks it while it writes)."""
-    options: dict[str, Any] = field(default_factory=dict)
-    """Any other trainer knob (a trainer.config.RunConfig field), e.g. {activation_checkpointing:
-    true}; a list sweeps it. Written in YAML as top-level keys."""
-
-
-@dataclass(frozen=True)
-class Shape:
-    """The part of values/<shape>.yaml the suite uses."""
-
-    name: str
-    gpus_per_node: int | None = None
-    """Devices per machine (slotsPerWorker); bounds a local run's world size."""
-    peak_tflops: float | None = None
-    """Dense bf16 peak of one device, TFLOP/s (MFU)."""
-    usd_per_gpu_hour: float | None = None
-    """Price of one device-hour (cost per million tokens)."""
-    run: dict[str, Any] = field(default_factory=dict, compare=False)
-    """The values file's `run:` defaults, as matrix keys (model, seq_lens, precision, device...)."""
-
-
-# values/<shape>.yaml `run:` keys -> the matrix keys they give defaults for.
-SHAPE_RUN_KEYS = {"model": "model", "seqLen": "seq_lens", "microBatch": "micro_batch",
-                  "precision": "precision", "device": "device", "steps": "steps",
-                  "warmupSteps": "warmup_steps"}
-
-
-@dataclass(frozen=True)
-class RunSpec:
-    """One run of the matrix: everything the backend needs to start it and the report to label it."""
-
-    run_id: str
-    """Unique id, e.g. zero3-w4-s2048-mb1-ga4-1f2e3d4c-r0 (results/<run_id>/)."""
-    strategy: str
-    world_size: int
-    seq_len: int
-    micro_batch: int
-    grad_accum: int
-    model: str
-    precision: str
-    steps: int
-    warmup_steps: int
-    repeat: int
-    """0-based repeat index."""
-    launcher: str
-    """mpirun, deepspeed or torchrun (auto already resolved)."""
-    backend: str
-    shape: str | None = None
-    nodes: int = 1
-    """Machines the run spans (1 locally; world_size / gpus_per_node on a cluster)."""
-    procs_per_node: int = 1
-    """Ranks per machine."""
-    device: str = "auto"
-    seed: int = 1234
-    peak_tflops: float | None = None
-    usd_per_gpu_hour: float | None = None
-    timeout_s: float | None = None
-    options: tuple[tuple[str, Any], ...] = ()
-    """Other trainer knobs, as (RunConfig field, value) pairs."""
-    config_id: str = ""
-    """Hash of everything that changes the measurement; repeats share it (trainer.contract)."""
-    fault: str = "none"
-    """The fault injected into this run (tui/suite/faults.py), or none."""
-    max_restarts: int = 0
-    """Relaunches allowed after a failure (faulty runs)."""
-
-    @property
-    def global_batch(self) -> int:
-        return self.micro_batch * self.grad_accum * self.world_size
-
-    def run_config(self, output_dir: str | os.PathLike | None = None) -> RunConfig:
-        """The trainer's config for this run (what its command line parses back into)."""
-        return RunConfig(
-            strategy=self.strategy, model=self.model, seq_len=self.seq_len, micro_batch=self.micro_batch,
-            grad_accum=self.grad_accum, steps=self.steps, warmup_steps=self.warmup_steps,
-            precision=self.precision, seed=self.seed, device=self.device, run_id=self.run_id or None,
-            shape=self.shape, peak_tflops=self.peak_tflops, usd_per_gpu_hour=self.usd_per_gpu_hour,
-            output_dir=None if output_dir is None else str(output_dir), repeat=self.repeat,
-            **dict(self.options))
-
-    def trainer_args(self, output_dir: str | os.PathLike | None = None) -> list[str]:
-        """The trainer's command line for this run."""
-        names = ["strategy", "model", "seq_len", "micro_batch", "grad_accum", "steps", "warmup_steps",
-                 "precision", "seed", "device", "run_id", "shape", "peak_tflops", "usd_per_gpu_hour",
-                 "output_dir"]
-        return to_argv(self.run_config(output_dir), names) + self.option_args()
-
-    def option_args(self, skip=()) -> list[str]:
-        """The flags beyond the standard ones (the matrix's other knobs, the repeat): what the
-        chart's run.extraArgs carries for a cluster run (less the knobs in `skip`)."""
-        names = [k for k, _ in self.options if k not in skip] + (["repeat"] if self.repeat else [])
-        return to_argv(self.run_config(), names)
-
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["options"] = dict(self.options)
-        return data
-
-
 # --- YAML -----------------------------------------------------------------------------------
 
 _MATRIX_KEYS = {f.name for f in fields(MatrixSpec)} - {"options"}
-_OPTION_KEYS = {f.name for f in fields(RunConfig)} - _MATRIX_KEYS - _SUITE_OWNED
+_OPTION_KEYS = set(KNOB_KEYS)
 
 
 def matrix_from_dict(data: Any) -> MatrixSpec:
@@ -315,8 +157,6 @@ def _suite_errors(m: MatrixSpec) -> list[str]:
                       f"starts its ranks with mpirun): use one of {', '.join(contract.CLUSTER_LAUNCHERS)}")
     if not _is_int(m.repeats):
         errors.append(f"repeats must be a positive integer, got {m.repeats!r}")
-    if m.usd_per_gpu_hour is not None and not _is_number(m.usd_per_gpu_hour):
-        errors.append(f"usd_per_gpu_hour must be a number >= 0, got {m.usd_per_gpu_hour!r}")
     if m.timeout_s is not None and not (_is_number(m.timeout_s) and m.timeout_s > 0):
         errors.append(f"timeout_s must be a positive number of seconds, got {m.timeout_s!r}")
     if not isinstance(m.results, str) or not m.results:
@@ -341,16 +181,16 @@ def _suite_errors(m: MatrixSpec) -> list[str]:
     return errors
 
 
-def _world_limit(m: MatrixSpec, shape: Shape | None, threads_per_rank: int) -> tuple[int | None, str]:
+def _world_limit(m: MatrixSpec, shape: Shape | None, cfg: RunConfig) -> tuple[int | None, str]:
     """Most ranks one run may use, and why."""
     if _is_int(m.max_world_size):
         return m.max_world_size, "max_world_size"
     if m.backend != "local":
         return None, ""
-    if shape is not None and shape.gpus_per_node and m.device != "cpu":
+    if shape is not None and shape.gpus_per_node and cfg.device != "cpu":
         return shape.gpus_per_node, f"shape {shape.name} has {shape.gpus_per_node} GPUs per node"
     cores = os.cpu_count() or 1
-    limit = max(1, cores * LOCAL_OVERSUBSCRIBE // max(1, threads_per_rank))
+    limit = max(1, cores * LOCAL_OVERSUBSCRIBE // max(1, cfg.threads_per_rank))
     return limit, (f"this machine has {cores} cores; ranks x threads per rank may be at most "
                    f"{LOCAL_OVERSUBSCRIBE} x cores (set max_world_size to force more)")
 
@@ -380,17 +220,18 @@ def _option_combinations(m: MatrixSpec) -> list[tuple[tuple[str, Any], ...]]:
     return [tuple(zip(names, combo)) for combo in itertools.product(*values)]
 
 
-def _trainer_config(m: MatrixSpec, strategy: str, seq: int, options) -> RunConfig:
-    return RunConfig(strategy=strategy, model=m.model, seq_len=seq, micro_batch=m.micro_batch,
-                     grad_accum=None if m.global_batch is not None else m.grad_accum, global_batch=m.global_batch, steps=m.steps,
-                     warmup_steps=m.warmup_steps, precision=m.precision, seed=m.seed, device=m.device,
-                     **dict(options))
+def _trainer_config(strategy: str, seq: int, options) -> RunConfig:
+    """RunConfig's defaults, the matrix's overrides (grad_accum is derived when global_batch is set)."""
+    knob_values = dict(options)
+    if knob_values.get("global_batch") is not None:
+        knob_values.pop("grad_accum", None)
+    return RunConfig(strategy=strategy, seq_len=seq, **knob_values)
 
 
 def expand(matrix: MatrixSpec, limit: int | None = CONFIRM_ABOVE) -> tuple[list[RunSpec], list[str]]:
     """All run specs of the matrix, and one line per problem (empty when all valid).
 
-    Each configuration is checked once with the trainer's rules (trainer.contract.validate) and
+    Each configuration is checked once with the trainer's rules (trainer.rules.validate) and
     the suite's (launcher, backend, world-size limits). Order: strategy, world size, seq len,
     options, repeat; the runner interleaves repeats. `limit`: more runs than this is an error
     that says how to confirm (None: no limit).
@@ -425,13 +266,14 @@ def expand(matrix: MatrixSpec, limit: int | None = CONFIRM_ABOVE) -> tuple[list[
 def _configuration(m: MatrixSpec, shape: Shape | None, strategy: str, world: int, seq: int,
                    options, fault: str = "none") -> RunSpec | list[str]:
     """Repeat 0 of one configuration, or its problems."""
-    cfg = _trainer_config(m, strategy, seq, options)
+    cfg = _trainer_config(strategy, seq, options)
+    checked = cfg
     if cfg.checkpoint_every and not cfg.checkpoint_dir:
-        cfg = replace(cfg, checkpoint_dir="<run dir>/checkpoints")  # the suite gives every run its own
-    errors = [_matrix_wording(e) for e in contract.validate(cfg, world)] + fault_errors(fault, world, m.steps)
+        checked = replace(cfg, checkpoint_dir="<run dir>/checkpoints")  # the suite gives every run its own
+    errors = [_matrix_wording(e) for e in rules.validate(checked, world)] + fault_errors(fault, world, cfg.steps)
     if errors:
         return errors
-    limit, why = _world_limit(m, shape, getattr(cfg, "threads_per_rank", 1))
+    limit, why = _world_limit(m, shape, cfg)
     if limit is not None and world > limit:
         return [f"world size {world} is larger than allowed ({limit}: {why})"]
     layout = _layout(m, shape, world)
@@ -439,21 +281,19 @@ def _configuration(m: MatrixSpec, shape: Shape | None, strategy: str, world: int
         return [layout]
     nodes, ppn = layout
     launcher = contract.default_launcher(strategy) if m.launcher == "auto" else m.launcher
-    peak = shape.peak_tflops if shape else None
-    cfg = replace(cfg, shape=m.shape, peak_tflops=peak)
+    ga = cfg.effective_grad_accum(world)
+    cfg = replace(cfg, shape=m.shape, peak_tflops=_given(cfg.peak_tflops, shape and shape.peak_tflops),
+                  usd_per_gpu_hour=_given(cfg.usd_per_gpu_hour, shape and shape.usd_per_gpu_hour))
     measured = measured_fields(cfg, world, nodes, launcher)
     # A fault and the restarts allowed change the outcome; fault-free ids stay as they were.
     cid = contract.config_id(measured if fault == "none" else {**measured, "fault": fault,
                                                                 "max_restarts": m.max_restarts})
-    ga = cfg.effective_grad_accum(world)
+    # The spec holds the config as the trainer will resolve it: grad-accum for this world size.
+    cfg = replace(cfg, grad_accum=ga, global_batch=None)
     return RunSpec(
-        run_id=contract.run_id(strategy, world, seq, m.micro_batch, ga, cid, 0), strategy=strategy,
-        world_size=world, seq_len=seq, micro_batch=m.micro_batch, grad_accum=ga, model=m.model,
-        precision=m.precision, steps=m.steps, warmup_steps=m.warmup_steps, repeat=0, launcher=launcher,
-        backend=m.backend, shape=m.shape, nodes=nodes, procs_per_node=ppn, device=m.device, seed=m.seed,
-        peak_tflops=peak, usd_per_gpu_hour=_price(m, shape), timeout_s=m.timeout_s,
-        options=tuple(options), config_id=cid, fault=fault,
-        max_restarts=m.max_restarts if fault != "none" else 0)
+        run_id=contract.run_id(strategy, world, seq, cfg.micro_batch, ga, cid, 0), world_size=world, repeat=0,
+        launcher=launcher, backend=m.backend, config=cfg, nodes=nodes, procs_per_node=ppn,
+        timeout_s=m.timeout_s, config_id=cid, fault=fault, max_restarts=m.max_restarts if fault != "none" else 0)
 
 
 def _repeat_id(spec: RunSpec, repeat: int) -> str:
@@ -471,10 +311,9 @@ def _matrix_wording(error: str) -> str:
     return " ".join(words)
 
 
-def _price(matrix: MatrixSpec, shape: Shape | None) -> float | None:
-    if matrix.usd_per_gpu_hour is not None:
-        return matrix.usd_per_gpu_hour
-    return shape.usd_per_gpu_hour if shape else None
+def _given(value: Any, from_shape: Any) -> Any:
+    """The matrix's own value, else the shape's (price, peak)."""
+    return value if value is not None else (from_shape or None)
 
 
 def _dedupe(lines: list[str]) -> list[str]:

@@ -13,6 +13,7 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Input, Static
 
+from tui.app.board import RunBoard
 from tui.app.log_view import LogView
 
 
@@ -28,8 +29,10 @@ class LogsScreen(Screen):
         Binding("escape", "close_search", "Close search", show=False),
     ]
 
-    def __init__(self) -> None:
+    def __init__(self, board: RunBoard) -> None:
         super().__init__(id="logs-screen")
+        self.board = board
+        """The runs' rows (the app folds every suite event into it); read, never written, here."""
         self.run_id: str | None = None
         self.query_text = ""
         self.match_at = -1
@@ -44,8 +47,8 @@ class LogsScreen(Screen):
         yield Footer()
 
     def on_mount(self) -> None:
-        if self.run_id is None and self.app.board.rows:
-            self.run_id = next(iter(self.app.board.rows))
+        if self.run_id is None and self.board.rows:
+            self.run_id = next(iter(self.board.rows))
         self.reload()
 
     @property
@@ -58,7 +61,7 @@ class LogsScreen(Screen):
 
     # -- content ------------------------------------------------------------------------------
     def lines(self) -> list[str]:
-        row = self.app.board.rows.get(self.run_id) if self.run_id else None
+        row = self.board.rows.get(self.run_id) if self.run_id else None
         return row.log if row else []
 
     def show_run(self, run_id: str) -> None:
@@ -76,7 +79,7 @@ class LogsScreen(Screen):
             self.view.append(line)
 
     def update_title(self) -> None:
-        row = self.app.board.rows.get(self.run_id) if self.run_id else None
+        row = self.board.rows.get(self.run_id) if self.run_id else None
         if row is None:
             text = "No run selected: start a matrix, then pick a run on the Runs screen (F3)."
         else:
@@ -129,7 +132,7 @@ class LogsScreen(Screen):
         self._jump(found)
 
     def action_other_run(self, step: int) -> None:
-        ids = list(self.app.board.rows)
+        ids = list(self.board.rows)
         if not ids:
             return
         at = ids.index(self.run_id) if self.run_id in ids else -1

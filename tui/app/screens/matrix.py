@@ -61,8 +61,10 @@ class MatrixScreen(Screen):
         Binding("ctrl+o", "load", "Load"),
     ]
 
-    def __init__(self, initial: MatrixSpec | None = None) -> None:
+    def __init__(self, initial: MatrixSpec | None = None, path: str | None = None) -> None:
         super().__init__(id="matrix-screen")
+        self.path = path
+        """The matrix file last loaded or saved (the app sets it), the dialogs' default."""
         self.initial = initial or default_matrix()
         self.extras: dict[str, Any] = {}
         """Matrix keys without a widget (timeout, device, seed, ...), kept for save."""
@@ -184,9 +186,9 @@ class MatrixScreen(Screen):
 
     # -- load / save --------------------------------------------------------------------------
     def action_save(self) -> None:
-        ask_path(self, "Save matrix to", self.app.matrix_path or "matrix.yaml",
+        ask_path(self, "Save matrix to", self.path or "matrix.yaml",
                  lambda path: self.post_message(SaveMatrix(path)))
 
     def action_load(self) -> None:
-        ask_path(self, "Load matrix from", self.app.matrix_path or "matrix.yaml",
+        ask_path(self, "Load matrix from", self.path or "matrix.yaml",
                  lambda path: self.post_message(LoadMatrix(path)))

@@ -5,6 +5,7 @@ Broken runs (loss off the reference) are red, otherwise flagged configurations y
 unreadable runs dim red: the same analysis and words as BENCHMARK_REPORT.md."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from rich.text import Text
@@ -63,8 +64,10 @@ class ResultsScreen(Screen):
         Binding("p", "next_plot", "Next plot"),
     ]
 
-    def __init__(self) -> None:
+    def __init__(self, results_dir: Path | None = None) -> None:
         super().__init__(id="results-screen")
+        self.results_dir = results_dir
+        """The result set shown (the app sets it), the open dialog's default."""
         self.view = ResultsView()
         self.source = "no results loaded yet"
         self.sort_column = "tokens_per_s"
@@ -167,5 +170,5 @@ class ResultsScreen(Screen):
         self.sort_by(self.sort_column, reverse=not self.sort_reverse)
 
     def action_open_dir(self) -> None:
-        ask_path(self, "Open results dir (read-only)", str(self.app.results_dir),
+        ask_path(self, "Open results dir (read-only)", str(self.results_dir or ""),
                  lambda path: self.post_message(OpenResults(path)))

@@ -6,7 +6,7 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static
 
-from tui.app.board import RunRow
+from tui.app.board import RunBoard, RunRow
 from tui.app.messages import CancelRun, ShowLogs
 
 COLUMNS = (("#", "index"), ("run", "run"), ("state", "state"), ("tok/s", "tps"),
@@ -36,8 +36,10 @@ class RunsScreen(Screen):
         Binding("l", "logs", "Logs"),
     ]
 
-    def __init__(self) -> None:
+    def __init__(self, board: RunBoard) -> None:
         super().__init__(id="runs-screen")
+        self.board = board
+        """The runs' rows (the app folds every suite event into it); read, never written, here."""
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -55,15 +57,15 @@ class RunsScreen(Screen):
         self.set_interval(1.0, self.tick)
 
     def tick(self) -> None:
-        for row in self.app.board.active():
+        for row in self.board.active():
             self.update_row(row)
-        if self.app.board.active():
+        if self.board.active():
             self.update_progress()
 
     def redraw(self) -> None:
         table = self.query_one(DataTable)
         table.clear()
-        for row in self.app.board.rows.values():
+        for row in self.board.rows.values():
             table.add_row(*cells(row), key=row.run_id)
         self.update_progress()
 
@@ -76,7 +78,7 @@ class RunsScreen(Screen):
             table.update_cell(row.run_id, key, value, update_width=True)
 
     def update_progress(self) -> None:
-        board = self.app.board
+        board = self.board
         if not board.rows:
             return
         counts: dict[str, int] = {}

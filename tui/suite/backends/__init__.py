@@ -9,7 +9,7 @@ import argparse
 from dataclasses import dataclass, fields
 
 from trainer.contract import BACKENDS
-from trainer.fielddocs import field_docs
+from trainer.flags import add_flags
 
 
 @dataclass
@@ -31,16 +31,7 @@ class ClusterOptions:
 
 def add_cluster_flags(parser: argparse.ArgumentParser) -> None:
     """--kubeconfig, --context, --namespace, --keep-failed, from ClusterOptions."""
-    group = parser.add_argument_group("kubernetes backend")
-    docs = field_docs(ClusterOptions)
-    for f in fields(ClusterOptions):
-        name = "--" + f.name.replace("_", "-")
-        if f.type in (bool, "bool"):
-            group.add_argument(name, dest=f.name, action="store_true", help=docs[f.name])
-        elif f.type in (float, "float"):
-            group.add_argument(name, dest=f.name, type=float, default=f.default, help=docs[f.name])
-        else:
-            group.add_argument(name, dest=f.name, default=None, help=docs[f.name])
+    add_flags(parser.add_argument_group("kubernetes backend"), ClusterOptions)
 
 
 def cluster_options(args: argparse.Namespace) -> ClusterOptions:

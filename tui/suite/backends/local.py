@@ -24,8 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from trainer.launchers import LaunchPlan, build_command, nccl_env_names
-from tui.suite.collect import Collector, failed_record, iter_lines, now_iso, parse_progress, validate
-from tui.suite.events import Emit, RunLogLine, RunProgress, RunStateChanged, guarded
+from tui.suite.collect import failed_record, iter_lines, now_iso, validate
+from tui.suite.runlines import LineReader
+from tui.suite.events import Emit, RunLogLine, RunStateChanged, guarded
 from tui.suite.matrix import RunSpec
 from tui.suite.procs import ProcessTree
 from tui.suite.store import read_json
@@ -99,8 +100,8 @@ class _LogPump(threading.Thread):
     def __init__(self, stream, log_path: Path, run_id: str, emit: Emit):
         super().__init__(daemon=True, name=f"log-{run_id}")
         self.stream, self.log_path, self.run_id, self.emit = stream, log_path, run_id, emit
-        self.collector = Collector(run_id)
-        self.last_progress: dict | None = None
+        self.reader = LineReader(run_id, emit)
+        self.collector = self.reader.collector
         self.log_error: str | None = None
         """Why log.txt stopped being written (None: it holds everything)."""
 
@@ -128,19 +129,10 @@ class _LogPump(threading.Thread):
             return None
 
     def _handle(self, raw: bytes) -> None:
-        self.collector.feed(raw)
-        line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
-        prog = parse_progress(line)
-        if prog is not None:
-            self.last_progress = prog
-        self.emit(RunLogLine(self.run_id, line))
-        if prog is not None:
-            self.emit(_progress_event(self.run_id, prog))
+        self.reader.feed(raw)
 
     def where(self) -> str:
-        """'at step 40/100' from the last progress line, or '' before the first."""
-        p = self.last_progress
-        return f" at step {p['step']}/{p.get('steps', '?')}" if p else " before the first step"
+        return self.reader.where()
 
 
 def _close_quietly(fh) -> None:
@@ -150,17 +142,6 @@ def _close_quietly(fh) -> None:
         except OSError:
             pass
     return None
-
-
-def _progress_event(run_id: str, p: dict) -> RunProgress:
-    def num(key):
-        v = p.get(key)
-        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-
-    steps = p.get("steps") if isinstance(p.get("steps"), int) else 0
-    return RunProgress(run_id=run_id, step=p["step"], steps=steps, tokens_per_s=num("tokens_per_s"),
-                       loss=num("loss"), elapsed_s=num("elapsed_s"), eta_s=num("eta_s"),
-                       phase=str(p.get("phase") or ""))
 
 
 class LocalBackend:

@@ -31,10 +31,11 @@ from tui.suite.backends.kube.helm import NOT_FOUND, REPO_ROOT, Helm, find_helm
 from tui.suite.backends.kube.ownership import not_ours
 from tui.suite.backends.kube.values import release_name, release_values
 from tui.suite.backends.kube.watch import JobWatch, LauncherLog
-from tui.suite.collect import extract, failed_record, now_iso, parse_progress
-from tui.suite.events import Emit, RunLogLine, RunProgress, RunStateChanged
+from tui.suite.collect import extract, failed_record, now_iso
+from tui.suite.events import Emit, RunStateChanged
 from tui.suite.faults import merge, parse_fault
 from tui.suite.matrix import RunSpec
+from tui.suite.runlines import LineReader
 
 
 class KubeBackend:
@@ -162,16 +163,14 @@ class RunLog:
         # Line-buffered: the file is complete up to the last line whenever someone reads it.
         self._fh = open(path, "w", encoding="utf-8", errors="replace", buffering=1)
         self._lock = threading.Lock()
+        self.reader = LineReader(run_id, emit, collect=False)  # each line's events, as the local backend's
 
     def line(self, text: str) -> None:
         with self._lock:
             if self._fh.closed:
                 return
             self._fh.write(text + "\n")
-        self.emit(RunLogLine(self.run_id, text))
-        prog = progress_event(self.run_id, text)
-        if prog is not None:
-            self.emit(prog)
+        self.reader.feed(text)
 
     def text(self) -> bytes:
         with self._lock:
@@ -181,20 +180,6 @@ class RunLog:
     def close(self) -> None:
         with self._lock:
             self._fh.close()
-
-
-def progress_event(run_id: str, line: str) -> RunProgress | None:
-    p = parse_progress(line)
-    if p is None:
-        return None
-
-    def num(key):
-        v = p.get(key)
-        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-
-    return RunProgress(run_id, p["step"], p.get("steps") if isinstance(p.get("steps"), int) else 0,
-                       num("tokens_per_s"), num("loss"), num("elapsed_s"), num("eta_s"),
-                       str(p.get("phase") or ""))
 
 
 class Attempt:

@@ -14,7 +14,7 @@ import time
 
 from tui.suite.backends.kube import api as kapi
 from tui.suite.collect import parse_progress
-from tui.suite.faults import Fault
+from tui.suite.fault_grammar import Fault
 
 
 def worker_pod(job_name: str, rank: int, gpus_per_worker: int) -> str:

@@ -7,6 +7,7 @@ from typing import Any
 
 import yaml
 
+from trainer.knobs import chart_run_values
 from tui.suite.matrix import RunSpec, values_dir
 
 
@@ -36,13 +37,9 @@ def deep_merge(base: dict, override: dict) -> dict:
 
 def run_overrides(spec: RunSpec) -> dict[str, Any]:
     """The chart values that make the release run exactly `spec` (what `--set run.x=...` would)."""
-    run = {
-        "id": spec.run_id, "strategy": spec.strategy, "model": spec.model,
-        "seqLen": spec.seq_len, "microBatch": spec.micro_batch, "gradAccum": spec.grad_accum,
-        "globalBatch": None, "steps": spec.steps, "warmupSteps": spec.warmup_steps,
-        "precision": spec.precision, "seed": spec.seed, "device": spec.device,
-        "extraArgs": spec.option_args(skip=CHART_CHECKPOINT_KNOBS),
-    }
+    # The first-class knobs as run.<camelCase> (trainer.knobs), every other one in extraArgs.
+    run = {"id": spec.run_id, **chart_run_values(spec.run_config()), "globalBatch": None,
+           "extraArgs": spec.option_args(skip=CHART_CHECKPOINT_KNOBS)}
     values = {"run": run, "launcher": spec.launcher, "workers": spec.nodes,
               "gpusPerWorker": spec.procs_per_node}
     options = dict(spec.options)

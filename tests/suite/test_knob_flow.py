@@ -1,0 +1,117 @@
+"""A new knob is one RunConfig field (trainer/config.py) and nothing else: in a copy of this
+checkout whose only change is one new field, the knob is a trainer flag, a `shardbench run` flag,
+a matrix key that sweeps, part of the config id, a chart value with its flag (after the chart's
+generator is run), a key of the record's settings (from a real trainer run), a metrics.csv column
+and a key of the loss groups and scaling bases. Before trainer/knobs.py a knob like this touched
+about 13 files (issue 17)."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+HELM = REPO / ".tools" / "helm3" / "helm"
+FIELD = '''    throwaway_knob: int = knob(3, min=1, chart=True)
+    """A knob that exists only in tests/suite/test_knob_flow.py's copy of the checkout."""
+'''
+ANCHOR = '    """Seeds the initial weights and the synthetic tokens: same seed, same run."""\n'
+
+
+@pytest.fixture(scope="module")
+def copy(tmp_path_factory) -> Path:
+    """This checkout's code, chart and values with one field added to RunConfig."""
+    root = tmp_path_factory.mktemp("knob") / "repo"
+    for part in ("trainer", "tui", "chart", "scripts", "values"):
+        shutil.copytree(REPO / part, root / part, ignore=shutil.ignore_patterns("__pycache__", "__snapshots__"))
+    config = root / "trainer" / "config.py"
+    text = config.read_text()
+    assert text.count(ANCHOR) == 1
+    config.write_text(text.replace(ANCHOR, ANCHOR + FIELD))
+    return root
+
+
+def py(copy: Path, code: str, *args: str, timeout: int = 120) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(copy), "PYTHONWARNINGS": "ignore::FutureWarning",
+           "SHARDBENCH_VALUES_DIR": str(copy / "values")}
+    return subprocess.run([sys.executable, *(["-c", textwrap.dedent(code)] if code else []), *args], cwd=copy,
+                          env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_only_config_py_differs(copy):
+    changed = [p.relative_to(copy) for p in copy.rglob("*.py")
+               if (REPO / p.relative_to(copy)).read_text() != p.read_text()]
+    assert changed == [Path("trainer/config.py")]
+
+
+def test_a_new_field_is_a_flag_a_matrix_axis_and_a_chart_value(copy):
+    proc = py(copy, """
+        from trainer.config import build_parser
+        from tui.suite.matrix import matrix_from_dict, expand
+        from tui.suite.backends.kube.values import run_overrides
+        helps = {a.dest: a.help for a in build_parser()._actions}
+        assert "A knob that exists only" in helps["throwaway_knob"] and "(default: 3)" in helps["throwaway_knob"]
+        specs, errors = expand(matrix_from_dict({"strategies": ["ddp"], "world_sizes": [1], "throwaway_knob": [2, 3]}))
+        assert errors == [] and len(specs) == 2 and specs[0].config_id != specs[1].config_id, errors
+        args = specs[1].trainer_args()
+        assert args[args.index("--throwaway-knob") + 1] == "3", args
+        assert run_overrides(specs[1])["run"]["throwawayKnob"] == 3
+        _, errors = expand(matrix_from_dict({"strategies": ["ddp"], "world_sizes": [1], "throwaway_knob": 0}))
+        assert errors == ["throwaway_knob must be at least 1, got 0"], errors
+    """)
+    assert proc.returncode == 0, proc.stderr
+    cli = py(copy, "", "-m", "tui.suite.cli", "run", "--dry-run", "--strategies", "ddp", "--world-sizes", "1",
+             "--repeats", "1", "--throwaway-knob", "5")
+    assert cli.returncode == 0 and "--throwaway-knob 5" in cli.stdout, cli.stderr
+
+
+def test_the_chart_generator_picks_it_up(copy):
+    stale = py(copy, "", "scripts/gen_chart_contract.py", "--check")
+    assert stale.returncode == 1 and "contract.json is out of date" in stale.stderr
+    assert py(copy, "", "scripts/gen_chart_contract.py").returncode == 0
+    contract = json.loads((copy / "chart" / "files" / "contract.json").read_text())
+    assert {"value": "throwawayKnob", "flag": "--throwaway-knob", "noFlag": "--no-throwaway-knob",
+            "type": "integer"} in contract["runFlags"]
+    schema = json.loads((copy / "chart" / "values.schema.json").read_text())
+    assert schema["properties"]["run"]["properties"]["throwawayKnob"] == {"type": "integer", "minimum": 1}
+    if not HELM.is_file():
+        pytest.skip("helm not installed (scripts/install-tools.sh)")
+    for sets, want in (((), None), (("--set", "run.throwawayKnob=5"), "5")):
+        out = subprocess.run([str(HELM), "template", "sb", str(copy / "chart"), *sets], capture_output=True,
+                             text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        job = next(d for d in yaml.safe_load_all(out.stdout) if d and d["kind"] == "MPIJob")
+        args = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["args"]
+        if want is None:  # not in values.yaml: the trainer's own default
+            assert "--throwaway-knob" not in args
+        else:
+            assert args[args.index("--throwaway-knob") + 1] == want
+
+
+@pytest.mark.slow
+def test_a_real_run_records_it_and_the_csv_compares_on_it(copy, tmp_path):
+    out = tmp_path / "run"
+    run = py(copy, "", "-m", "trainer", "--strategy", "ddp", "--seq-len", "16", "--steps", "3",
+             "--warmup-steps", "1", "--device", "cpu", "--throwaway-knob", "7", "--output-dir", str(out),
+             timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    record = json.loads((out / "result.json").read_text())
+    assert record["settings"]["throwaway_knob"] == 7
+    proc = py(copy, f"""
+        import json
+        from tui.suite import analysis, metrics
+        record = json.load(open({str(out / 'result.json')!r}))
+        df = metrics.to_frame([record])
+        assert df.loc[0, "throwaway_knob"] == 7
+        assert "throwaway_knob" in analysis.LOSS_GROUP and "throwaway_knob" in analysis.SCALING_GROUP
+        path = metrics.write_csv(df, {str(tmp_path / 'metrics.csv')!r})
+        assert "throwaway_knob" in open(path).readline().split(",")
+    """)
+    assert proc.returncode == 0, proc.stderr

@@ -1,0 +1,65 @@
+"""A new strategy is a row of trainer.contract.STRATEGIES plus its implementation (dispatched by
+engine): with a throwaway row `ddpcopy` (a copy of ddp's, so ddp's implementation runs it) added
+before anything else imports the contract, every strategy-parametrised test that runs ddp also
+runs ddpcopy, and the trainer trains it and records it. Nothing else is edited."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+ORIGINAL = {"ddp", "fsdp", "zero1", "zero2", "zero3"}
+PLUGIN = '''
+import dataclasses
+from trainer import contract
+contract.STRATEGIES["ddpcopy"] = dataclasses.replace(contract.STRATEGIES["ddp"], name="ddpcopy",
+                                                     summary="a throwaway copy of ddp (test_strategy_flow.py)")
+'''
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory) -> dict[str, str]:
+    plugin_dir = tmp_path_factory.mktemp("plugin")
+    (plugin_dir / "sb_new_strategy.py").write_text(PLUGIN)
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(plugin_dir), str(REPO)]),
+            "PYTHONWARNINGS": "ignore::FutureWarning"}
+
+
+@pytest.mark.slow  # collects three test folders in a subprocess (~20 s)
+def test_every_strategy_parametrised_test_runs_the_new_row(env):
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "sb_new_strategy",
+                           "-p", "no:cacheprovider", "tests/trainer", "tests/suite", "tests/chart"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    ids: dict[str, set[str]] = defaultdict(set)
+    for line in proc.stdout.splitlines():
+        m = re.match(r"^(\S+::\S+?)\[(.*)\]$", line.strip())
+        if m:
+            ids[m.group(1)].add(m.group(2))
+    # Parametrised over the strategies: an id that is a strategy alone, or every strategy in some
+    # combination (chart renders of strategy x launcher). Hand-picked pairs (a strategy with the
+    # damage, launcher or collective it is checked with) are samples, not the table.
+    def tokens(test):
+        return {t for i in ids[test] for t in re.split(r"-", i)}
+    over_strategies = [t for t in ids if "ddp" in ids[t] or ORIGINAL <= tokens(t)]
+    assert len(over_strategies) >= 10, over_strategies  # strategy runs, checkpoints, faults, chart
+    missing = [t for t in over_strategies if "ddpcopy" not in tokens(t)]
+    assert missing == [], f"parametrised over strategies but not from the contract's table: {missing}"
+
+
+@pytest.mark.slow
+def test_the_trainer_trains_the_new_row(env, tmp_path):
+    code = ("import sb_new_strategy, sys; from trainer.cli import main; sys.exit(main(sys.argv[1:]))")
+    run = subprocess.run([sys.executable, "-c", code, "--strategy", "ddpcopy", "--seq-len", "16", "--steps", "3",
+                          "--warmup-steps", "1", "--device", "cpu", "--output-dir", str(tmp_path)],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    record = json.loads((tmp_path / "result.json").read_text())
+    assert record["status"] == "ok" and record["strategy"] == "ddpcopy" and record["run_id"].startswith("ddpcopy-w1-")

@@ -1,0 +1,134 @@
+"""What each RunConfig field is to the rest of shardbench, derived from its type and metadata
+(trainer/config.py `knob()`), so a new knob is one field there and nothing else.
+
+Every field but `argv` is a trainer flag, a matrix key, a `shardbench run` flag and a key of the
+record's `settings`. From the metadata:
+- measured (not `recorded_only`): part of the config id, a metrics.csv column (unless the CSV
+  already has the column, or `column=` names it), a key of every scaling base;
+- a measured field is in the loss check's group (runs must share it to be compared step by step)
+  unless `same_loss=True` says runs that differ only there must follow one curve; the model's
+  fields are compared through model_key, the batch through global_batch;
+- `per_world=True`: follows the world size at a fixed global batch, so not in a scaling base;
+- `chart=True`: a first-class chart value `run.<camelCase>` whose flag the chart's template
+  writes from chart/files/contract.json (scripts/gen_chart_contract.py); any other knob reaches a
+  cluster run through run.extraArgs.
+A field added the plain way (`x: int = 3`, or `knob(3, min=1)`) is thus measured, splits loss
+groups and scaling bases, gets a CSV column and goes to the chart in extraArgs: the safe default.
+Torch-free (the suite and the TUI import it at start-up).
+"""
+from __future__ import annotations
+
+import typing
+from dataclasses import MISSING, Field, fields
+from typing import Any, Callable, Literal
+
+from trainer.config import MODEL_FIELDS, RunConfig, to_argv
+from trainer.fielddocs import field_docs
+
+SUITE_SET = ("run_id", "repeat", "output_dir")
+"""Fields the suite sets per run from its own bookkeeping (never a matrix key)."""
+
+
+def _meta(f: Field, key: str) -> Any:
+    return f.metadata.get(key)
+
+
+def knob_fields(cls: type = RunConfig) -> list[Field]:
+    """Every setting of a run (RunConfig's fields less `argv`, the command line itself)."""
+    return [f for f in fields(cls) if _meta(f, "recorded_only") != "argv"]
+
+
+def measured(cls: type = RunConfig) -> list[Field]:
+    return [f for f in knob_fields(cls) if not _meta(f, "recorded_only")]
+
+
+def default(name: str, cls: type = RunConfig) -> Any:
+    """RunConfig's default of a field (MISSING for strategy): the one place it is written."""
+    f = next(f for f in fields(cls) if f.name == name)
+    return f.default_factory() if f.default_factory is not MISSING else f.default
+
+
+def settings(cfg: Any) -> dict[str, Any]:
+    """The record's `settings`: every knob of the run as given (JSON values)."""
+    return {f.name: getattr(cfg, f.name) for f in knob_fields(type(cfg))}
+
+
+def column(f: Field) -> str:
+    """The metrics.csv column of a measured field."""
+    return _meta(f, "column") or f.name
+
+
+def loss_group(cls: type = RunConfig) -> list[str]:
+    """Columns runs must share for the loss check to compare their curves step by step."""
+    keys = [column(f) for f in measured(cls) if not _meta(f, "same_loss") and f.name not in MODEL_FIELDS]
+    return ["model_key", "global_batch", *keys]
+
+
+def scaling_keys(cls: type = RunConfig) -> list[str]:
+    """Columns a scaling base shares with the runs it is the base of (world size excepted)."""
+    return [column(f) for f in measured(cls) if not _meta(f, "per_world")]
+
+
+def chart_fields(cls: type = RunConfig) -> list[Field]:
+    """First-class chart values, in RunConfig's order (the order of their flags)."""
+    return [f for f in knob_fields(cls) if _meta(f, "chart")]
+
+
+def camel(name: str) -> str:
+    """micro_batch -> microBatch (the chart's value names)."""
+    head, *rest = name.split("_")
+    return head + "".join(p.capitalize() for p in rest)
+
+
+def base_type(cls: type, name: str) -> Any:
+    """int, float, bool, str, or the Literal, with Optional stripped."""
+    kind = typing.get_type_hints(cls)[name]
+    if typing.get_origin(kind) is Literal:
+        return kind
+    args = [a for a in typing.get_args(kind) if a is not type(None)]
+    return args[0] if args else kind
+
+
+def is_numeric(cls: type, name: str) -> bool:
+    return base_type(cls, name) in (int, float)
+
+
+def csv_columns(have: set[str], cls: type = RunConfig) -> list[tuple[str, str, Callable[[dict], Any]]]:
+    """(column, description, reader) for every measured knob the CSV does not have yet: read from
+    the record's `settings`, else (older records) a top-level field or `optimizer` entry."""
+    docs = field_docs(cls)
+    out = []
+    for f in measured(cls):
+        name = column(f)
+        if name not in have:
+            out.append((name, docs.get(f.name, "").split(". ")[0], _reader(f.name)))
+    return out
+
+
+def _reader(name: str) -> Callable[[dict], Any]:
+    def get(record: dict) -> Any:
+        for where in (record.get("settings"), record, record.get("optimizer")):
+            if isinstance(where, dict) and name in where:
+                return where[name]
+        return None
+    return get
+
+
+def command_line(cfg: Any, first: typing.Iterable[str] = (), skip: typing.Iterable[str] = ()) -> list[str]:
+    """The trainer's command line for `cfg`: the fields in `first` always (in that order), then
+    every other knob whose value is not RunConfig's default, in declaration order (less `skip`).
+    trainer.config.parse_args of it gives `cfg` back; the one generator of trainer arguments."""
+    first, skip = list(first), set(skip)
+    rest = [f.name for f in knob_fields(type(cfg)) if f.name not in first and f.name not in skip
+            and getattr(cfg, f.name) != default(f.name, type(cfg))]
+    return to_argv(cfg, first + rest)
+
+
+def chart_run_values(cfg: Any) -> dict[str, Any]:
+    """The chart's `run:` values of the first-class knobs."""
+    return {camel(f.name): getattr(cfg, f.name) for f in chart_fields(type(cfg))}
+
+
+__all__ = ["SUITE_SET", "base_type", "camel", "chart_fields", "chart_run_values", "column", "command_line",
+           "csv_columns", "default", "is_numeric", "knob_fields", "loss_group", "measured", "scaling_keys",
+           "settings"]
