@@ -9,19 +9,20 @@ A checkpoint is a directory `<checkpoint-dir>/step-00000012/` holding:
   scheduler (torch strategies), and the history the final record needs (losses averaged over
   ranks, measured step times, checkpoint costs, restarts);
 - `manifest.json`, written last: every file's size, sha256 and writing rank.
+Files on disk (commit, verify, rotate) are trainer/checkpoint_files.py's.
 
 Atomic: everything is written into `.tmp-step-00000012/`, every file and the directory are
 fsynced, the manifest is written, and only then is the directory renamed into place. A crash
 leaves at most a `.tmp-*` directory, which resume ignores. On resume every file is checked
-against the manifest; a checkpoint that fails is skipped for the one before it, with a warning.
+against the manifest; a checkpoint that fails is skipped for the one before it, with a warning,
+and is remembered as rejected: the save that reaches its step replaces it, rotation deletes it.
 """
 from __future__ import annotations
 
-import hashlib
+import errno
 import json
 import os
 import random
-import re
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -33,102 +34,8 @@ import torch.distributed as dist
 
 from trainer import contract
 
-STEP_DIR = re.compile(r"^step-(\d{8})$")
-TMP_PREFIX = ".tmp-"
-MANIFEST = "manifest.json"
-STATE = "trainer_state.json"
-DS_TAG = "deepspeed"
-# Which rank wrote a file, from its name (DCP: __<rank>_<n>.distcp; DeepSpeed:
-# zero_pp_rank_<rank>_...; ours: rng-rank<rank>.pt). Anything else is rank 0's.
-_RANK_OF_FILE = (re.compile(r"__(\d+)_\d+\.distcp$"), re.compile(r"zero_pp_rank_(\d+)_"),
-                 re.compile(r"rng-rank(\d+)\.pt$"))
-
-
-def step_dir_name(step: int) -> str:
-    return f"step-{step:08d}"
-
-
-# --- files: manifest, verification, listing, rotation ----------------------------------------
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _rank_of(name: str) -> int:
-    for pattern in _RANK_OF_FILE:
-        m = pattern.search(name)
-        if m:
-            return int(m.group(1))
-    return 0
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _files(root: Path) -> list[Path]:
-    return sorted(p for p in root.rglob("*") if p.is_file() and p.name != MANIFEST)
-
-
-def commit(tmp: Path, final: Path) -> dict[str, Any]:
-    """fsync every file of `tmp`, write its manifest, rename it to `final` (atomic on one file
-    system) and fsync the parent so the rename survives a crash. Returns the manifest."""
-    files = {}
-    for path in _files(tmp):
-        _fsync(path)
-        rel = path.relative_to(tmp).as_posix()
-        files[rel] = {"size": path.stat().st_size, "sha256": _sha256(path), "rank": _rank_of(path.name)}
-    for d in sorted({p.parent for p in tmp.rglob("*")} | {tmp}, key=lambda p: -len(p.parts)):
-        _fsync(d)
-    manifest = {"files": files}
-    with open(tmp / MANIFEST, "w") as fh:
-        json.dump(manifest, fh, indent=1)
-        fh.flush()
-        os.fsync(fh.fileno())
-    _fsync(tmp)
-    os.rename(tmp, final)
-    _fsync(final.parent)
-    return manifest
-
-
-def verify(path: Path) -> str | None:
-    """Why the checkpoint at `path` cannot be trusted, or None when every file matches its
-    manifest (present, same size, same sha256)."""
-    try:
-        files = json.loads((path / MANIFEST).read_text())["files"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return "no readable manifest (a partial checkpoint)"
-    for rel, meta in files.items():
-        f = path / rel
-        if not f.is_file():
-            return f"{rel} is missing"
-        if f.stat().st_size != meta.get("size"):
-            return f"{rel} has {f.stat().st_size} bytes, the manifest says {meta.get('size')}"
-        if _sha256(f) != meta.get("sha256"):
-            return f"{rel} does not match its sha256 (corrupt)"
-    return None
-
-
-def committed(root: Path) -> list[tuple[int, Path]]:
-    """(step, path) of the checkpoint directories under `root`, newest first."""
-    if not root.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := STEP_DIR.match(p.name)) and p.is_dir()]
-    return sorted(found, reverse=True)
-
-
-def rotate(root: Path, keep: int) -> None:
-    """Delete all but the `keep` newest checkpoints."""
-    for _, path in committed(root)[keep:]:
-        shutil.rmtree(path, ignore_errors=True)
+from trainer.checkpoint_files import (DS_TAG, MANIFEST, STATE, TMP_PREFIX, commit, committed,  # noqa: F401
+                                      no_space, rotate, step_dir_name, verify)
 
 
 def sizes_per_rank(manifest: dict[str, Any], world_size: int) -> list[int]:
@@ -138,25 +45,28 @@ def sizes_per_rank(manifest: dict[str, Any], world_size: int) -> list[int]:
     return out
 
 
-def choose(root: Path, resume: str) -> tuple[Path | None, list[str]]:
-    """The checkpoint to resume from and warnings about the ones passed over. `resume`: never,
-    auto (the newest valid one under `root`, or none) or a checkpoint directory."""
+def choose(root: Path, resume: str) -> tuple[Path | None, list[str], list[str]]:
+    """The checkpoint to resume from, warnings about the ones passed over, and the names of those
+    rejected (every one newer than the choice). `resume`: never, auto (the newest valid one
+    under `root`, or none) or a checkpoint directory."""
     if resume == "never":
-        return None, []
+        return None, [], []
     if resume != "auto":
         path = Path(resume)
         problem = verify(path)
         if problem:
             raise RuntimeError(f"--resume {resume}: {problem}")
-        return path, []
+        return path, [], []
     warnings = [f"checkpoint {p.name} ignored: never committed (the run stopped while writing it)"
                 for p in sorted(root.glob(TMP_PREFIX + "*"))] if root.is_dir() else []
+    rejected = []
     for _, path in committed(root):
         problem = verify(path)
         if problem is None:
-            return path, warnings
+            return path, warnings, rejected
+        rejected.append(path.name)
         warnings.append(f"checkpoint {path.name} skipped: {problem}; trying the one before it")
-    return None, warnings
+    return None, warnings, rejected
 
 
 def tied_aliases(model_sd: dict[str, Any]) -> dict[str, str]:
@@ -232,6 +142,7 @@ class Checkpointer:
         self.root = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else Path(cfg.resume).parent
         self.deepspeed = contract.is_deepspeed(cfg.strategy)
         self.stats = Stats()
+        self.rejected: list[str] = []  # checkpoints resume skipped (rank 0): replaced or rotated away
         self._pending = None  # (future, tmp, final, started) of an async save in flight
         # An async save runs collectives from a background thread: on a group of its own, never
         # on the one the training step uses at the same moment.
@@ -254,6 +165,12 @@ class Checkpointer:
             return box[0]
         return obj
 
+    def _measured(self) -> dict[str, Any]:
+        """The run's measured settings, which a resume must match (trainer/checkpoint_guard.py)."""
+        from trainer.checkpoint_guard import settings_to_save
+
+        return settings_to_save(self.cfg, self.world)
+
     def due(self, step: int) -> bool:
         return self.cfg.checkpoint_every > 0 and step % self.cfg.checkpoint_every == 0 and step < self.cfg.steps
 
@@ -274,6 +191,29 @@ class Checkpointer:
     def save(self, step: int, history: dict[str, Any]) -> float:
         """Write the checkpoint of `step` (all ranks call it). Returns the seconds the loop was
         blocked; an async save finishes in the background and is committed by poll()."""
+        try:
+            return self._save(step, history)
+        except BaseException as exc:  # DCP's CheckpointException is a BaseException
+            self._full(step, exc)
+            raise
+
+    def _full(self, step: int, exc: BaseException) -> None:
+        """A save that ran out of space says so (torch's own errors often drop the errno); the
+        partial checkpoint is removed so that result.json, perhaps on the same volume, fits."""
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)) or not no_space(self.root, exc):
+            return
+        if self.rank == 0:
+            for partial in self.root.glob(TMP_PREFIX + "*"):
+                shutil.rmtree(partial, ignore_errors=True)
+        try:
+            st = os.statvfs(self.root)
+            free = f"{st.f_bavail * st.f_frsize // 1024} KiB free after removing the partial checkpoint"
+        except OSError:
+            free = "free space unknown"
+        raise OSError(errno.ENOSPC, f"checkpoint of step {step} not written: no space left on device under "
+                      f"{self.root} ({free}): free space or give another --checkpoint-dir") from exc
+
+    def _save(self, step: int, history: dict[str, Any]) -> float:
         t0 = time.perf_counter()
         self.stats.saves += 1
         self.wait()  # one save in flight at a time
@@ -286,7 +226,7 @@ class Checkpointer:
         torch.save(rng_state(), tmp / f"rng-rank{self.rank}.pt")
         if self.rank == 0:
             state = {"step": step, "key": resume_key(self.cfg, self.world), "world_size": self.world,
-                     "history": history}
+                     "measured": self._measured(), "history": history}
             if not self.deepspeed:
                 state["scheduler"] = self.strategy.scheduler.state_dict()
             (tmp / STATE).write_text(json.dumps(state))
@@ -317,7 +257,8 @@ class Checkpointer:
         sizes = None
         if self.rank == 0:
             sizes = sizes_per_rank(commit(tmp, final), self.world)
-            rotate(self.root, self.cfg.keep_checkpoints)
+            rotate(self.root, self.cfg.keep_checkpoints, int(final.name.split("-")[1]), self.rejected)
+            self.rejected = []  # replaced by this save or deleted by the rotation
         sizes = self._broadcast(sizes)
         self._barrier()
         self.stats.sizes = sizes
@@ -343,8 +284,12 @@ class Checkpointer:
             return
         future, tmp, final, t0 = self._pending
         self._pending = None
-        future.result()
-        self._finish(tmp, final, t0)
+        try:
+            future.result()
+            self._finish(tmp, final, t0)
+        except BaseException as exc:
+            self._full(int(final.name.split("-")[1]), exc)
+            raise
 
     # -- load ---------------------------------------------------------------------------------
     def resume(self) -> tuple[int, dict[str, Any], list[str]]:
@@ -354,7 +299,7 @@ class Checkpointer:
         chosen = None
         if self.rank == 0:
             try:
-                path, warnings = choose(self.root, self.cfg.resume)
+                path, warnings, self.rejected = choose(self.root, self.cfg.resume)
                 chosen = (str(path) if path else None, warnings, None)
             except RuntimeError as exc:
                 chosen = (None, [], str(exc))

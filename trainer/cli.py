@@ -24,6 +24,7 @@ from trainer.config import ConfigError, RunConfig, parse_args
 from trainer.dist_env import detect
 from trainer.lifeline import tie_to_launcher
 from trainer.record import emit, write_atomic
+from trainer.streams import tolerate_closed_readers
 
 
 class Terminated(Exception):
@@ -32,32 +33,6 @@ class Terminated(Exception):
 
 def _on_signal(signum, _frame):
     raise Terminated(f"terminated by signal {signal.Signals(signum).name}")
-
-
-class _TolerantStream:
-    """stdout that survives its reader going away (`| head`): progress lines and the record are
-    for watchers; the run and its result.json must not die with them."""
-
-    def __init__(self, inner):
-        self._inner, self.broken = inner, False
-
-    def write(self, text: str) -> int:
-        if not self.broken:
-            try:
-                return self._inner.write(text)
-            except (OSError, ValueError):
-                self.broken = True
-        return len(text)
-
-    def flush(self) -> None:
-        if not self.broken:
-            try:
-                self._inner.flush()
-            except (OSError, ValueError):
-                self.broken = True
-
-    def __getattr__(self, name):
-        return getattr(self._inner, name)
 
 
 def check_output_dir(path: str) -> None:
@@ -77,7 +52,7 @@ def check_output_dir(path: str) -> None:
                           "give a directory this user can write, with free space") from None
 
 
-def check(cfg: RunConfig, world_size: int, rank: int = 0) -> None:
+def check(cfg: RunConfig, world_size: int, rank: int = 0, denv=None) -> None:
     """The contract's rules, then DeepSpeed installed where needed (memory that must fit is
     checked by trainer.devices once the device is known)."""
     errors = rules.validate(cfg, world_size)
@@ -85,6 +60,10 @@ def check(cfg: RunConfig, world_size: int, rank: int = 0) -> None:
         raise ConfigError(errors[0])
     if cfg.output_dir and rank == 0:
         check_output_dir(cfg.output_dir)
+    if rank == 0 and denv is not None and (cfg.checkpoint_dir or cfg.resume not in ("auto", "never")):
+        from trainer.checkpoint_guard import prepare
+
+        prepare(cfg, world_size, denv.local_world_size, denv.launcher)  # writable, locked, same settings
     if contract.is_deepspeed(cfg.strategy) and importlib.util.find_spec("deepspeed") is None:
         raise ConfigError(f"--strategy {cfg.strategy} needs DeepSpeed, which is not installed: "
                           "run scripts/bootstrap.sh (or pip install deepspeed after torch)")
@@ -110,11 +89,11 @@ def main(argv: list[str] | None = None) -> int:
     process_start = time.time()
     argv = sys.argv[1:] if argv is None else argv
     tie_to_launcher()  # first: a rank must not outlive a launcher that dies while torch imports
-    sys.stdout = _TolerantStream(sys.stdout)
+    tolerate_closed_readers()  # stdout and stderr: a dead reader must not stop the record
     cfg = parse_args(argv)
     denv = detect()
     try:
-        check(cfg, denv.world_size, denv.rank)
+        check(cfg, denv.world_size, denv.rank, denv)
         from trainer.env_info import process_start_time
         from trainer.train import Trainer  # torch is imported only after the cheap checks
 
@@ -137,17 +116,22 @@ def main(argv: list[str] | None = None) -> int:
         trainer.train(process_start)
         record = trainer.finish(process_start)
     except BaseException as exc:  # noqa: BLE001 - every failure becomes a record
+        _hold_signals()
         record = trainer.record
         trainer.fill_timings(record)
         record.status = classify(exc)
         record.error = describe(exc)
+        _report(record, cfg, denv.rank)  # the record first: nothing printed may come before it
         print(f"rank {denv.rank}: {record.status}: {record.error}", file=sys.stderr, flush=True)
-        _report(record, cfg, denv.rank)
+        _release_signals()
         _end_metrics(metrics, record, cfg, hold=not isinstance(exc, Terminated))  # stopped: no lingering
         # A broken process group can hang in its destructors: skip them.
         _exit_now(1)
+    _hold_signals()
     saved = _report(record, cfg, denv.rank)
+    _release_signals()  # only for the metrics hold: a signal may end it at once, the record is out
     _end_metrics(metrics, record, cfg)
+    _hold_signals()
     if not saved:
         _exit_now(1)
     _shutdown()
@@ -155,6 +139,19 @@ def main(argv: list[str] | None = None) -> int:
     # after Python is gone ("terminate called without an active exception", about 1 run in 12
     # at world size 2 on this 2-core machine). Everything is reported by now, so skip it.
     _exit_now(0)
+
+
+def _release_signals() -> None:
+    """The record is out: a signal may now end the process at once (e.g. during the metrics hold)."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _hold_signals() -> None:
+    """The run is over and its record is being written: a second SIGTERM/SIGINT (a launcher
+    passing on the first, a Ctrl-C again) must not interrupt that."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _report(record, cfg: RunConfig, rank: int) -> bool:

@@ -154,6 +154,9 @@ class RunConfig:
     expected_tokens_per_s: float | None = knob(None, above=0, recorded_only=True)
     """Throughput the run is expected to reach (a planner's prediction or the shape's), exported
     as shardbench_expected_tokens_per_second for the throughput alert."""
+    resume_allow: str | None = knob(None, recorded_only=True)
+    """Measured settings a resume may change, comma-separated: world_size (ddp, fsdp), steps,
+    checkpointing (trainer/checkpoint_guard.py ALLOWABLE); any other change is refused."""
     argv: list[str] = field(default_factory=list, metadata={"recorded_only": "argv"})
     """The command line this config came from (recorded; not a flag)."""
 

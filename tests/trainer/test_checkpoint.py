@@ -24,6 +24,9 @@ STEPS, EVERY = 8, 3
 COMMON = ["--model", "tiny", "--seq-len", "32", "--global-batch", "8", "--steps", str(STEPS),
           "--warmup-steps", "1", "--precision", "fp32", "--seed", "11", "--lr", "1e-3",
           "--lr-warmup-steps", "2", "--progress-every", "100"]
+# A resumed run that saves no more checkpoints changes a measured setting (checkpoint_every):
+# allowed explicitly (trainer/checkpoint_guard.py).
+NO_SAVES = ("--resume-allow", "checkpointing")
 
 
 def train(strategy: str, world: int, tmp: Path, *extra: str):
@@ -49,7 +52,7 @@ def runs(tmp_path_factory):
             ckpt = tmp / "ckpt"
             full = train(strategy, world, tmp, "--checkpoint-dir", str(ckpt), "--checkpoint-every", str(EVERY))
             resumed = train(strategy, world, tmp, "--checkpoint-dir", str(tmp / "other"),
-                            "--resume", str(ckpt / checkpoint.step_dir_name(3)))
+                            "--resume", str(ckpt / checkpoint.step_dir_name(3)), *NO_SAVES)
             out[(strategy, world)] = (full, ckpt, resumed)
     return out
 
@@ -91,7 +94,7 @@ def test_fsdp_resumes_at_another_world_size(runs, tmp_path):
     for saved, resumed_at in ((2, 1), (1, 2)):
         full, ckpt, _ = runs[("fsdp", saved)]
         other = train("fsdp", resumed_at, tmp_path, "--checkpoint-dir", str(tmp_path / f"c{saved}"),
-                      "--resume", str(ckpt / checkpoint.step_dir_name(3)))
+                      "--resume", str(ckpt / checkpoint.step_dir_name(3)), "--resume-allow", "checkpointing,world_size")
         assert_same(other["loss_per_step"], full["loss_per_step"], rel=1e-4)
         assert other["checkpoint"]["resumed_from_step"] == 3
 
@@ -114,7 +117,7 @@ def test_a_bad_latest_checkpoint_falls_back_to_the_previous_one(runs, tmp_path, 
         else:
             del data[len(data) // 2:]
         biggest.write_bytes(bytes(data))
-    resumed = train(strategy, 2, tmp_path, "--checkpoint-dir", str(copy))  # --resume auto
+    resumed = train(strategy, 2, tmp_path, "--checkpoint-dir", str(copy), *NO_SAVES)  # --resume auto
     assert resumed["checkpoint"]["resumed_from_step"] == 3
     assert any(latest.name in w for w in resumed["warnings"]), resumed["warnings"]
     assert_same(resumed["loss_per_step"], full["loss_per_step"], rel=1e-6)
@@ -128,13 +131,13 @@ def test_async_save_resumes_exactly(runs, tmp_path):
     assert asynchronous["checkpoint"]["async_save"] and asynchronous["checkpoint"]["saves"] == 2
     assert_same(asynchronous["loss_per_step"], full["loss_per_step"], rel=1e-6)
     resumed = train("fsdp", 2, tmp_path, "--checkpoint-dir", str(ckpt), "--resume",
-                    str(ckpt / checkpoint.step_dir_name(6)))
+                    str(ckpt / checkpoint.step_dir_name(6)), *NO_SAVES)
     assert_same(resumed["loss_per_step"], full["loss_per_step"], rel=1e-6)
 
 
 def test_resume_from_a_path_without_a_checkpoint_dir(runs, tmp_path):
     full, ckpt, _ = runs[("zero1", 1)]
-    resumed = train("zero1", 1, tmp_path, "--resume", str(ckpt / checkpoint.step_dir_name(6)))
+    resumed = train("zero1", 1, tmp_path, "--resume", str(ckpt / checkpoint.step_dir_name(6)), *NO_SAVES)
     assert resumed["checkpoint"]["resumed_from_step"] == 6 and resumed["checkpoint"]["saves"] == 2
     assert_same(resumed["loss_per_step"], full["loss_per_step"], rel=1e-6)
 
@@ -147,12 +150,3 @@ def test_resume_never_and_an_empty_dir_start_from_scratch(tmp_path):
 def test_checkpoint_every_without_a_dir_is_refused_before_anything_runs(tmp_path):
     run = run_trainer(["--strategy", "ddp", "--checkpoint-every", "5"], tmp_path)
     assert run.returncode == 2 and "--checkpoint-dir" in run.stderr and len(run.stderr.strip().splitlines()) == 1
-
-
-def test_a_corrupt_file_is_found_by_verify(tmp_path):
-    (tmp_path / "t").mkdir()
-    (tmp_path / "t" / "a.bin").write_bytes(b"x" * 100)
-    checkpoint.commit(tmp_path / "t", tmp_path / "step-00000001")
-    assert checkpoint.verify(tmp_path / "step-00000001") is None
-    (tmp_path / "step-00000001" / "a.bin").write_bytes(b"y" * 100)
-    assert "sha256" in checkpoint.verify(tmp_path / "step-00000001")

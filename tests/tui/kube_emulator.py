@@ -39,7 +39,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import kmock
@@ -269,13 +269,16 @@ def set_pod_status(emu: Emulator, pod: str, status: dict, namespace: str = NAMES
 
 
 def add_event(emu: Emulator, name: str, reason: str, message: str, kind: str = "Pod",
-              namespace: str = NAMESPACE) -> None:
-    """A Warning event about object `name` (what `kubectl describe` lists under Events)."""
+              namespace: str = NAMESPACE, age_s: float = 0.0) -> None:
+    """A Warning event about object `name` (what `kubectl describe` lists under Events), last
+    seen `age_s` seconds ago (an earlier attempt's event is minutes old)."""
+    seen = datetime.now(timezone.utc) - timedelta(seconds=age_s)
     emu.objects["v1/events", namespace, f"{name}.{reason.lower()}"] = {
         "apiVersion": "v1", "kind": "Event",
         "metadata": {"name": f"{name}.{reason.lower()}", "namespace": namespace},
         "involvedObject": {"kind": kind, "name": name, "namespace": namespace},
-        "type": "Warning", "reason": reason, "message": message, "lastTimestamp": "2026-01-01T00:00:00Z",
+        "type": "Warning", "reason": reason, "message": message,
+        "lastTimestamp": seen.strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
 
 

@@ -113,12 +113,13 @@ async def test_run_installs_watches_streams_collects_and_uninstalls(cluster, tmp
         return job
 
     op = asyncio.create_task(operator())
-    record, events = await run_in_thread(backend(kubeconfig, helm), s, tmp_path / "run")
+    b = backend(kubeconfig, helm)
+    record, events = await run_in_thread(b, s, tmp_path / "run")
     assert op.done() or not op.cancel(), record.get("error")
     job = await op
 
     # helm created the real chart's MPIJob with this run's values, in the context's namespace.
-    assert job["metadata"]["name"] == f"{release_name(s.run_id)}-shardbench"
+    assert job["metadata"]["name"] == f"{release_name(s.run_id, b.suite)}-shardbench"
     assert requests(emu, "POST", f"/namespaces/{NAMESPACE}/mpijobs")
     # helm 4 sends its objects by server-side apply, helm 3 by create.
     applied_job = [p for p in emu.applied if "/mpijobs/" in p]

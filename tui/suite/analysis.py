@@ -201,19 +201,27 @@ def _configs(df: pd.DataFrame) -> list[Config]:
     out: list[Config] = []
     if ok.empty:
         return out
-    for _, group in ok.groupby(_keys(ok, CONFIG_KEYS), sort=False):
-        first = group.iloc[0]
-        c = Config({k: first[k] for k in CONFIG_KEYS}, list(group["run_id"]), list(group.index))
+    # Plain lists and groupby indices instead of a sub-frame per group: 5,000 records in
+    # 1,000 configurations took most of a report's time in pandas indexing (benchmarks/bench_report_5k.py).
+    state_cols = [f"model_state_{part}_gib" for part in STATE_PARTS]
+    cols = {c: ok[c].tolist() for c in dict.fromkeys([*CONFIG_KEYS, *SUMMARY_METRICS, *state_cols, "run_id",
+                                                       "comm_per_step", "settings"])}
+    labels = ok.index.tolist()
+    for rows in ok.groupby(_keys(ok, CONFIG_KEYS), sort=False).indices.values():
+        first = rows[0]
+        c = Config({k: cols[k][first] for k in CONFIG_KEYS}, [cols["run_id"][i] for i in rows],
+                   [labels[i] for i in rows])
         for m in SUMMARY_METRICS:
-            e = estimate(group[m])
+            e = estimate([cols[m][i] for i in rows])
             if e is not None:
                 c.est[m] = e
-        c.settings = first["settings"] if isinstance(first["settings"], dict) else {}
-        for part in STATE_PARTS:
-            e = estimate(group[f"model_state_{part}_gib"])
+        settings = cols["settings"][first]
+        c.settings = settings if isinstance(settings, dict) else {}
+        for part, col in zip(STATE_PARTS, state_cols):
+            e = estimate([cols[col][i] for i in rows])
             if e is not None:
                 c.breakdown[part] = e.mean
-        comm = [t for t in group["comm_per_step"] if isinstance(t, str) and t]
+        comm = [t for i in rows if isinstance(t := cols["comm_per_step"][i], str) and t]
         c.comm = comm[0] if comm else ""
         out.append(c)
     out.sort(key=lambda c: (str(c.strategy), c.world_size, str(c.seq_len), str(c.config_id)))
@@ -226,6 +234,7 @@ def _speedup(df: pd.DataFrame, configs: list[Config]) -> None:
     ignore = groups.specific([c.settings for c in configs])  # bucket size etc.: not a 1-device setting to match
     for c in configs:
         by_key.setdefault(groups.key(c.settings, SPEEDUP_EXCEPT | ignore), []).append(c)
+    tps, speedups = df["tokens_per_s"].to_dict(), {}
     for group in by_key.values():
         singles = [c for c in group if int(c.world_size) == 1]
         best = max(singles, key=lambda c: c.est["tokens_per_s"].mean) if singles else None
@@ -236,7 +245,14 @@ def _speedup(df: pd.DataFrame, configs: list[Config]) -> None:
             c.speedup_note = f"vs {best.label}"
             c.speedup = exact(c.n, 1.0) if c is best \
                 else ratio(c.est["tokens_per_s"], best.est["tokens_per_s"])
-            df.loc[c.index, "speedup_vs_best_1dev"] = df.loc[c.index, "tokens_per_s"] / best.est["tokens_per_s"].mean
+            speedups.update({i: tps[i] / best.est["tokens_per_s"].mean for i in c.index})
+    _assign(df, "speedup_vs_best_1dev", speedups)
+
+
+def _assign(df: pd.DataFrame, col: str, values: dict) -> None:
+    """df.loc[labels, col] = values in one step (a .loc per group was most of the analysis time)."""
+    if values:
+        df.loc[list(values), col] = pd.Series(values, dtype=object)
 
 
 OVERLOAD_INPUTS = ["host_cpus", "load_avg_1m_start", "load_avg_1m_end", "device", "devices_per_node", "threads_per_rank"]

@@ -19,8 +19,6 @@ import time
 from dataclasses import asdict, fields
 from pathlib import Path
 
-import yaml
-
 from trainer.config import RunConfig
 from trainer.flags import add_flags
 
@@ -38,18 +36,22 @@ def _knob(text: str) -> tuple[str, object]:
     key, sep, value = text.partition("=")
     if not sep or not key.strip():
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    from tui.suite import safe_yaml
+
     try:
-        return key.strip(), yaml.safe_load(value)
-    except yaml.YAMLError:
-        raise argparse.ArgumentTypeError(f"{key}: value {value!r} is not valid YAML") from None
+        return key.strip(), safe_yaml.load(value, f"--set {key.strip()}")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _yaml_value(text: str) -> object:
     """A knob's value as YAML (true, 2, [fp32, bf16]); 1e-4, which YAML 1.1 reads as text, a number."""
+    from tui.suite import safe_yaml  # bounded aliases, depth, no NUL: one line on bad input
+
     try:
-        value = yaml.safe_load(text)
-    except yaml.YAMLError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not valid YAML") from None
+        value = safe_yaml.load(text, repr(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
     return [_number(v) for v in value] if isinstance(value, list) else _number(value)
 
 
@@ -145,7 +147,9 @@ def effective_matrix(args: argparse.Namespace) -> MatrixSpec:
 
 def _keys_of(path: Path) -> list[str]:
     """The keys a matrix file sets itself (load_matrix has already checked it reads)."""
-    data = yaml.safe_load(path.read_text()) or {}
+    from tui.suite import safe_yaml
+
+    data = safe_yaml.load(path.read_text(errors="replace"), str(path)) or {}
     return list(data) + list(data.get("options") or {})
 
 
@@ -456,8 +460,15 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `shardbench run --dry-run | head` ends quietly
     args = build_parser().parse_args(argv)
+    if args.command == "run" and not args.dry_run:
+        # `| tee log` then Ctrl-C: tee dies first. Runs are still being ended and their records
+        # written, so a closed stdout is ignored (exit 130, records kept), never a SIGPIPE death.
+        from trainer.streams import tolerate_closed_readers
+
+        tolerate_closed_readers()
+    else:
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `shardbench run --dry-run | head` ends quietly
     started = time.monotonic()
     if args.command == "plan":
         from tui.suite.plan_cmd import cmd_plan

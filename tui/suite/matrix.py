@@ -20,6 +20,7 @@ import yaml
 
 from trainer import contract, rules
 from trainer.config import RunConfig, measured_fields
+from tui.suite import safe_yaml
 from tui.suite.fault_grammar import fault_errors, kube_fault_errors
 from tui.suite.specs import (_SUITE_OWNED, KNOB_KEYS, SHAPE_RUN_KEYS, STANDARD_ARGS,  # noqa: F401 (re-exported)
                              MatrixSpec, RunSpec, Shape)
@@ -62,11 +63,10 @@ def matrix_from_dict(data: Any) -> MatrixSpec:
 def load_matrix(path: str | os.PathLike) -> MatrixSpec:
     """Read a matrix YAML file; raises ValueError with one line on bad content."""
     try:
-        data = yaml.safe_load(Path(path).read_text()) or {}
+        text = Path(path).read_text(errors="replace")
     except OSError as exc:
         raise ValueError(f"cannot read matrix {path}: {exc.strerror or exc}") from None
-    except yaml.YAMLError as exc:
-        raise ValueError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from None
+    data = safe_yaml.load(text, str(path)) or {}  # bounded aliases, depth, no NUL (ValueError)
     try:
         return matrix_from_dict(data)
     except (TypeError, ValueError) as exc:
@@ -99,7 +99,7 @@ def load_shape(name: str, directory: Path | None = None) -> Shape:
         have = sorted(p.stem for p in directory.glob("*.yaml")) if directory.is_dir() else []
         raise ValueError(f"unknown shape {name!r}: no {path} (have: {', '.join(have) or 'none'})")
     try:
-        values = yaml.safe_load(path.read_text()) or {}
+        values = safe_yaml.load(path.read_text(errors="replace"), str(path)) or {}
         data, run = values.get("shape") or {}, values.get("run") or {}
         defaults = {SHAPE_RUN_KEYS[k]: ([v] if k == "seqLen" else v) for k, v in run.items() if k in SHAPE_RUN_KEYS}
         return Shape(name=name, gpus_per_node=_opt(data.get("gpusPerNode"), int),

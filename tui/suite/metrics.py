@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+from array import array
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -192,7 +193,9 @@ def read_record(path: Path) -> dict[str, Any]:
 
 def load_records(results_dir: str | Path) -> list[dict[str, Any]]:
     """One entry per results/<run-id>/result.json: the record, or an unreadable stand-in row."""
-    return [read_record(p) for p in sorted(Path(results_dir).glob("*/result.json"))]
+    from tui.suite.record_slim import compact  # per-step lists compacted as each file is read
+
+    return [compact(read_record(p)) for p in sorted(Path(results_dir).glob("*/result.json"))]
 
 
 def find_result_sets(root: str | Path, max_depth: int = 4) -> list[Path]:
@@ -257,6 +260,8 @@ def cost_per_mtok(usd_per_gpu_hour: float | None, world_size: int | None, tokens
 def loss_curve(record: dict[str, Any]) -> tuple[float, ...] | None:
     """loss_per_step as floats (anything else becomes NaN); None when not recorded."""
     losses = record.get("loss_per_step")
+    if isinstance(losses, array) and losses:  # already floats (tui/suite/record_slim.py)
+        return losses
     if not isinstance(losses, list) or not losses:
         return None
     return tuple(float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else math.nan for x in losses)

@@ -183,7 +183,13 @@ def _json(resp) -> dict:
         resp.release_conn()
 
 
-def short(exc: BaseException) -> str:
-    """An exception as one line of at most 300 characters."""
+def short(exc: BaseException, namespace: str | None = None) -> str:
+    """An exception as one line of at most 300 characters (an API error: what and what to do,
+    kube/errors.py, up to 600)."""
+    from tui.suite.backends.kube.errors import describe
+
+    api_error = describe(exc, namespace)
+    if api_error:
+        return api_error[:600]
     text = str(exc).strip().splitlines()
     return text[0][:300] if text else type(exc).__name__

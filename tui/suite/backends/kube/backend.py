@@ -17,6 +17,7 @@ launches with the `fault` fields of tui.suite.faults.merge.
 from __future__ import annotations
 
 import os
+import secrets
 import threading
 import time
 from pathlib import Path
@@ -25,9 +26,11 @@ from typing import Any
 from tui.suite.backends.kube import api as kapi
 from tui.suite.backends.kube import diagnosis as dx
 from tui.suite.backends.kube import storage
+from tui.suite.backends.kube.errors import FATAL, status_of
 from tui.suite.backends.kube.faults import LaunchWatch, replacement_failure, worker_pod
 from tui.suite.backends.kube.helm import NOT_FOUND, REPO_ROOT, Helm, find_helm
 from tui.suite.backends.kube.overrides import ImageChoice, attempt_values
+from tui.suite.backends.kube.ownership import not_ours
 from tui.suite.backends.kube.values import deep_merge, release_name, release_values
 from tui.suite.backends.kube.watch import JobWatch, LauncherLog
 from tui.suite.collect import extract, failed_record, now_iso
@@ -56,7 +59,7 @@ class KubeBackend:
                  poll_s: float = 2.0, server_side: str | None = None,
                  no_status_s: float = 60.0, log_read_timeout_s: float = 60.0,
                  cleanup_timeout_s: float = 180.0, image: ImageChoice | None = None,
-                 resume_checkpoints: bool = False):
+                 resume_checkpoints: bool = False, suite: str | None = None):
         self.kubeconfig = kubeconfig
         self.context = context
         self.namespace = namespace
@@ -83,6 +86,8 @@ class KubeBackend:
         """The image the pods run (--image...): overrides the values file's."""
         self.resume_checkpoints = resume_checkpoints
         """Continue from an earlier attempt's checkpoints instead of a fresh directory per attempt."""
+        self.suite = suite or secrets.token_hex(3)
+        """This suite's tag, the end of every release name it installs (kube/ownership.py)."""
         self._api = None
 
     # -- availability -------------------------------------------------------------------------
@@ -112,6 +117,9 @@ class KubeBackend:
             return False, "MPI Operator not installed: the cluster serves no kubeflow.org/v2beta1 mpijobs"
         return True, ""
 
+    def release_for(self, run_id: str) -> str:
+        return release_name(run_id, self.suite)
+
     def api(self):
         """A Kubernetes ApiClient for this backend's kubeconfig (raises with a one-line reason)."""
         if self._api is None:
@@ -134,12 +142,13 @@ class KubeBackend:
         run_dir.mkdir(parents=True, exist_ok=True)
         log = RunLog(run_dir / "log.txt", spec.run_id, emit)
         started = now_iso()
-        release = release_name(spec.run_id)
+        release = self.release_for(spec.run_id)
         try:
             record = self.attempt_class(self, spec, release, log, emit, cancel, timeout_s).execute()
         except Exception as exc:  # noqa: BLE001 - a run's failure, never the matrix's
-            log.line(f"[shardbench] {type(exc).__name__}: {kapi.short(exc)}")
-            record = failed_record(spec, f"kubernetes backend: {type(exc).__name__}: {kapi.short(exc)}")
+            why = kapi.short(exc, self.namespace)
+            log.line(f"[shardbench] {type(exc).__name__}: {why}")
+            record = failed_record(spec, f"kubernetes backend: {type(exc).__name__}: {why}")
             self.cleanup(release, record, log)
         finally:
             log.close()  # an abandoned log stream writes nothing after this
@@ -215,6 +224,13 @@ class Attempt:
 
     def execute(self) -> dict[str, Any]:
         self.emit(RunStateChanged(self.spec.run_id, "installing", f"helm release {self.release}"))
+        try:
+            foreign = not_ours(self.api, self.namespace, self.release, self.spec.run_id)
+        except Exception as exc:  # noqa: BLE001 - returned, not raised: the error path would uninstall
+            foreign = (f"cannot tell whether helm release {self.release} is this run's "
+                       f"({kapi.short(exc, self.namespace)}); nothing was installed or removed")
+        if foreign:  # never upgraded into shardbench, never uninstalled
+            return failed_record(self.spec, foreign)
         ended = self._clear_previous_attempt()
         if ended:
             return ended
@@ -302,6 +318,8 @@ class Attempt:
                     return None, failed_record(self.spec, why)
                 self._show_waiting(pods, shown)
             except Exception as exc:  # noqa: BLE001 - an API hiccup is no reason to end the run
+                if status_of(exc) in FATAL:  # ... but a missing permission or namespace is
+                    return None, failed_record(self.spec, f"kubernetes API: {kapi.short(exc, self.namespace)}")
                 self.log.line(f"[shardbench] reading the job's pods failed ({kapi.short(exc)}); retrying")
             if time.monotonic() > deadline:
                 waiting = "; ".join(f"{k}: {v}" for k, v in sorted(shown.items()))
@@ -325,7 +343,7 @@ class Attempt:
                 said = f"; its log ends: {' | '.join(tail)}" if tail else ""
                 return f"{dx.role(pod) or 'pod'} pod {name} failed before the run started: {failure}{said}"
         names = [self.job_name, f"{self.job_name}-launcher"]
-        refused = dx.rejection(kapi.list_events(self.api, self.namespace, names), names)
+        refused = dx.rejection(dx.since(kapi.list_events(self.api, self.namespace, names), self.began), names)
         if refused:
             return f"a pod of the run was refused by the cluster: {refused}"
         fatal, waiting = storage.diagnose(self.api, self.namespace, self.claim, pods)
@@ -351,7 +369,7 @@ class Attempt:
 
     def _show_events(self, name: str) -> None:
         try:
-            for text in dx.event_lines(kapi.list_events(self.api, self.namespace, [name]), name):
+            for text in dx.event_lines(dx.since(kapi.list_events(self.api, self.namespace, [name]), self.began), name):
                 self.log.line(text)
         except Exception as exc:  # noqa: BLE001
             self.log.line(f"[shardbench] no events for {name}: {kapi.short(exc)}")

@@ -11,6 +11,8 @@ launcher is then never created. An operator that is not running leaves the MPIJo
 """
 from __future__ import annotations
 
+from datetime import datetime
+
 from typing import Iterable
 
 JOB_LABEL = "training.kubeflow.org/job-name"
@@ -130,6 +132,22 @@ def event_lines(events: Iterable[dict], name: str) -> list[str]:
     """`[event] name: Warning Reason: message` lines for one object, oldest first."""
     mine = sorted((e for e in events if (e.get("involvedObject") or {}).get("name") == name), key=_event_time)
     return [f"[event] {name}: {e.get('type', '')} {e.get('reason', '')}: {e.get('message', '')}" for e in mine]
+
+
+def since(events: Iterable[dict], start: float) -> list[dict]:
+    """The events last seen at or after `start` (epoch seconds): a rerun's own. Events of an
+    earlier attempt of the same names (kept for an hour by default) must not end a new attempt
+    with their old reason. Event times have whole seconds, hence the one second of slack; an event
+    without a readable time is kept."""
+    out = []
+    for e in events:
+        try:
+            when = datetime.fromisoformat(_event_time(e).replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            when = None
+        if when is None or when >= start - 1.0:
+            out.append(e)
+    return out
 
 
 def _event_time(event: dict) -> str:

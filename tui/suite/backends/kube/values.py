@@ -15,10 +15,13 @@ CHART_CHECKPOINT_KNOBS = {"checkpoint_every": "every", "keep_checkpoints": "keep
 """Trainer knobs the chart's checkpoint values carry (it passes them with --checkpoint-dir)."""
 
 
-def release_name(run_id: str) -> str:
-    """A Helm release name for a run id: DNS-1123 label, at most 53 characters."""
-    name = re.sub(r"[^a-z0-9-]+", "-", run_id.lower()).strip("-")[:53].rstrip("-")
-    return name or "shardbench-run"
+def release_name(run_id: str, suite: str = "") -> str:
+    """A Helm release name for a run id: DNS-1123 label, at most 53 characters. `suite` (a
+    suite's own tag) ends it, so two suites running the same configuration in one namespace
+    never share (and uninstall) each other's release."""
+    tail = f"-{suite}" if suite else ""
+    name = re.sub(r"[^a-z0-9-]+", "-", run_id.lower()).strip("-")[:53 - len(tail)].rstrip("-")
+    return (name or "shardbench-run") + tail
 
 
 def deep_merge(base: dict, override: dict) -> dict:

@@ -118,10 +118,26 @@ class JobWatch(threading.Thread):
                         self._job = None if event.get("type") == "DELETED" else obj
                     if self._halt.is_set():
                         break
-            except Exception:  # noqa: BLE001 - read timeouts and dropped streams: watch again
+            except Exception:  # noqa: BLE001 - read timeouts, dropped streams, 410 Gone: watch again
+                # A watch that keeps failing (410 Gone: its history expired; a proxy that cuts
+                # streams) delivers no state at all, and a job seen without status reads as "no
+                # MPI Operator": read the job itself before watching again.
+                self._relist(custom)
                 self._halt.wait(self.poll_s)
             finally:
                 w.stop()
+
+    def _relist(self, custom) -> None:
+        group, version, plural = kapi.MPIJOB
+        try:
+            resp = custom.list_namespaced_custom_object(group, version, self.namespace, plural,
+                                                        field_selector=f"metadata.name={self.name}",
+                                                        _preload_content=False, _request_timeout=self.poll_s * 5 + 5)
+            items = [i for i in kapi._json(resp).get("items") or [] if (i.get("metadata") or {}).get("name") == self.name]
+        except Exception:  # noqa: BLE001 - the API is down too: keep what we knew
+            return
+        with self._lock:
+            self._job = items[0] if items else None
 
 
 class LauncherLog(threading.Thread):

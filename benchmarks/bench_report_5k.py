@@ -1,0 +1,79 @@
+"""`shardbench report` on 5,000 result records: wall time and peak RSS of the real CLI process.
+
+Usage: python benchmarks/bench_report_5k.py [--records 5000] [--shape repeats|configs] [--steps 100]
+Records are written as <results>/<run-id>/result.json (tui/suite/synthetic.py, the same made-up
+but schema-valid records the tests use), then `python -m tui.suite.cli report` runs on them in a
+child process; its peak RSS is the child's ru_maxrss (getrusage RUSAGE_CHILDREN), its time the
+wall clock around it. Shapes: `repeats` = 20 configurations x 250 repeats; `configs` = 1,000
+configurations (seq len x micro-batch x strategy x world size) x 5 repeats, the harder case for
+the per-configuration tables and plots. Goal (issue 19): under 30 s and 300 MB on this machine.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tui.suite import synthetic  # noqa: E402
+
+
+def many_configs(n: int, steps: int, seed: int = 0) -> list[dict]:
+    rng = random.Random(seed)
+    out, strategies, worlds = [], ["ddp", "fsdp", "zero1", "zero2", "zero3"], [1, 2, 4, 8]
+    seq_lens = [32 * (i + 1) for i in range(25)]
+    i = 0
+    while len(out) < n:
+        config, rep = i // 5, i % 5
+        strategy, world = strategies[config % 5], worlds[(config // 5) % 4]
+        seq, mb = seq_lens[(config // 20) % 25], 1 + (config // 500)
+        tps = 1000.0 * world * rng.uniform(0.85, 1.15)
+        rec = synthetic.record(strategy, world, tps, seq_len=seq, micro_batch=mb, repeat=rep,
+                               status="failed" if rng.random() < 0.05 else "ok", usd_per_gpu_hour=2.0)
+        rec["loss_per_step"] = [9.0 - 0.01 * s for s in range(steps)]
+        rec["step_time_s"]["all"] = [rec["step_time_s"]["mean"]] * max(1, steps - 10)
+        rec["steps"], rec["warmup_steps"], rec["measured_steps"] = steps, 10, max(1, steps - 10)
+        out.append(rec)
+        i += 1
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--records", type=int, default=5000)
+    p.add_argument("--shape", choices=["repeats", "configs"], default="configs")
+    p.add_argument("--steps", type=int, default=100, help="steps per record (configs shape)")
+    args = p.parse_args()
+    records = synthetic.records(args.records) if args.shape == "repeats" else many_configs(args.records, args.steps)
+    with tempfile.TemporaryDirectory() as tmp:
+        results = Path(tmp) / "results"
+        for rec in records:
+            d = results / rec["run_id"]
+            d.mkdir(parents=True, exist_ok=True)
+            (d / "result.json").write_text(json.dumps(rec))
+        size = sum(p.stat().st_size for p in results.glob("*/result.json"))
+        env = dict(os.environ, PYTHONPATH=str(REPO), MPLBACKEND="Agg")
+        t0 = time.monotonic()
+        proc = subprocess.run([sys.executable, "-m", "tui.suite.cli", "report", str(results), "--out",
+                               str(Path(tmp) / "report")], cwd=REPO, env=env, capture_output=True, text=True)
+        wall = time.monotonic() - t0
+        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+        peak_mb, cpu = usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime
+        print(f"report ({args.shape}): {len(records)} records ({size / 1e6:.1f} MB of result.json), "
+              f"wall {wall:.1f} s, CPU {cpu:.1f} s (user+sys; wall depends on the machine's load: "
+              f"load average {os.getloadavg()[0]:.1f}), peak RSS {peak_mb:.0f} MB, exit {proc.returncode}")
+        if proc.returncode != 0:
+            print(proc.stderr[-3000:])
+
+
+if __name__ == "__main__":
+    main()

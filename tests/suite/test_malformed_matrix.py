@@ -1,0 +1,57 @@
+"""Hostile matrix files (issue 19): an alias bomb hung --dry-run while memory grew; deep nesting,
+an anchor that contains itself and NUL bytes ended in tracebacks. Each must be one line on
+stderr and exit 2, at once (real `shardbench run --dry-run` processes)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tui.suite import safe_yaml
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _bomb() -> str:
+    lines = ['a0: &a0 ["ddp","ddp","ddp","ddp","ddp","ddp","ddp","ddp","ddp"]']
+    for i in range(1, 9):
+        lines.append(f"a{i}: &a{i} [" + ",".join([f"*a{i - 1}"] * 9) + "]")
+    return "options:\n" + "\n".join("  " + line for line in lines) + "\nstrategies: *a8\n"
+
+
+HOSTILE = {
+    "alias-bomb": _bomb(),
+    "deep-nesting": "results: " + "[" * 5000 + "]" * 5000 + "\n",
+    "nesting-past-the-limit": "results: " + "[" * 40 + "]" * 40 + "\n",
+    "self-referencing-anchor": "strategies: &s [ddp, *s]\n",
+    "self-referencing-mapping": "options: &o {lr: 0.1, again: *o}\n",
+    "nul-byte": "strategies: [ddp]\nresults: res\0ults\n",
+    "escaped-nul-in-results": 'strategies: [ddp]\nresults: "res\\0ults"\n',
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_hostile_matrix_is_one_line_and_exit_2(tmp_path, name):
+    path = tmp_path / "m.yaml"
+    path.write_bytes(HOSTILE[name].encode())
+    assert len(HOSTILE[name]) < 12_000
+    proc = subprocess.run([sys.executable, "-m", "tui.suite.cli", "run", "--matrix", str(path), "--dry-run"],
+                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(path) in lines[0], proc.stderr[-2000:]
+
+
+def test_anchors_within_bounds_still_load():
+    data = safe_yaml.load("base: &b [1, 2]\nworld_sizes: *b\nseq_lens: *b\n", "m.yaml")
+    assert data == {"base": [1, 2], "world_sizes": [1, 2], "seq_lens": [1, 2]}
+
+
+def test_a_set_value_is_bounded_too():
+    proc = subprocess.run([sys.executable, "-m", "tui.suite.cli", "run", "--dry-run", "--set", "lr=&x [*x]"],
+                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    # argparse's own usage lines come first, as for any bad flag; then the one line of the problem.
+    assert proc.returncode == 2 and "contains itself" in proc.stderr.strip().splitlines()[-1], proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
