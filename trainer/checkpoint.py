@@ -32,9 +32,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from trainer import contract
+from shardbench.trainer import contract
 
-from trainer.checkpoint_files import (DS_TAG, MANIFEST, STATE, TMP_PREFIX, commit, committed,  # noqa: F401
+from shardbench.trainer.checkpoint_files import (DS_TAG, MANIFEST, STATE, TMP_PREFIX, commit, committed,  # noqa: F401
                                       no_space, rotate, step_dir_name, verify)
 
 
@@ -167,7 +167,7 @@ class Checkpointer:
 
     def _measured(self) -> dict[str, Any]:
         """The run's measured settings, which a resume must match (trainer/checkpoint_guard.py)."""
-        from trainer.checkpoint_guard import settings_to_save
+        from shardbench.trainer.checkpoint_guard import settings_to_save
 
         return settings_to_save(self.cfg, self.world)
 

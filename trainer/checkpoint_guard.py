@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trainer.config import ConfigError, RunConfig, measured_fields
-from trainer.contract import is_deepspeed
+from shardbench.trainer.config import ConfigError, RunConfig, measured_fields
+from shardbench.trainer.contract import is_deepspeed
 
 LOCK = ".lock"
 LOCK_WAIT_S = 15.0
@@ -100,7 +100,7 @@ def differences(saved: dict[str, Any], now: dict[str, Any], allowed: set[str]) -
 
 def check_resume(cfg: RunConfig, now: dict[str, Any]) -> None:
     """Refuse a resume whose checkpoint was saved with other measured settings (one line)."""
-    from trainer.checkpoint import choose  # imports torch: only runs that resume pay for it
+    from shardbench.trainer.checkpoint import choose  # imports torch: only runs that resume pay for it
 
     allowed = allowed_fields(cfg.resume_allow)
     root = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else Path(cfg.resume).parent
@@ -142,7 +142,7 @@ def settings_to_save(cfg: RunConfig, world_size: int) -> dict[str, Any]:
     would make a deepspeed-launched run look torchrun-launched."""
     if _settings:
         return dict(_settings)
-    from trainer.dist_env import detect  # a Trainer used in-process, without trainer.cli
+    from shardbench.trainer.dist_env import detect  # a Trainer used in-process, without trainer.cli
 
     d = detect()
     return measured_now(cfg, world_size, d.local_world_size, d.launcher)

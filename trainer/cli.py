@@ -1,4 +1,4 @@
-"""`python -m trainer`: check the arguments, run, and report exactly one result record.
+"""`python -m shardbench.trainer`: check the arguments, run, and report exactly one result record.
 A run ends with os._exit (see _exit_now): main returns only for a bad argument.
 
 Exit codes: 0 ok; 2 a bad argument (one line on stderr, before any process group starts);
@@ -19,12 +19,12 @@ import time
 import traceback
 from typing import NoReturn
 
-from trainer import contract, rules
-from trainer.config import ConfigError, RunConfig, parse_args
-from trainer.dist_env import detect
-from trainer.lifeline import tie_to_launcher
-from trainer.record import emit, write_atomic
-from trainer.streams import tolerate_closed_readers
+from shardbench.trainer import contract, rules
+from shardbench.trainer.config import ConfigError, RunConfig, parse_args
+from shardbench.trainer.dist_env import detect
+from shardbench.trainer.lifeline import tie_to_launcher
+from shardbench.trainer.record import emit, write_atomic
+from shardbench.trainer.streams import tolerate_closed_readers
 
 
 class Terminated(Exception):
@@ -61,7 +61,7 @@ def check(cfg: RunConfig, world_size: int, rank: int = 0, denv=None) -> None:
     if cfg.output_dir and rank == 0:
         check_output_dir(cfg.output_dir)
     if rank == 0 and denv is not None and (cfg.checkpoint_dir or cfg.resume not in ("auto", "never")):
-        from trainer.checkpoint_guard import prepare
+        from shardbench.trainer.checkpoint_guard import prepare
 
         prepare(cfg, world_size, denv.local_world_size, denv.launcher)  # writable, locked, same settings
     if contract.is_deepspeed(cfg.strategy) and importlib.util.find_spec("deepspeed") is None:
@@ -94,15 +94,15 @@ def main(argv: list[str] | None = None) -> int:
     denv = detect()
     try:
         check(cfg, denv.world_size, denv.rank, denv)
-        from trainer.env_info import process_start_time
-        from trainer.train import Trainer  # torch is imported only after the cheap checks
+        from shardbench.trainer.env_info import process_start_time
+        from shardbench.trainer.train import Trainer  # torch is imported only after the cheap checks
 
         trainer = Trainer(cfg, denv)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     process_start = min(process_start, process_start_time())
-    from trainer import exporter
+    from shardbench.trainer import exporter
 
     metrics = exporter.start(cfg, trainer.record, denv.rank)
     if metrics is not None:

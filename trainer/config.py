@@ -16,9 +16,9 @@ import typing
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Literal
 
-from trainer.contract import DEVICES, PRECISIONS, STRATEGIES, ConfigError, flag
-from trainer.flags import add_flags
-from trainer.presets import PRESETS, ModelConfig
+from shardbench.trainer.contract import DEVICES, PRECISIONS, STRATEGIES, ConfigError, flag
+from shardbench.trainer.flags import add_flags
+from shardbench.trainer.presets import PRESETS, ModelConfig
 
 __all__ = ["ConfigError", "RunConfig", "build_parser", "parse_args", "to_argv", "measured_fields"]
 
@@ -193,7 +193,7 @@ class _OneLineParser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _OneLineParser(prog="python -m trainer",
+    p = _OneLineParser(prog="python -m shardbench.trainer",
                        description="Train TinyGPT under one distributed strategy and print one result record.")
     add_flags(p, RunConfig, names=[f.name for f in fields(RunConfig) if f.metadata.get("recorded_only") != "argv"])
     return p
@@ -221,5 +221,5 @@ def _num(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else repr(float(x))
 
 
-if __name__ == "__main__":  # pragma: no cover - `python -m trainer.config --help`
+if __name__ == "__main__":  # pragma: no cover - `python -m shardbench.trainer.config --help`
     build_parser().parse_args(sys.argv[1:])

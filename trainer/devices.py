@@ -6,9 +6,9 @@ import platform
 
 import torch
 
-from trainer import env_info
-from trainer.config import ConfigError, RunConfig
-from trainer.rules import check_fits
+from shardbench.trainer import env_info
+from shardbench.trainer.config import ConfigError, RunConfig
+from shardbench.trainer.rules import check_fits
 
 # The oldest Linux driver each CUDA major version runs on (NVIDIA's CUDA compatibility guide:
 # minor-version compatibility across 12.x from 525.60.13; CUDA 13 from 580.65.06).

@@ -143,7 +143,7 @@ class Exporter:
 
     def _comm(self, trainer) -> None:
         """The counter's running totals (trainer/comm.py), added as the increase since last time."""
-        from trainer.comm import COUNTER
+        from shardbench.trainer.comm import COUNTER
 
         for op in list(COUNTER.calls):
             calls, nbytes = COUNTER.calls.get(op, 0), COUNTER.bytes.get(op, 0)

@@ -12,8 +12,8 @@ import typing
 from dataclasses import MISSING, Field, fields
 from typing import Any, Callable, Iterable, Literal
 
-from trainer.contract import flag
-from trainer.fielddocs import field_docs
+from shardbench.trainer.contract import flag
+from shardbench.trainer.fielddocs import field_docs
 
 
 def comma_list(kind: type) -> Callable[[str], list]:

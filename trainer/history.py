@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from trainer.checkpoint import Checkpointer
-from trainer.config import RunConfig
-from trainer.process import mean_over_ranks
-from trainer.record import CheckpointCost, ResultRecord
+from shardbench.trainer.checkpoint import Checkpointer
+from shardbench.trainer.config import RunConfig
+from shardbench.trainer.process import mean_over_ranks
+from shardbench.trainer.record import CheckpointCost, ResultRecord
 
 
 @dataclass

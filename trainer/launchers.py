@@ -1,6 +1,6 @@
 """Launcher command lines: the one source of truth for how a run is started.
 
-The local backend (tui/suite/backends/local.py) runs these argv lists; the Helm chart renders the
+The local backend (suite/backends/local.py) runs these argv lists; the Helm chart renders the
 same commands in its launcher pod, and tests/chart checks that the two agree flag for flag.
 Pure Python with no torch import, so the TUI and the chart tests can use it cheaply.
 """
@@ -46,7 +46,7 @@ class LaunchPlan:
     procs_per_node: int
     """Ranks per machine (GPUs per worker, or CPU processes locally)."""
     trainer_args: list[str]
-    """Arguments after `python -m trainer`."""
+    """Arguments after `python -m shardbench.trainer`."""
     hostfile: str | None = None
     """Hostfile path for mpirun and deepspeed; None runs every rank on this machine."""
     master_addr: str = "127.0.0.1"
@@ -62,7 +62,7 @@ class LaunchPlan:
     The DeepSpeed launcher otherwise forces eth0, which a laptop or a pod may not have."""
     numa_bind: bool = False
     """Bind each rank to a NUMA node (procs_per_node ranks per machine) instead of leaving it free."""
-    program: tuple[str, ...] = ("-m", "trainer")
+    program: tuple[str, ...] = ("-m", "shardbench.trainer")
     """What each rank's python runs, before trainer_args (mpirun only; the chart's pre-flight
     runs its script this way)."""
 
@@ -140,7 +140,7 @@ def deepspeed_command(plan: LaunchPlan) -> list[str]:
         "--master_addr", plan.master_addr,
         "--master_port", str(plan.master_port),
         "--launcher_args", " ".join(launcher_args),
-        "--module", "trainer",
+        "--module", "shardbench.trainer",
         *plan.trainer_args,
     ]
 
@@ -153,7 +153,7 @@ def torchrun_command(plan: LaunchPlan) -> list[str]:
         "--nproc-per-node", str(plan.procs_per_node),
         "--master-addr", plan.master_addr,
         "--master-port", str(plan.master_port),
-        "-m", "trainer",
+        "-m", "shardbench.trainer",
         *plan.trainer_args,
     ]
 
@@ -161,7 +161,7 @@ def torchrun_command(plan: LaunchPlan) -> list[str]:
 def ray_command(plan: LaunchPlan) -> list[str]:
     """Ray as the launcher (trainer/ray_launcher.py): one actor per rank, the group relaunched up
     to plan.max_restarts times; `--local` starts an embedded Ray (no hostfile, no cluster)."""
-    cmd = [plan.python, "-m", "trainer.ray_launcher", "--world-size", str(plan.world_size),
+    cmd = [plan.python, "-m", "shardbench.trainer.ray_launcher", "--world-size", str(plan.world_size),
            "--ranks-per-node", str(plan.procs_per_node), "--max-restarts", str(plan.max_restarts)]
     if plan.ray_gpus_per_rank:
         cmd += ["--gpus-per-rank", f"{plan.ray_gpus_per_rank:g}"]

@@ -8,7 +8,7 @@ torchrun -> rank):
   once a second it checks that each launcher ancestor still lives and sends this process SIGTERM
   when one is gone. SIGTERM is what the trainer turns into a failed record (trainer/cli.py); if
   the rank is stuck in a collective and cannot act on it, the watchdog exits it after a grace.
-Linux only; elsewhere both are skipped. `python -m trainer.lifeline CMD...` runs CMD tied the
+Linux only; elsewhere both are skipped. `python -m shardbench.trainer.lifeline CMD...` runs CMD tied the
 same way to the process that started it (the local backend starts launchers so).
 """
 from __future__ import annotations

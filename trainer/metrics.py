@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from trainer.record import RankMemory, RankModelState, StepTimes
+from shardbench.trainer.record import RankMemory, RankModelState, StepTimes
 
 # Peak dense (no sparsity) TFLOP/s per device and dtype, matched against
 # torch.cuda.get_device_name() as whole words, most specific first ("H100 NVL" before "H100";

@@ -11,7 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from trainer.presets import PRESETS, ModelConfig  # noqa: F401 (re-exported)
+from shardbench.trainer.presets import PRESETS, ModelConfig  # noqa: F401 (re-exported)
 
 
 class CausalSelfAttention(nn.Module):

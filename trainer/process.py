@@ -7,9 +7,9 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from trainer import contract
-from trainer.config import RunConfig
-from trainer.dist_env import DistEnv, resolve_rendezvous
+from shardbench.trainer import contract
+from shardbench.trainer.config import RunConfig
+from shardbench.trainer.dist_env import DistEnv, resolve_rendezvous
 
 
 def init_process_group(cfg: RunConfig, d: DistEnv, device: torch.device) -> bool:

@@ -1,13 +1,13 @@
-"""`python -m trainer.ray_launcher`: Ray as a launcher. Starts the trainer's ranks as Ray actors
+"""`python -m shardbench.trainer.ray_launcher`: Ray as a launcher. Starts the trainer's ranks as Ray actors
 and restarts the whole group when one fails, as Ray Train's FailureConfig(max_failures) does.
 
-    python -m trainer.ray_launcher --world-size 2 --max-restarts 2 [--local] -- <trainer args>
+    python -m shardbench.trainer.ray_launcher --world-size 2 --max-restarts 2 [--local] -- <trainer args>
 
 - Where: `--local` starts an embedded Ray on this machine (`ray.init(address="local")`: no server
   to start, its own temp dir, no dashboard) and shuts it down at the end; without it the
   driver joins the cluster it runs in (`RAY_ADDRESS`, which a KubeRay RayJob sets).
 - Ranks: one actor per rank (`RankActor`, 1 CPU, or 1 GPU with `--gpus-per-rank 1`). Each runs
-  the trainer entry point `python -u -m trainer ...` as a child process with the torchrun
+  the trainer entry point `python -u -m shardbench.trainer ...` as a child process with the torchrun
   variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT); rank 0's
   actor picks the rendezvous address and port on its node. A child, not the actor's own
   interpreter: the trainer pins CPUs, sets threads and ends with os._exit, as under any other
@@ -53,7 +53,7 @@ def event(kind: str, attempt: int, **extra) -> None:
 
 
 def _pdeathsig() -> None:
-    from trainer.lifeline import _set_pdeathsig
+    from shardbench.trainer.lifeline import _set_pdeathsig
 
     _set_pdeathsig(signal.SIGTERM)
 
@@ -107,7 +107,7 @@ class Group:
             env = {"RANK": str(rank), "WORLD_SIZE": str(n), "LOCAL_RANK": str(rank % self.args.ranks_per_node),
                    "LOCAL_WORLD_SIZE": str(min(n, self.args.ranks_per_node)),
                    "MASTER_ADDR": addr, "MASTER_PORT": str(port)}
-            argv = [self.args.python, "-u", "-m", "trainer", *trainer_args]
+            argv = [self.args.python, "-u", "-m", "shardbench.trainer", *trainer_args]
             gen = actor.run.remote(argv, env, os.getcwd())
             t = threading.Thread(target=self._relay, args=(rank, gen), daemon=True, name=f"rank-{rank}")
             t.start()
@@ -156,7 +156,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     if "--" not in argv:
         raise SystemExit("error: give the trainer's arguments after -- (see --help)")
     cut = argv.index("--")
-    p = argparse.ArgumentParser(prog="python -m trainer.ray_launcher", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m shardbench.trainer.ray_launcher", description=__doc__.split("\n\n")[0])
     p.add_argument("--world-size", type=int, required=True, help="ranks (one actor each)")
     p.add_argument("--max-restarts", type=int, default=0,
                    help="group relaunches after a failure (Ray Train's FailureConfig max_failures)")

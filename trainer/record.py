@@ -13,7 +13,7 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from trainer.contract import STATUSES  # noqa: F401 (re-exported: the record's statuses)
+from shardbench.trainer.contract import STATUSES  # noqa: F401 (re-exported: the record's statuses)
 
 SCHEMA_VERSION = 2
 START_MARKER = "BENCHMARK_RESULT_JSON_START"

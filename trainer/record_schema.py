@@ -1,6 +1,6 @@
 """The result record's JSON Schema, generated from the dataclasses in trainer/record.py so the two
 cannot drift. Tests compare it with the checked-in trainer/schema/result.schema.json; regenerate
-with `python -m trainer.record_schema > trainer/schema/result.schema.json`."""
+with `python -m shardbench.trainer.record_schema > trainer/schema/result.schema.json`."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,8 +9,8 @@ import types
 import typing
 from typing import Any
 
-from trainer.fielddocs import field_docs
-from trainer.record import SCHEMA_VERSION, STATUSES, ResultRecord
+from shardbench.trainer.fielddocs import field_docs
+from shardbench.trainer.record import SCHEMA_VERSION, STATUSES, ResultRecord
 
 
 def _type_schema(tp) -> dict[str, Any]:

@@ -12,8 +12,8 @@ import typing
 from dataclasses import fields
 from typing import Any
 
-from trainer.config import RunConfig
-from trainer.contract import STRATEGIES, flag, is_deepspeed
+from shardbench.trainer.config import RunConfig
+from shardbench.trainer.contract import STRATEGIES, flag, is_deepspeed
 
 
 def _field_rule_errors(cfg: RunConfig) -> list[str]:

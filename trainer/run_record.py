@@ -8,15 +8,15 @@ from datetime import datetime, timezone
 
 import torch
 
-from trainer import contract, env_info, knobs
-from trainer.config import RunConfig, measured_fields
-from trainer.devices import device_name
-from trainer.dist_env import DistEnv
-from trainer.metrics import peak_flops_for, rank_memory, step_time_stats
-from trainer.model import flops_params, flops_per_token
-from trainer.presets import ModelConfig
-from trainer.process import gather, mean_over_ranks
-from trainer.record import ResultRecord
+from shardbench.trainer import contract, env_info, knobs
+from shardbench.trainer.config import RunConfig, measured_fields
+from shardbench.trainer.devices import device_name
+from shardbench.trainer.dist_env import DistEnv
+from shardbench.trainer.metrics import peak_flops_for, rank_memory, step_time_stats
+from shardbench.trainer.model import flops_params, flops_per_token
+from shardbench.trainer.presets import ModelConfig
+from shardbench.trainer.process import gather, mean_over_ranks
+from shardbench.trainer.record import ResultRecord
 
 
 def now() -> str:

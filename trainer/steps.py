@@ -8,9 +8,9 @@ import time
 
 import torch
 
-from trainer.metrics import peak_model_state
-from trainer.record import RankModelState
-from trainer.strategies import Strategy
+from shardbench.trainer.metrics import peak_model_state
+from shardbench.trainer.record import RankModelState
+from shardbench.trainer.strategies import Strategy
 
 
 class StepRunner:
@@ -63,7 +63,7 @@ class StepRunner:
     def memory_step(self, host_batches) -> RankModelState:
         """One extra, untimed step that samples the model state after every micro-step's
         backward and after the optimizer step; returns the largest sample."""
-        from trainer.plan.live import LiveTensors  # the planner's instrument (tensor peak)
+        from shardbench.trainer.plan.live import LiveTensors  # the planner's instrument (tensor peak)
 
         samples = []
         batches = self.to_device(host_batches)

@@ -17,19 +17,19 @@ import time
 
 import torch
 
-from trainer import process, run_record
-from trainer.checkpoint import Checkpointer
-from trainer.comm import COUNTER as COMM
-from trainer.config import RunConfig
-from trainer.data import SyntheticBatches
-from trainer.devices import check_memory, resolve_precision, usable_device
-from trainer.dist_env import DistEnv
-from trainer.history import CheckpointHooks, History
-from trainer.metrics import end_setup_memory, load_avg_1m, rank_memory
-from trainer.model import TinyGPT, count_params
-from trainer.record import PROGRESS_PREFIX, ResultRecord
-from trainer.steps import StepRunner
-from trainer.strategies import Context, make_strategy
+from shardbench.trainer import process, run_record
+from shardbench.trainer.checkpoint import Checkpointer
+from shardbench.trainer.comm import COUNTER as COMM
+from shardbench.trainer.config import RunConfig
+from shardbench.trainer.data import SyntheticBatches
+from shardbench.trainer.devices import check_memory, resolve_precision, usable_device
+from shardbench.trainer.dist_env import DistEnv
+from shardbench.trainer.history import CheckpointHooks, History
+from shardbench.trainer.metrics import end_setup_memory, load_avg_1m, rank_memory
+from shardbench.trainer.model import TinyGPT, count_params
+from shardbench.trainer.record import PROGRESS_PREFIX, ResultRecord
+from shardbench.trainer.steps import StepRunner
+from shardbench.trainer.strategies import Context, make_strategy
 
 
 class Trainer:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trainer import contract
+from shardbench.trainer import contract
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "chart"

@@ -38,7 +38,7 @@ def test_checkpoints_go_to_the_results_volume_and_the_launcher_retries():
 def test_a_retried_launcher_resumes_from_the_volume(tmp_path):
     args = trainer_args(str(tmp_path))
     env = {**os.environ, "PYTHONWARNINGS": "ignore::FutureWarning", "CUDA_VISIBLE_DEVICES": ""}
-    cmd = [sys.executable, "-m", "trainer", *args]  # the launcher pod's command, on one rank
+    cmd = [sys.executable, "-m", "shardbench.trainer", *args]  # the launcher pod's command, on one rank
     first = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     for line in first.stdout:  # the pod dies after step 4 (checkpoint at 3)
         if line.startswith("SHARDBENCH_PROGRESS") and json.loads(line.split(" ", 1)[1])["step"] >= 4:

@@ -28,8 +28,8 @@ def test_check_mode_names_a_stale_file(tmp_path, monkeypatch, capsys):
 
 
 def test_contract_holds_the_trainer_tables():
-    from trainer.contract import PRECISIONS, STRATEGIES
-    from trainer.presets import PRESETS
+    from shardbench.trainer.contract import PRECISIONS, STRATEGIES
+    from shardbench.trainer.presets import PRESETS
 
     c = json.loads((CHART / "files" / "contract.json").read_text())
     assert list(c["strategies"]) == list(STRATEGIES)
@@ -55,7 +55,7 @@ def test_templates_take_strategy_facts_from_the_contract():
 
 def test_ds_configs_are_generated_and_a_stale_or_orphan_copy_is_named(tmp_path, monkeypatch, capsys):
     """chart/files/ds_configs/ was a hand copy of trainer/ds_configs/; the script now writes it."""
-    from trainer.contract import STRATEGIES
+    from shardbench.trainer.contract import STRATEGIES
 
     want = {p.name for p in gen.ds_configs()}
     assert want == {f"{s}.json" for s, i in STRATEGIES.items() if i.engine == "deepspeed"}

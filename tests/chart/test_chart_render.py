@@ -10,7 +10,7 @@ import yaml
 from chart_helpers import (CHART, CHART_LAUNCHERS, HELMS, NAMESPACE, RDMA_MODES, RDMA_SETS, RELEASE,
                            REPO, STRATEGIES, VALUES_DIR, VALUES_FILES, helm_cmd, launcher_argv, one,
                            render, replica_pods)
-from trainer.contract import is_deepspeed
+from shardbench.trainer.contract import is_deepspeed
 
 COMBOS = [(s, l) for s in STRATEGIES for l in CHART_LAUNCHERS]
 

@@ -9,8 +9,8 @@ import yaml
 from jsonschema import Draft7Validator
 
 from chart_helpers import CHART, VALUES_DIR, VALUES_FILES
-from tui.suite.matrix import load_shape
-from trainer.presets import PRESETS
+from shardbench.suite.matrix import load_shape
+from shardbench.trainer.presets import PRESETS
 
 SHAPE_KEYS = ["name", "instanceType", "gpuModel", "gpusPerNode", "gpuMemoryGiB", "peakTflopsBf16",
               "usdPerGpuHour"]

@@ -157,7 +157,7 @@ def test_variant_indexes_and_pins():
 
 
 def test_runtime_env_sets_what_the_chart_forwards():
-    from trainer.launchers import CONTAINER_ENV_VARS
+    from shardbench.trainer.launchers import CONTAINER_ENV_VARS
 
     env = dockerfile_env()
     job = one(render("helm3"), "MPIJob")

@@ -1,5 +1,5 @@
 """The launcher command the chart renders is trainer.launchers.build_command() for the same run,
-with the trainer arguments of tui.suite.matrix.RunSpec.trainer_args(): one source of truth for
+with the trainer arguments of shardbench.suite.matrix.RunSpec.trainer_args(): one source of truth for
 every flag, whether a run starts on this machine or as an MPIJob."""
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import yaml
 
 from chart_helpers import (CHART, CHART_LAUNCHERS, NAMESPACE, RELEASE, STRATEGIES, VALUES_DIR,
                            VALUES_FILES, launcher_argv, one, render)
-from trainer.contract import is_deepspeed
-from trainer.launchers import CONTAINER_ENV_VARS, LaunchPlan, build_command
-from tui.suite.matrix import RunSpec, load_shape
+from shardbench.trainer.contract import is_deepspeed
+from shardbench.trainer.launchers import CONTAINER_ENV_VARS, LaunchPlan, build_command
+from shardbench.suite.matrix import RunSpec, load_shape
 
 JOB = f"{RELEASE}-shardbench"
 
@@ -107,7 +107,7 @@ def test_chart_command_is_build_command(values_file, overrides):
     assert rendered == expected
     cm = one(docs, "ConfigMap")["data"]
     assert json.loads(cm["launch-command.json"]) == expected
-    trainer_args = expected[expected.index("trainer") + 1:]
+    trainer_args = expected[expected.index("shardbench.trainer") + 1:]
     assert trainer_args[-2:] == ["--launcher", job["metadata"]["labels"]["shardbench.io/launcher"]]
     assert json.loads(cm["trainer-args.json"]) == trainer_args
     run_id = trainer_args[trainer_args.index("--run-id") + 1] if "--run-id" in trainer_args else None

@@ -15,7 +15,7 @@ import pytest
 
 from chart_helpers import CHART, NAMESPACE, RELEASE, launcher_argv, one, render
 from test_emulated_mpijob import emulation_ready, run_emulated  # noqa: F401 - a fixture
-from trainer.launchers import CONTAINER_ENV_VARS, LaunchPlan, build_command
+from shardbench.trainer.launchers import CONTAINER_ENV_VARS, LaunchPlan, build_command
 
 spec = importlib.util.spec_from_file_location("preflight", CHART / "files" / "preflight.py")
 preflight = importlib.util.module_from_spec(spec)

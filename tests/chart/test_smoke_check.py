@@ -38,7 +38,7 @@ BASE_PYTHON = getattr(sys, "_base_executable", None) or sys.executable
 
 
 def run_check(tmp_path, mode: str) -> subprocess.CompletedProcess:
-    pkg = tmp_path / "fake" / "trainer"
+    pkg = tmp_path / "fake" / "shardbench" / "trainer"
     pkg.mkdir(parents=True, exist_ok=True)
     (pkg / "__init__.py").write_text("")
     (pkg / "__main__.py").write_text(FAKE_TRAINER)

@@ -118,7 +118,7 @@ def live_run(tmp_path_factory) -> LiveRun:
     run left (60 steps, one every 25), so checkpoint load, saves and the restart are live too;
     rank 0 exports on a free port and holds its final values 2 s."""
     from tests.trainer.conftest import command, cpu_env  # the trainer launch helpers
-    from trainer.record import END_MARKER, START_MARKER
+    from shardbench.trainer.record import END_MARKER, START_MARKER
 
     tmp = tmp_path_factory.mktemp("prom")
     args = ["--strategy", "ddp", "--seq-len", "32", "--micro-batch", "2", "--steps", "60", "--warmup-steps", "2",

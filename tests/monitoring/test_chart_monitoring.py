@@ -56,7 +56,7 @@ def test_monitors_select_worker_0_not_the_launcher(launcher):
 
 
 def test_trainer_gets_and_parses_the_metrics_flags():
-    from trainer.config import parse_args
+    from shardbench.trainer.config import parse_args
 
     docs = render("helm3", ("h100.yaml",), METRICS_SETS + ("metrics.expectedTokensPerSecond=250000",
                                                            "metrics.port=9500"))

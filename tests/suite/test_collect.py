@@ -10,10 +10,10 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from trainer.record import END_MARKER, START_MARKER
-from tui.suite import synthetic
-from tui.suite.collect import extract, extract_file, failed_record, parse_progress
-from tui.suite.matrix import MatrixSpec, expand
+from shardbench.trainer.record import END_MARKER, START_MARKER
+from shardbench.suite import synthetic
+from shardbench.suite.collect import extract, extract_file, failed_record, parse_progress
+from shardbench.suite.matrix import MatrixSpec, expand
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEMA = json.loads((REPO / "trainer/schema/result.schema.json").read_text())
@@ -134,7 +134,7 @@ def test_parse_progress():
 
 
 def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "tui.suite.cli", *args], capture_output=True, text=True)
+    return subprocess.run([sys.executable, "-m", "shardbench.suite.cli", *args], capture_output=True, text=True)
 
 
 def test_cli_collect(tmp_path):
@@ -204,7 +204,7 @@ def test_collector_streams_a_large_log_in_bounded_memory(tmp_path):
         for _ in range(40_000_000 // len(line)):
             fh.write(line)
         fh.write(block(rec()).encode())
-    code = (f"import resource; from tui.suite.collect import extract_file; "
+    code = (f"import resource; from shardbench.suite.collect import extract_file; "
             f"before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss; "
             f"found = extract_file({str(log)!r}); assert found.record is not None, found.error; "
             f"print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)")

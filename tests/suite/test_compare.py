@@ -1,4 +1,4 @@
-"""`shardbench compare A B` (tui/suite/compare.py): the same configurations side by side with
+"""`shardbench compare A B` (suite/compare.py): the same configurations side by side with
 95% intervals, a change named significant only when its interval excludes zero and neither side
 is flagged, configurations of one side listed, and what changed in the recorded software."""
 from __future__ import annotations
@@ -7,9 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from trainer.record import write_atomic
-from tui.suite.compare import compare_dirs
-from tui.suite.synthetic import record
+from shardbench.trainer.record import write_atomic
+from shardbench.suite.compare import compare_dirs
+from shardbench.suite.synthetic import record
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -50,7 +50,7 @@ def test_compare_names_significant_changes_only_where_intervals_allow(tmp_path):
 
 def test_compare_cli_prints_the_table_and_fails_on_worse_when_asked(tmp_path):
     a, b = sets(tmp_path)
-    cmd = [sys.executable, "-m", "tui.suite.cli", "compare"]
+    cmd = [sys.executable, "-m", "shardbench.suite.cli", "compare"]
     out = subprocess.run(cmd + [str(a), str(b), "--csv", str(tmp_path / "c.csv")], capture_output=True,
                          text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr

@@ -16,7 +16,7 @@ import jsonschema
 import pandas as pd
 import pytest
 
-from tui.suite.runner import interleaved
+from shardbench.suite.runner import interleaved
 
 pytestmark = pytest.mark.slow
 
@@ -29,8 +29,8 @@ MATRIX = ["--strategies", "ddp,zero2", "--world-sizes", "1,2", "--seq-lens", "64
 
 
 def _specs():
-    from tui.suite.cli import build_parser, effective_matrix
-    from tui.suite.matrix import expand
+    from shardbench.suite.cli import build_parser, effective_matrix
+    from shardbench.suite.matrix import expand
 
     specs, errors = expand(effective_matrix(build_parser().parse_args(["run", *MATRIX])))
     assert not errors
@@ -44,7 +44,7 @@ ORDER = [s.run_id for s in interleaved(SPECS, 5)]
 
 
 def cli(*args):
-    return [sys.executable, "-m", "tui.suite.cli", *args]
+    return [sys.executable, "-m", "shardbench.suite.cli", *args]
 
 
 def finished(results: Path) -> list[str]:

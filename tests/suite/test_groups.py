@@ -1,5 +1,5 @@
 """Issue 18: comparisons of like with like. Verdict groups, efficiency bases and loss groups are
-"all measured settings equal except strategy / world size" (tui/suite/groups.py), every verdict
+"all measured settings equal except strategy / world size" (suite/groups.py), every verdict
 names the configurations it compares, and the report answers first."""
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from trainer import contract
-from tui.suite import analysis, groups
-from tui.suite.report import build_report
-from tui.suite.synthetic import record
+from shardbench.trainer import contract
+from shardbench.suite import analysis, groups
+from shardbench.suite.report import build_report
+from shardbench.suite.synthetic import record
 
 REF_LOSS = [9.0, 8.5, 8.2, 8.1, 8.05, 8.03]
 
@@ -122,8 +122,8 @@ def test_groupings_follow_the_knobs_roles_and_the_records_settings():
     efficiency base is the knob's `same_loss` / `per_world` role in trainer/config.py, and a
     record's settings start from its `settings` (the knobs as given), the trainer's resolved
     top-level values winning (precision auto -> fp32; None where a knob does not apply)."""
-    from trainer import knobs
-    from trainer.config import RunConfig
+    from shardbench.trainer import knobs
+    from shardbench.trainer.config import RunConfig
 
     assert {"bucket_mib", "reshard_after_forward", "micro_batch", "strategy"} <= groups.LOSS_EXCEPT
     assert not {"weight_decay", "lr", "grad_reduce_dtype", "seed"} & groups.LOSS_EXCEPT

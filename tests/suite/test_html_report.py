@@ -1,4 +1,4 @@
-"""report.html (tui/suite/html_report.py) opened in a real headless Chromium: it loads with no
+"""report.html (suite/html_report.py) opened in a real headless Chromium: it loads with no
 console error and no request beyond the file itself, every plot renders, the tables sort, a
 screenshot is made. Plus the loss-curve and per-rank plots every report now has."""
 from __future__ import annotations
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from trainer.record import write_atomic
-from tui.suite.report import build_report
-from tui.suite.synthetic import record
+from shardbench.trainer.record import write_atomic
+from shardbench.suite.report import build_report
+from shardbench.suite.synthetic import record
 
 from .browser import Browser
 
@@ -54,7 +54,7 @@ def test_html_report_is_self_contained(tmp_path):
     assert refs and all(r.startswith("data:") for r in refs), refs
     assert "Content-Security-Policy" in page and "&lt;b&gt;not markup&lt;/b&gt;" in page
     # shardbench report writes it too, and says where
-    out = subprocess.run([sys.executable, "-m", "tui.suite.cli", "report", str(tmp_path / "results"),
+    out = subprocess.run([sys.executable, "-m", "shardbench.suite.cli", "report", str(tmp_path / "results"),
                           "--out", str(tmp_path / "again")], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "again" / "report.html").is_file() and "report.html" in out.stdout

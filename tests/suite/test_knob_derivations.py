@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from trainer import knobs
-from trainer.config import RunConfig
-from tui.suite import analysis, groups, metrics
-from tui.suite.collect import failed_record
-from tui.suite.matrix import KNOB_KEYS, MatrixSpec, RunSpec, expand
-from tui.suite.synthetic import record
+from shardbench.trainer import knobs
+from shardbench.trainer.config import RunConfig
+from shardbench.suite import analysis, groups, metrics
+from shardbench.suite.collect import failed_record
+from shardbench.suite.matrix import KNOB_KEYS, MatrixSpec, RunSpec, expand
+from shardbench.suite.synthetic import record
 
 
 def test_matrix_and_run_spec_declare_no_trainer_knob():
@@ -74,7 +74,7 @@ def test_a_failed_record_carries_the_settings_of_its_spec():
 
 def test_the_suite_cli_has_a_flag_per_matrix_key_and_knob():
     """One generator (trainer.flags) writes the trainer's, the matrix's and the cluster's flags."""
-    from tui.suite.cli import build_parser
+    from shardbench.suite.cli import build_parser
 
     run = next(a for a in build_parser()._actions if a.dest == "command").choices["run"]
     flags = {s for a in run._actions for s in a.option_strings}

@@ -29,8 +29,13 @@ ANCHOR = '    """Seeds the initial weights and the synthetic tokens: same seed, 
 def copy(tmp_path_factory) -> Path:
     """This checkout's code, chart and values with one field added to RunConfig."""
     root = tmp_path_factory.mktemp("knob") / "repo"
-    for part in ("trainer", "tui", "chart", "scripts", "values"):
+    for part in ("trainer", "suite", "tui", "chart", "scripts", "values"):
         shutil.copytree(REPO / part, root / part, ignore=shutil.ignore_patterns("__pycache__", "__snapshots__"))
+    # The copy imports as the `shardbench` namespace from PYTHONPATH (the install maps the same
+    # folders, setup.py): a namespace folder whose packages are the copy's own.
+    (root / "shardbench").mkdir()
+    for part in ("trainer", "suite", "tui"):
+        (root / "shardbench" / part).symlink_to(root / part, target_is_directory=True)
     config = root / "trainer" / "config.py"
     text = config.read_text()
     assert text.count(ANCHOR) == 1
@@ -53,9 +58,9 @@ def test_only_config_py_differs(copy):
 
 def test_a_new_field_is_a_flag_a_matrix_axis_and_a_chart_value(copy):
     proc = py(copy, """
-        from trainer.config import build_parser
-        from tui.suite.matrix import matrix_from_dict, expand
-        from tui.suite.backends.kube.values import run_overrides
+        from shardbench.trainer.config import build_parser
+        from shardbench.suite.matrix import matrix_from_dict, expand
+        from shardbench.suite.backends.kube.values import run_overrides
         helps = {a.dest: a.help for a in build_parser()._actions}
         assert "A knob that exists only" in helps["throwaway_knob"] and "(default: 3)" in helps["throwaway_knob"]
         specs, errors = expand(matrix_from_dict({"strategies": ["ddp"], "world_sizes": [1], "throwaway_knob": [2, 3]}))
@@ -67,7 +72,7 @@ def test_a_new_field_is_a_flag_a_matrix_axis_and_a_chart_value(copy):
         assert errors == ["throwaway_knob must be at least 1, got 0"], errors
     """)
     assert proc.returncode == 0, proc.stderr
-    cli = py(copy, "", "-m", "tui.suite.cli", "run", "--dry-run", "--strategies", "ddp", "--world-sizes", "1",
+    cli = py(copy, "", "-m", "shardbench.suite.cli", "run", "--dry-run", "--strategies", "ddp", "--world-sizes", "1",
              "--repeats", "1", "--throwaway-knob", "5")
     assert cli.returncode == 0 and "--throwaway-knob 5" in cli.stdout, cli.stderr
 
@@ -98,7 +103,7 @@ def test_the_chart_generator_picks_it_up(copy):
 @pytest.mark.slow
 def test_a_real_run_records_it_and_the_csv_compares_on_it(copy, tmp_path):
     out = tmp_path / "run"
-    run = py(copy, "", "-m", "trainer", "--strategy", "ddp", "--seq-len", "16", "--steps", "3",
+    run = py(copy, "", "-m", "shardbench.trainer", "--strategy", "ddp", "--seq-len", "16", "--steps", "3",
              "--warmup-steps", "1", "--device", "cpu", "--throwaway-knob", "7", "--output-dir", str(out),
              timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
@@ -106,7 +111,7 @@ def test_a_real_run_records_it_and_the_csv_compares_on_it(copy, tmp_path):
     assert record["settings"]["throwaway_knob"] == 7
     proc = py(copy, f"""
         import json
-        from tui.suite import groups, metrics
+        from shardbench.suite import groups, metrics
         record = json.load(open({str(out / 'result.json')!r}))
         df = metrics.to_frame([record])
         assert df.loc[0, "throwaway_knob"] == 7

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from tests.fsfaults import fill, tmpfs
-from tui.suite import events as ev
-from tui.suite.backends.local import LocalBackend
-from tui.suite.matrix import MatrixSpec, expand
+from shardbench.suite import events as ev
+from shardbench.suite.backends.local import LocalBackend
+from shardbench.suite.matrix import MatrixSpec, expand
 
 pytestmark = pytest.mark.slow
 
@@ -42,7 +42,7 @@ def rank_pids(run_dir: Path) -> list[int]:
         argv = args.split()
         launcher = os.path.basename(argv[0]) in ("mpirun", "prterun") or any(
             a.endswith(("bin/torchrun", "bin/deepspeed")) for a in argv[1:2])
-        if "-m trainer" in args and not launcher:
+        if "-m shardbench.trainer" in args and not launcher:
             pids.append(int(pid))
     return pids
 
@@ -54,7 +54,7 @@ def has_progress(run_dir: Path) -> bool:
 
 def run_dir_for(tmp_path, spec) -> Path:
     run_dir = tmp_path / spec.run_id
-    run_dir.mkdir(parents=True)  # the runner makes it (tui.suite.store.ResultsDir.begin)
+    run_dir.mkdir(parents=True)  # the runner makes it (shardbench.suite.store.ResultsDir.begin)
     return run_dir
 
 
@@ -170,8 +170,8 @@ def test_a_suite_killed_outright_takes_its_ranks_with_it(tmp_path, strategy, lau
     from the kernel (it was started through trainer.lifeline), and the ranks follow it."""
     spec = one_spec(strategy, 2, launcher)
     run_dir = run_dir_for(tmp_path, spec)
-    code = ("import pickle, sys, threading; from tui.suite.backends.local import LocalBackend; "
-            "from tui.suite import events; spec = pickle.loads(bytes.fromhex(sys.argv[1])); "
+    code = ("import pickle, sys, threading; from shardbench.suite.backends.local import LocalBackend; "
+            "from shardbench.suite import events; spec = pickle.loads(bytes.fromhex(sys.argv[1])); "
             "LocalBackend().run(spec, sys.argv[2], events.ignore, threading.Event(), 600)")
     suite = subprocess.Popen([sys.executable, "-c", code, pickle.dumps(spec).hex(), str(run_dir)],
                              cwd=Path(__file__).resolve().parents[2])

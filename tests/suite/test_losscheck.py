@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.trainer.conftest import BIN, REPO, Run, cpu_env, free_port, run_trainer
-from tui.suite import analysis
+from shardbench.suite import analysis
 
 COMMON = ["--model", "tiny", "--seq-len", "64", "--global-batch", "4", "--steps", "4", "--warmup-steps", "1",
           "--precision", "fp32", "--lr", "1e-3", "--lr-warmup-steps", "1"]
@@ -21,13 +21,13 @@ COMMON = ["--model", "tiny", "--seq-len", "64", "--global-batch", "4", "--steps"
 SUMMING_DDP = '''
 import sys
 import torch.distributed as dist
-from trainer.strategies import ddp
+from shardbench.trainer.strategies import ddp
 
 def sum_hook(group, bucket):  # the bug: all-reduce without dividing by the world size
     return dist.all_reduce(bucket.buffer(), group=group, async_op=True).get_future().then(lambda f: f.value()[0])
 
 ddp.DDPStrategy.comm_hook = lambda self: sum_hook
-from trainer.cli import main
+from shardbench.trainer.cli import main
 sys.exit(main())
 '''
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tui.suite import safe_yaml
+from shardbench.suite import safe_yaml
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -37,7 +37,7 @@ def test_hostile_matrix_is_one_line_and_exit_2(tmp_path, name):
     path = tmp_path / "m.yaml"
     path.write_bytes(HOSTILE[name].encode())
     assert len(HOSTILE[name]) < 12_000
-    proc = subprocess.run([sys.executable, "-m", "tui.suite.cli", "run", "--matrix", str(path), "--dry-run"],
+    proc = subprocess.run([sys.executable, "-m", "shardbench.suite.cli", "run", "--matrix", str(path), "--dry-run"],
                           cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = proc.stderr.strip().splitlines()
@@ -50,7 +50,7 @@ def test_anchors_within_bounds_still_load():
 
 
 def test_a_set_value_is_bounded_too():
-    proc = subprocess.run([sys.executable, "-m", "tui.suite.cli", "run", "--dry-run", "--set", "lr=&x [*x]"],
+    proc = subprocess.run([sys.executable, "-m", "shardbench.suite.cli", "run", "--dry-run", "--set", "lr=&x [*x]"],
                           cwd=REPO, capture_output=True, text=True, timeout=60)
     # argparse's own usage lines come first, as for any bad flag; then the one line of the problem.
     assert proc.returncode == 2 and "contains itself" in proc.stderr.strip().splitlines()[-1], proc.stderr[-2000:]

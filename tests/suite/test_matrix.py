@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from trainer import contract
-from trainer.config import parse_args
-from tui.suite.matrix import (DEFAULT_MATRIX, MatrixSpec, expand, load_matrix, matrix_from_dict,
+from shardbench.trainer import contract
+from shardbench.trainer.config import parse_args
+from shardbench.suite.matrix import (DEFAULT_MATRIX, MatrixSpec, expand, load_matrix, matrix_from_dict,
                               run_count, save_matrix)
 
 
@@ -49,7 +49,7 @@ def test_trainer_args_parse_back_into_the_config_the_id_was_made_from(tmp_path):
     (spec,), errors = expand(m)
     assert errors == []
     cfg = parse_args(spec.trainer_args(tmp_path))
-    from trainer.config import measured_fields
+    from shardbench.trainer.config import measured_fields
 
     assert cfg.activation_checkpointing is True and cfg.lr == 3e-4
     assert contract.config_id(measured_fields(cfg, 2, 1, spec.launcher)) == spec.config_id
@@ -157,13 +157,13 @@ def test_default_matrix_is_every_strategy_at_1_and_2_with_repeats():
 
 
 def test_matrix_import_stays_cheap():
-    code = "import sys, tui.suite.matrix, tui.suite.events, tui.suite.backends.base; print('torch' in sys.modules)"
+    code = "import sys, shardbench.suite.matrix, shardbench.suite.events, shardbench.suite.backends.base; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
 
 
 def test_cli_rejects_bad_matrix_before_running(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "tui.suite.cli", "run", "--results", str(tmp_path / "r"),
+    proc = subprocess.run([sys.executable, "-m", "shardbench.suite.cli", "run", "--results", str(tmp_path / "r"),
                            "--strategies", "ddp,zero9", "--seq-lens", "999"], capture_output=True, text=True)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
@@ -174,7 +174,7 @@ def test_cli_rejects_bad_matrix_before_running(tmp_path):
 def test_every_values_file_reads_as_a_shape():
     from pathlib import Path
 
-    from tui.suite.matrix import load_shape
+    from shardbench.suite.matrix import load_shape
 
     directory = Path(__file__).resolve().parents[2] / "values"
     files = sorted(directory.glob("*.yaml"))
@@ -186,7 +186,7 @@ def test_every_values_file_reads_as_a_shape():
 
 
 def test_a_gpu_shape_on_this_machine_without_a_gpu_is_refused(monkeypatch):
-    import tui.suite.matrix as matrix
+    import shardbench.suite.matrix as matrix
 
     monkeypatch.setattr(matrix, "local_gpu_count", lambda: 0)  # what /proc/driver/nvidia says here
     specs, errors = expand(MatrixSpec(shape="gpu2", strategies=["ddp"], world_sizes=[1]))
@@ -209,7 +209,7 @@ def test_cluster_matrix_takes_model_precision_and_device_from_the_shape(tmp_path
     monkeypatch.setenv("SHARDBENCH_VALUES_DIR", str(tmp_path))
 
     def dry_run(*flags):
-        proc = subprocess.run([sys.executable, "-m", "tui.suite.cli", "run", "--backend", "kubernetes",
+        proc = subprocess.run([sys.executable, "-m", "shardbench.suite.cli", "run", "--backend", "kubernetes",
                                "--shape", "h100", "--strategies", "ddp", "--world-sizes", "8", "--repeats", "1",
                                "--dry-run", *flags], capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr

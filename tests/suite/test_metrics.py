@@ -7,8 +7,8 @@ import math
 import pandas as pd
 import pytest
 
-from tui.suite import analysis, metrics, stats
-from tui.suite.synthetic import record
+from shardbench.suite import analysis, metrics, stats
+from shardbench.suite.synthetic import record
 
 
 def rid(strategy, world, seq_len=64, repeat=0):
@@ -159,7 +159,7 @@ def test_find_result_sets_below_a_dir(tmp_path):
 
 
 def test_csv_has_one_row_per_record_and_every_documented_column(tmp_path):
-    from tui.suite.report import report_from_records
+    from shardbench.suite.report import report_from_records
 
     report_from_records([record("ddp", 1, 100.0), record("zero3", 2, 150.0, status="oom")], tmp_path, tmp_path)
     back = pd.read_csv(tmp_path / "metrics.csv")

@@ -15,10 +15,10 @@ import pytest
 pytest.importorskip("ray")
 
 from tests.suite.test_local_backend import processes_mentioning  # noqa: E402
-from tui.suite import events as ev  # noqa: E402
-from tui.suite.backends import get_backend  # noqa: E402
-from tui.suite.matrix import expand, matrix_from_dict  # noqa: E402
-from tui.suite.runner import Runner  # noqa: E402
+from shardbench.suite import events as ev  # noqa: E402
+from shardbench.suite.backends import get_backend  # noqa: E402
+from shardbench.suite.matrix import expand, matrix_from_dict  # noqa: E402
+from shardbench.suite.runner import Runner  # noqa: E402
 
 pytestmark = pytest.mark.slow
 BASE = {"strategies": ["ddp"], "world_sizes": [2], "seq_lens": [32], "steps": 8, "warmup_steps": 1,

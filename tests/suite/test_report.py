@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tui.suite.report import build_report
-from tui.suite.synthetic import record
+from shardbench.suite.report import build_report
+from shardbench.suite.synthetic import record
 
 GIB = 2 ** 30
 REF_LOSS = [9.0, 8.5, 8.2, 8.1, 8.05, 8.03]
@@ -38,7 +38,7 @@ def reps(strategy: str, world: int, values: list[float], **kw) -> list[dict]:
 
 def metrics_name(strategy: str, world: int = 2) -> str:
     """The configuration name the report shows for a synthetic record (its run id without -rN)."""
-    from tui.suite.metrics import without_repeat
+    from shardbench.suite.metrics import without_repeat
     return without_repeat(record(strategy, world)["run_id"])
 
 
@@ -230,8 +230,8 @@ def test_bad_records_are_rows_with_reasons_and_never_crash(tmp_path):
 
 
 def test_results_screen_data_shows_unreadable_rows(tmp_path):
-    from tui.app.results_model import compute
-    from tui.suite.metrics import load_records
+    from shardbench.tui.app.results_model import compute
+    from shardbench.suite.metrics import load_records
 
     results = tmp_path / "results"
     bad_files(results)
@@ -244,7 +244,7 @@ def test_results_screen_data_shows_unreadable_rows(tmp_path):
 def test_report_cli_finds_result_sets_below_the_dir(tmp_path):
     write(tmp_path / "results" / "default", [record("ddp", 1, 1000.0)])
     write(tmp_path / "results" / "h100", [record("zero3", 1, 900.0)])
-    cmd = [sys.executable, "-m", "tui.suite.cli", "report"]
+    cmd = [sys.executable, "-m", "shardbench.suite.cli", "report"]
     proc = subprocess.run(cmd + [str(tmp_path / "results")], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     for name in ("default", "h100"):
@@ -256,7 +256,7 @@ def test_report_cli_finds_result_sets_below_the_dir(tmp_path):
 
 
 def test_report_cli_errors(tmp_path):
-    cmd = [sys.executable, "-m", "tui.suite.cli", "report"]
+    cmd = [sys.executable, "-m", "shardbench.suite.cli", "report"]
     proc = subprocess.run(cmd + [str(tmp_path / "none")], capture_output=True, text=True)
     assert proc.returncode == 2 and "no such results directory" in proc.stderr
     proc = subprocess.run(cmd + [str(tmp_path)], capture_output=True, text=True)
@@ -273,7 +273,7 @@ def test_end_to_end_real_runs_loss_check(tmp_path):
     results = tmp_path / "results"
     runs = [("ddp", "2e-4", "ddp-w1-r0"), ("fsdp", "2e-4", "fsdp-w1-r0"), ("ddp", "1e-4", "ddp-half-lr-r0")]
     for strategy, lr, run_id in runs:
-        proc = subprocess.run([sys.executable, "-m", "trainer", "--strategy", strategy, "--steps", "6",
+        proc = subprocess.run([sys.executable, "-m", "shardbench.trainer", "--strategy", strategy, "--steps", "6",
                                "--warmup-steps", "2", "--lr", lr, "--lr-warmup-steps", "1", "--run-id", run_id,
                                "--output-dir", str(results / run_id)], capture_output=True, text=True, env=env,
                               timeout=240)
@@ -289,7 +289,7 @@ def test_end_to_end_real_runs_loss_check(tmp_path):
 
 
 def test_plot_error_bars_are_the_95_intervals(tmp_path):
-    from tui.suite import analysis, plots
+    from shardbench.suite import analysis, plots
 
     an = analysis.analyze(reps("ddp", 1, [900.0, 1000.0, 1100.0]) + reps("ddp", 2, [1900.0, 2000.0, 2100.0])
                           + [record("zero3", 2, 1500.0)])
@@ -305,8 +305,8 @@ def test_plot_error_bars_are_the_95_intervals(tmp_path):
 
 
 def test_results_screen_rows_have_unique_keys_when_names_repeat(tmp_path):
-    from tui.app.results_model import compute
-    from tui.suite.metrics import load_records
+    from shardbench.tui.app.results_model import compute
+    from shardbench.suite.metrics import load_records
 
     same = record("ddp", 1, 1000.0, run_id="my-run")  # hand-named runs, no repeat suffix
     write(tmp_path, [same])

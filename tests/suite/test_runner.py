@@ -16,14 +16,14 @@ from pathlib import Path
 import pytest
 
 from tests.fsfaults import fill, tmpfs
-from trainer import contract
-from trainer.record import write_atomic
-from tui.suite import events as ev
-from tui.suite import synthetic
-from tui.suite.backends.local import LocalBackend
-from tui.suite.matrix import MatrixSpec, expand
-from tui.suite.runner import Runner, interleaved, run_matrix
-from tui.suite.store import LOCK_NAME, ResultsDir, ResultsDirError
+from shardbench.trainer import contract
+from shardbench.trainer.record import write_atomic
+from shardbench.suite import events as ev
+from shardbench.suite import synthetic
+from shardbench.suite.backends.local import LocalBackend
+from shardbench.suite.matrix import MatrixSpec, expand
+from shardbench.suite.runner import Runner, interleaved, run_matrix
+from shardbench.suite.store import LOCK_NAME, ResultsDir, ResultsDirError
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -96,7 +96,7 @@ def test_unusable_results_dir_is_one_line_at_once(tmp_path):
 def test_cli_exit_2_with_one_line_for_an_unusable_results_dir(tmp_path):
     a_file = tmp_path / "file"
     a_file.write_text("x")
-    proc = subprocess.run([sys.executable, "-m", "tui.suite.cli", "run", "--results", str(a_file),
+    proc = subprocess.run([sys.executable, "-m", "shardbench.suite.cli", "run", "--results", str(a_file),
                            "--strategies", "ddp", "--world-sizes", "1", "--quiet"],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stdout + proc.stderr
@@ -108,7 +108,7 @@ def test_a_locked_results_dir_is_refused_naming_its_owner(tmp_path):
     with ResultsDir(tmp_path):  # this test process is the owner
         with pytest.raises(ResultsDirError, match=rf"in use by another shardbench \(pid {os.getpid()} on "):
             Runner(specs(), no_launchers(tmp_path), tmp_path).run()
-        proc = subprocess.run([sys.executable, "-m", "tui.suite.cli", "run", "--results", str(tmp_path),
+        proc = subprocess.run([sys.executable, "-m", "shardbench.suite.cli", "run", "--results", str(tmp_path),
                                "--strategies", "ddp", "--world-sizes", "1", "--quiet"],
                               cwd=REPO, capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
@@ -243,13 +243,13 @@ def test_cli_exit_1_when_some_run_failed_and_the_summary_lists_every_run(tmp_pat
     and both are in the summary (kept runs used to be left out when the matrix died)."""
     args = ["--strategies", "ddp", "--world-sizes", "1,2", "--repeats", "1", "--device", "cpu",
             "--precision", "fp32", "--launcher", "mpirun"]
-    from tui.suite.cli import build_parser, effective_matrix
+    from shardbench.suite.cli import build_parser, effective_matrix
 
     s, errors = expand(effective_matrix(build_parser().parse_args(["run", "--results", str(tmp_path), *args])))
     assert not errors and len(s) == 2
     finish(tmp_path, s[0])
     (tmp_path / s[1].run_id).write_text("not a directory")
-    proc = subprocess.run([sys.executable, "-m", "tui.suite.cli", "run", "--results", str(tmp_path), *args,
+    proc = subprocess.run([sys.executable, "-m", "shardbench.suite.cli", "run", "--results", str(tmp_path), *args,
                            "--quiet"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "2 run(s): 1 ok, 1 failed" in proc.stdout

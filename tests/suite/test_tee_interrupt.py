@@ -29,7 +29,7 @@ def _started(results: Path) -> bool:
 def test_ctrl_c_under_tee_exits_130_and_keeps_the_record(tmp_path, quiet):
     res = tmp_path / "results"
     env = dict(os.environ, PYTHONWARNINGS="ignore::FutureWarning")
-    suite = subprocess.Popen([sys.executable, "-m", "tui.suite.cli", "run", "--results", str(res), *MATRIX,
+    suite = subprocess.Popen([sys.executable, "-m", "shardbench.suite.cli", "run", "--results", str(res), *MATRIX,
                               *(["--quiet"] if quiet else [])], cwd=REPO, env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
     tee = subprocess.Popen(["tee", str(tmp_path / "log")], stdin=suite.stdout, stdout=subprocess.DEVNULL,

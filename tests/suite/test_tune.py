@@ -9,10 +9,10 @@ import pytest
 
 pytest.importorskip("optuna")
 
-from trainer.config import RunConfig  # noqa: E402
-from tui.suite.cli import main  # noqa: E402
-from tui.suite.matrix import expand, load_matrix  # noqa: E402
-from tui.suite.tune import fallback_peak_bytes, search_space  # noqa: E402
+from shardbench.trainer.config import RunConfig  # noqa: E402
+from shardbench.suite.cli import main  # noqa: E402
+from shardbench.suite.matrix import expand, load_matrix  # noqa: E402
+from shardbench.suite.tune import fallback_peak_bytes, search_space  # noqa: E402
 
 BASE = ["--world-sizes", "1", "--seq-lens", "32", "--steps", "5", "--warmup-steps", "2", "--micro-batch", "2",
         "--global-batch", "4", "--precision", "fp32", "--device", "cpu", "--shape", "cpu", "--repeats", "2"]
@@ -60,7 +60,7 @@ def test_tune_two_strategies_rejects_over_the_limit_and_remeasures_the_best(tmp_
 
 
 def test_launcher_startup_and_tuned_sections_from_records(tmp_path):
-    from tui.suite.tune_report import markdown
+    from shardbench.suite.tune_report import markdown
 
     def rec(launcher, s, cid, tps):
         return {"status": "ok", "launcher": launcher, "launcher_startup_s": s, "tokens_per_s": tps,

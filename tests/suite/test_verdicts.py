@@ -1,6 +1,6 @@
 """Issue 18: verdicts that name real winners and compare like with like.
 
-The rules are checked by simulation through the real decision code (tui/suite/verdicts.decide on
+The rules are checked by simulation through the real decision code (suite/verdicts.decide on
 analysis.Config objects, as analyze() builds them) and through reports of synthetic records.
 Every random draw is seeded: the rates below are the same on every run."""
 from __future__ import annotations
@@ -9,9 +9,9 @@ import random
 
 import pytest
 
-from tui.suite import analysis, stats, verdicts
-from tui.suite.analysis import CATEGORIES, Config
-from tui.suite.synthetic import record
+from shardbench.suite import analysis, stats, verdicts
+from shardbench.suite.analysis import CATEGORIES, Config
+from shardbench.suite.synthetic import record
 
 THROUGHPUT = CATEGORIES[0]
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from trainer.launchers import LaunchPlan, build_command
-from trainer.record import END_MARKER, START_MARKER
+from shardbench.trainer.launchers import LaunchPlan, build_command
+from shardbench.trainer.record import END_MARKER, START_MARKER
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -50,7 +50,7 @@ class Run:
 
 def command(args: list[str], launcher: str | None, nproc: int, tmp: Path) -> list[str]:
     if launcher is None:
-        return [sys.executable, "-m", "trainer", *args]
+        return [sys.executable, "-m", "shardbench.trainer", *args]
     hostfile = tmp / f"hostfile-{nproc}"
     hostfile.write_text(f"localhost slots={nproc}\n")
     plan = LaunchPlan(launcher=launcher, nodes=1, procs_per_node=nproc, trainer_args=args,

@@ -13,8 +13,8 @@ import jsonschema
 import pytest
 
 from tests.trainer.conftest import run_trainer
-from trainer import checkpoint
-from trainer.contract import STRATEGIES as STRATEGY_TABLE, default_launcher
+from shardbench.trainer import checkpoint
+from shardbench.trainer.contract import STRATEGIES as STRATEGY_TABLE, default_launcher
 
 pytestmark = pytest.mark.slow  # multi-process runs
 

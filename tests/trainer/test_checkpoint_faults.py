@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.trainer.conftest import run_trainer
-from trainer import checkpoint
+from shardbench.trainer import checkpoint
 
 ARGS = ["--strategy", "ddp", "--micro-batch", "4", "--model", "tiny", "--seq-len", "32", "--global-batch", "4",
         "--steps", "8", "--warmup-steps", "1", "--precision", "fp32", "--seed", "11", "--lr", "1e-3",

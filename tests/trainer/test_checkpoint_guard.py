@@ -60,7 +60,7 @@ def test_a_read_only_checkpoint_dir_is_refused_at_start(tmp_path):
 @pytest.mark.slow
 def test_a_checkpoint_dir_in_use_is_refused_with_its_owner(tmp_path):
     ckpt = tmp_path / "ckpt"
-    first = subprocess.Popen([sys.executable, "-u", "-m", "trainer", *LONG_RUN, "--checkpoint-dir", str(ckpt)],
+    first = subprocess.Popen([sys.executable, "-u", "-m", "shardbench.trainer", *LONG_RUN, "--checkpoint-dir", str(ckpt)],
                              cwd=REPO, env=cpu_env(), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         wait_for_step(first, 1, time.time() + 120)

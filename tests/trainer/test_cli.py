@@ -52,7 +52,7 @@ def test_zero_without_deepspeed_says_how_to_install(tmp_path):
         sys.meta_path.insert(0, Hide())
         import importlib.util
         importlib.util.find_spec = (lambda f: (lambda n, *a: None if n == "deepspeed" else f(n, *a)))(importlib.util.find_spec)
-        from trainer.cli import main
+        from shardbench.trainer.cli import main
         sys.exit(main(["--strategy", "zero3"]))
     """)
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=cpu_env(), capture_output=True, text=True)
@@ -82,9 +82,9 @@ def test_model_learns_and_result_json_matches_stdout(tmp_path):
 
 
 def test_schema_file_is_generated_from_the_record(result_schema):
-    from trainer.record_schema import json_schema
+    from shardbench.trainer.record_schema import json_schema
 
-    assert result_schema == json_schema(), "regenerate: python -m trainer.record_schema > trainer/schema/result.schema.json"
+    assert result_schema == json_schema(), "regenerate: python -m shardbench.trainer.record_schema > trainer/schema/result.schema.json"
 
 
 def test_unwritable_output_dir_is_refused_before_training(tmp_path):
@@ -106,7 +106,7 @@ def test_unwritable_output_dir_is_refused_before_training(tmp_path):
 
 def test_write_atomic_is_0644_and_leaves_no_temp_file_when_the_disk_is_full(tmp_path):
     from tests.fsfaults import fill, tmpfs
-    from trainer.record import write_atomic
+    from shardbench.trainer.record import write_atomic
 
     write_atomic({"a": 1}, str(tmp_path / "result.json"))
     assert (tmp_path / "result.json").stat().st_mode & 0o777 == 0o644
@@ -118,11 +118,11 @@ def test_write_atomic_is_0644_and_leaves_no_temp_file_when_the_disk_is_full(tmp_
 
 
 def test_closed_stdout_does_not_lose_the_result(tmp_path):
-    """`python -m trainer ... | head -c 50`: the reader goes away after the first line; the run
+    """`python -m shardbench.trainer ... | head -c 50`: the reader goes away after the first line; the run
     still finishes ok and result.json holds its record."""
     out = tmp_path / "out"
     proc = subprocess.run(
-        f"{sys.executable} -m trainer --strategy ddp --steps 12 --warmup-steps 2 --seq-len 32 "
+        f"{sys.executable} -m shardbench.trainer --strategy ddp --steps 12 --warmup-steps 2 --seq-len 32 "
         f"--output-dir {out} | head -c 50; exit ${{PIPESTATUS[0]}}",
         shell=True, executable="/bin/bash", cwd=REPO, env=cpu_env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]

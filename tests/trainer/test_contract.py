@@ -7,10 +7,10 @@ from dataclasses import fields
 
 import pytest
 
-from trainer import contract, rules
-from trainer.config import RunConfig, build_parser, parse_args, to_argv
-from trainer.fielddocs import field_docs
-from trainer.presets import PRESETS
+from shardbench.trainer import contract, rules
+from shardbench.trainer.config import RunConfig, build_parser, parse_args, to_argv
+from shardbench.trainer.fielddocs import field_docs
+from shardbench.trainer.presets import PRESETS
 
 
 def test_every_knob_is_a_documented_flag_with_its_default():
@@ -79,8 +79,8 @@ def test_validate_collects_every_type_problem_in_one_pass():
 
 
 def test_trainer_help_lists_every_flag_without_torch():
-    code = ("import sys; from trainer.config import build_parser; build_parser().format_help(); "
-            "import trainer.contract; print('torch' in sys.modules)")
+    code = ("import sys; from shardbench.trainer.config import build_parser; build_parser().format_help(); "
+            "import shardbench.trainer.contract; print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
 
@@ -93,7 +93,7 @@ def test_the_contract_reads_no_run_config():
     for name, fn in inspect.getmembers(contract, inspect.isfunction):
         if fn.__module__ == contract.__name__:
             assert "cfg" not in inspect.signature(fn).parameters, f"contract.{name} reads a RunConfig"
-    code = subprocess.run([sys.executable, "-c", "import sys, trainer.contract; "
-                           "print(sorted(m for m in sys.modules if m.startswith('trainer.')))"],
+    code = subprocess.run([sys.executable, "-c", "import sys, shardbench.trainer.contract; "
+                           "print(sorted(m for m in sys.modules if m.startswith('shardbench.trainer.')))"],
                           capture_output=True, text=True, check=True).stdout
-    assert "trainer.config" not in code and "trainer.rules" not in code
+    assert "shardbench.trainer.config" not in code and "shardbench.trainer.rules" not in code

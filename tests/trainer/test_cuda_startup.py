@@ -10,8 +10,8 @@ import json
 import pytest
 
 from tests.trainer.conftest import run_trainer
-from trainer import env_info
-from trainer.devices import MIN_DRIVER, cuda_problem
+from shardbench.trainer import env_info
+from shardbench.trainer.devices import MIN_DRIVER, cuda_problem
 
 
 def _record(stdout: str) -> dict:

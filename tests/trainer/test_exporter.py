@@ -8,15 +8,15 @@ import urllib.request
 
 import pytest
 
-from trainer.config import parse_args
-from trainer.dist_env import detect
+from shardbench.trainer.config import parse_args
+from shardbench.trainer.dist_env import detect
 from tests.trainer.test_units import restore_cpu  # noqa: F401 - fixture
 
 
 @pytest.mark.slow
 def test_scrapes_during_steps_cost_no_rendering(restore_cpu):  # noqa: F811
-    from trainer import exporter
-    from trainer.train import Trainer
+    from shardbench.trainer import exporter
+    from shardbench.trainer.train import Trainer
 
     cfg = parse_args(["--strategy", "ddp", "--seq-len", "64", "--micro-batch", "4", "--steps", "15",
                       "--warmup-steps", "2", "--precision", "fp32", "--device", "cpu", "--metrics-port", "0"])
@@ -61,8 +61,8 @@ def test_scrapes_during_steps_cost_no_rendering(restore_cpu):  # noqa: F811
 
 
 def test_a_busy_port_is_a_warning_not_a_failed_run():
-    from trainer import exporter
-    from trainer.record import ResultRecord
+    from shardbench.trainer import exporter
+    from shardbench.trainer.record import ResultRecord
 
     with socket.socket() as busy:
         busy.bind(("0.0.0.0", 0))
@@ -75,7 +75,7 @@ def test_a_busy_port_is_a_warning_not_a_failed_run():
 
 @pytest.mark.parametrize("rank", [1, 3])
 def test_only_rank_0_exports(rank):
-    from trainer import exporter
+    from shardbench.trainer import exporter
 
     cfg = parse_args(["--strategy", "ddp", "--metrics-port", "0"])
     assert exporter.start(cfg, None, rank) is None

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from tests.trainer.conftest import REPO, command, cpu_env, free_port
-from trainer.record import END_MARKER, START_MARKER
+from shardbench.trainer.record import END_MARKER, START_MARKER
 
 pytestmark = pytest.mark.slow  # multi-process runs
 
@@ -45,7 +45,7 @@ def test_killed_rank_ends_the_others_with_a_failed_record():
     for rank in (0, 1):
         env = cpu_env() | {"RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
                            "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-        ranks.append(subprocess.Popen([sys.executable, "-u", "-m", "trainer", *LONG_RUN], cwd=REPO, env=env,
+        ranks.append(subprocess.Popen([sys.executable, "-u", "-m", "shardbench.trainer", *LONG_RUN], cwd=REPO, env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     try:
         seen = wait_for_step(ranks[0], 3, time.time() + 120)
@@ -108,7 +108,7 @@ def test_out_of_memory_is_a_record_with_status_oom(tmp_path):
         resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
 
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "trainer", "--strategy", "ddp", "--model", "gpt2-350m",
+    proc = subprocess.run([sys.executable, "-m", "shardbench.trainer", "--strategy", "ddp", "--model", "gpt2-350m",
                            "--seq-len", "128", "--steps", "2", "--warmup-steps", "1", "--output-dir", str(out)],
                           cwd=REPO, env=cpu_env(), capture_output=True, text=True, timeout=300,
                           preexec_fn=cap_memory)

@@ -12,8 +12,8 @@ import json
 import pytest
 
 from tests.trainer.conftest import run_trainer
-from trainer.model import PRESETS, TinyGPT
-from trainer.strategies.zero import CONFIG_DIR
+from shardbench.trainer.model import PRESETS, TinyGPT
+from shardbench.trainer.strategies.zero import CONFIG_DIR
 
 pytestmark = pytest.mark.slow  # multi-process runs
 

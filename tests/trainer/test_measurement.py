@@ -7,8 +7,8 @@ import os
 import pytest
 
 from tests.trainer.conftest import run_trainer
-from trainer.contract import STRATEGIES
-from trainer.model import PRESETS
+from shardbench.trainer.contract import STRATEGIES
+from shardbench.trainer.model import PRESETS
 
 pytestmark = pytest.mark.slow
 

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from trainer.plan import formulas
-from trainer.plan.inputs import Params, PlanInput
-from trainer.presets import PRESETS
+from shardbench.trainer.plan import formulas
+from shardbench.trainer.plan.inputs import Params, PlanInput
+from shardbench.trainer.presets import PRESETS
 
 SMALL = dict(model="tiny", seq_len=32, micro_batch=1)
 
@@ -50,7 +50,7 @@ def test_contract_bytes_per_param_agree_with_the_planner():
         for precision in ("fp32", "bf16"):
             for world, accum in ((1, 1), (4, 1), (4, 4)):
                 inp = PlanInput(strategy, world, "gpt2-124m", precision=precision, grad_accum=accum)
-                from trainer.contract import STRATEGIES
+                from shardbench.trainer.contract import STRATEGIES
 
                 expected = STRATEGIES[strategy].model_state_bytes_per_param(precision, world, accum) * Params.of(
                     inp.model_config()).total
@@ -63,7 +63,7 @@ def test_contract_bytes_per_param_agree_with_the_planner():
 def test_fsdp_closed_forms_equal_the_trace(world, accum, sync):
     """FSDP's model state and collectives in closed form (used beyond TRACE_FSDP_UP_TO ranks)
     are exactly what the fake-process-group trace of FSDP2 holds and issues."""
-    from trainer.plan.trace import trace_step
+    from shardbench.trainer.plan.trace import trace_step
 
     inp = PlanInput("fsdp", world, grad_accum=accum, fsdp_grad_sync=sync, **SMALL)
     t = trace_step(inp)
@@ -90,7 +90,7 @@ def test_ddp_buckets_follow_torchs_assignment():
 
 
 def test_plan_cli_rejects_bad_input_in_one_line(capsys):
-    from tui.suite.cli import main
+    from shardbench.suite.cli import main
 
     assert main(["plan", "--strategy", "zero9"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -103,7 +103,7 @@ def test_plan_cli_rejects_bad_input_in_one_line(capsys):
 def test_plan_cli_json_and_fit(capsys):
     """gpt2-1.3b on one 24 GiB A10 in bf16: DDP (16 B/param = 21 GiB of state, plus activations)
     does not fit, ZeRO-3 at 64 GPUs does."""
-    from tui.suite.cli import main
+    from shardbench.suite.cli import main
 
     assert main(["plan", "--shape", "a10", "--model", "gpt2-1.3b", "--seq-len", "512", "--micro-batch", "1",
                  "--strategy", "ddp,zero3", "--world-size", "64", "--json"]) == 0
@@ -119,8 +119,8 @@ def test_1024_rank_plan_of_gpt2_1_3b():
     benchmark, never asserted: this machine is shared); ~7 s here when idle, ~60 s under load."""
     import time
 
-    from trainer.plan.predict import predict
-    from tui.suite.plan_cmd import shape_context
+    from shardbench.trainer.plan.predict import predict
+    from shardbench.suite.plan_cmd import shape_context
 
     _, mem, links = shape_context("h100")
     t0 = time.perf_counter()
@@ -138,8 +138,8 @@ def test_1024_rank_plan_of_gpt2_1_3b():
 
 @pytest.mark.slow
 def test_extrapolation_covers_every_gpu_shape_at_8_to_1024_gpus():
-    from tui.suite.matrix import values_dir
-    from tui.suite.plan_cmd import EXTRAPOLATE_WORLDS, extrapolation
+    from shardbench.suite.matrix import values_dir
+    from shardbench.suite.plan_cmd import EXTRAPOLATE_WORLDS, extrapolation
 
     text = "\n".join(extrapolation(["zero3"]))
     gpu_shapes = [p.stem for p in values_dir().glob("*.yaml") if p.stem != "cpu"]

@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 
 from tests.trainer.conftest import run_trainer
-from trainer.plan.accuracy import errors
-from trainer.plan.inputs import PlanInput
-from trainer.plan.predict import predict
+from shardbench.trainer.plan.accuracy import errors
+from shardbench.trainer.plan.inputs import PlanInput
+from shardbench.trainer.plan.predict import predict
 
 pytestmark = pytest.mark.slow
 

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow  # a real trainer process
 
 def test_sigterm_after_the_readers_closed_still_writes_the_record(tmp_path):
     out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-u", "-m", "trainer", *LONG_RUN, "--output-dir", str(out)],
+    proc = subprocess.Popen([sys.executable, "-u", "-m", "shardbench.trainer", *LONG_RUN, "--output-dir", str(out)],
                             cwd=REPO, env=cpu_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_for_step(proc, 2, time.time() + 120)

@@ -9,8 +9,8 @@ import jsonschema
 import pytest
 
 from tests.trainer.conftest import run_trainer
-from trainer.contract import STRATEGIES as STRATEGY_TABLE, default_launcher
-from trainer.model import PRESETS, TinyGPT
+from shardbench.trainer.contract import STRATEGIES as STRATEGY_TABLE, default_launcher
+from shardbench.trainer.model import PRESETS, TinyGPT
 
 pytestmark = pytest.mark.slow  # multi-process runs
 

@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 ORIGINAL = {"ddp", "fsdp", "zero1", "zero2", "zero3"}
 PLUGIN = '''
 import dataclasses
-from trainer import contract
+from shardbench.trainer import contract
 contract.STRATEGIES["ddpcopy"] = dataclasses.replace(contract.STRATEGIES["ddp"], name="ddpcopy",
                                                      summary="a throwaway copy of ddp (test_strategy_flow.py)")
 '''
@@ -56,7 +56,7 @@ def test_every_strategy_parametrised_test_runs_the_new_row(env):
 
 @pytest.mark.slow
 def test_the_trainer_trains_the_new_row(env, tmp_path):
-    code = ("import sb_new_strategy, sys; from trainer.cli import main; sys.exit(main(sys.argv[1:]))")
+    code = ("import sb_new_strategy, sys; from shardbench.trainer.cli import main; sys.exit(main(sys.argv[1:]))")
     run = subprocess.run([sys.executable, "-c", code, "--strategy", "ddpcopy", "--seq-len", "16", "--steps", "3",
                           "--warmup-steps", "1", "--device", "cpu", "--output-dir", str(tmp_path)],
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)

@@ -7,13 +7,13 @@ import os
 import pytest
 import torch
 
-import trainer.data
-from trainer.comm import CommCounter
-from trainer.config import parse_args
-from trainer.data import SyntheticBatches
-from trainer.dist_env import detect
-from trainer.metrics import StorageCounter, peak_flops_for
-from trainer.model import PRESETS, TinyGPT, count_params, flops_params, flops_per_token
+from shardbench.trainer import data as trainer_data
+from shardbench.trainer.comm import CommCounter
+from shardbench.trainer.config import parse_args
+from shardbench.trainer.data import SyntheticBatches
+from shardbench.trainer.dist_env import detect
+from shardbench.trainer.metrics import StorageCounter, peak_flops_for
+from shardbench.trainer.model import PRESETS, TinyGPT, count_params, flops_params, flops_per_token
 
 
 @pytest.mark.parametrize("env,expected", [
@@ -52,8 +52,8 @@ def test_each_rank_generates_only_its_own_rows(monkeypatch):
     """Generation cost must not grow with the world size: rank 5 of 64 makes its 2 x 3 rows,
     not the 384 of the global batch."""
     made = []
-    real = trainer.data.row_tokens
-    monkeypatch.setattr(trainer.data, "row_tokens", lambda *a: made.append(a[2]) or real(*a))
+    real = trainer_data.row_tokens
+    monkeypatch.setattr(trainer_data, "row_tokens", lambda *a: made.append(a[2]) or real(*a))
     batches = SyntheticBatches(7, 16, 1000, 2, 3, 5, 64).step_batches(0)
     assert sorted(made) == [(m * 64 + 5) * 2 + i for m in range(3) for i in range(2)]
     assert [x.shape for x, _ in batches] == [torch.Size([2, 16])] * 3
@@ -132,7 +132,7 @@ def restore_cpu():
 def test_only_the_step_is_inside_the_timed_window(restore_cpu):
     """Token generation and model-state sampling never run while a step is timed; the model
     state is sampled after every micro-step's backward and after the update of one extra step."""
-    from trainer.train import Trainer
+    from shardbench.trainer.train import Trainer
 
     cfg = parse_args(["--strategy", "ddp", "--seq-len", "16", "--micro-batch", "2", "--grad-accum", "3",
                       "--steps", "3", "--warmup-steps", "1", "--precision", "fp32", "--device", "cpu"])

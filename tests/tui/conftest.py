@@ -6,7 +6,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from trainer.record import ResultRecord, StepTimes, write_atomic
+from shardbench.trainer.record import ResultRecord, StepTimes, write_atomic
 
 FIXTURES = Path(__file__).parent / "fixtures"
 FIXED_AVAILABILITY = {"local": (True, ""),

@@ -7,10 +7,10 @@ import asyncio
 
 from textual.widgets import DataTable
 
-from tui.app.app import BenchApp
-from tui.suite.backends import ClusterOptions
-from tui.suite.matrix import MatrixSpec, expand
-from tui.suite.metrics import without_repeat
+from shardbench.tui.app.app import BenchApp
+from shardbench.suite.backends import ClusterOptions
+from shardbench.suite.matrix import MatrixSpec, expand
+from shardbench.suite.metrics import without_repeat
 
 from .conftest import settle
 from .kube_emulator import Emulator, add_pod, install_shims, serve_log, set_conditions, wait_for_mpijob, write_kubeconfig

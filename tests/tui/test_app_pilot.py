@@ -10,12 +10,12 @@ import time
 import pytest
 from textual.widgets import DataTable, Input, SelectionList, Static
 
-from tui.app.app import BenchApp
-from tui.app.screens.dialogs import Confirm
-from tui.app.messages import SuiteEvent
-from tui.suite import events as ev
-from tui.suite.matrix import MatrixSpec, default_matrix, load_matrix
-from tui.suite.metrics import without_repeat
+from shardbench.tui.app.app import BenchApp
+from shardbench.tui.app.screens.dialogs import Confirm
+from shardbench.tui.app.messages import SuiteEvent
+from shardbench.suite import events as ev
+from shardbench.suite.matrix import MatrixSpec, default_matrix, load_matrix
+from shardbench.suite.metrics import without_repeat
 
 from .conftest import FIXED_AVAILABILITY, rank_processes, settle, synthetic_record, write_results
 
@@ -253,7 +253,7 @@ async def test_logs_show_the_command_first_progress_compact_and_search_every_lin
     run = "ddp-w2-s64-mb4-ga1-r0"
     progress = ('SHARDBENCH_PROGRESS {"step": 3, "steps": 30, "phase": "measure", "loss": 8.5, '
                 '"step_time_s": 0.05, "tokens_per_s": 5120.0, "elapsed_s": 1.0, "eta_s": 1.35}')
-    lines = ["$ mpirun -np 2 python -m trainer --strategy ddp WARNING-in-the-command"]
+    lines = ["$ mpirun -np 2 python -m shardbench.trainer --strategy ddp WARNING-in-the-command"]
     lines += [progress] * 20 + ["x" * 400] + [f"rank {i % 2}: line {i}" for i in range(59)]
     async with app.run_test(size=SIZE) as pilot:
         app.post_message(SuiteEvent(ev.RunQueued(run, 0, 1, {})))
@@ -283,7 +283,7 @@ async def test_logs_show_the_command_first_progress_compact_and_search_every_lin
 
 
 async def test_results_table_sorts_and_shows_the_reports_verdicts(tmp_path):
-    from tui.suite.synthetic import record
+    from shardbench.suite.synthetic import record
 
     loss = [9.0, 8.5, 8.2, 8.1]
     recs = [record("ddp", 2, v, repeat=i, loss_per_step=loss, peak_memory_bytes=2 ** 29)

@@ -1,8 +1,8 @@
 """The app's run board (pure Python): start-up state and a matrix ETA that follows the rows."""
 from __future__ import annotations
 
-from tui.app.board import RunBoard
-from tui.suite import events as ev
+from shardbench.tui.app.board import RunBoard
+from shardbench.suite import events as ev
 
 
 def board_with(states: list[str]) -> RunBoard:
@@ -42,7 +42,7 @@ def test_no_eta_before_a_run_ended():
 def test_live_loss_then_the_records():
     """The Runs screen's loss column: the progress lines' loss while the run lives (what benchtui
     already parses from them), the record's final (rank-averaged) loss once it has ended."""
-    from tui.app.screens.runs import COLUMNS, cells
+    from shardbench.tui.app.screens.runs import COLUMNS, cells
 
     board = RunBoard()
     board.apply(ev.RunQueued("run0", 0, 1))

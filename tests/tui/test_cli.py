@@ -5,8 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tui.app.app import BenchApp
-from tui.app.main import parse_args
+from shardbench.tui.app.app import BenchApp
+from shardbench.tui.app.main import parse_args
 
 from .conftest import FIXED_AVAILABILITY
 
@@ -14,7 +14,7 @@ BIN = Path(sys.executable).parent / "benchtui"
 
 
 def test_benchtui_help_runs_without_starting_the_app():
-    cmd = [str(BIN)] if BIN.exists() else [sys.executable, "-m", "tui.app.main"]
+    cmd = [str(BIN)] if BIN.exists() else [sys.executable, "-m", "shardbench.tui.app.main"]
     out = subprocess.run([*cmd, "--help"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     for flag in ("--results", "--matrix", "--backend", "--kubeconfig", "--keep-failed"):

@@ -18,13 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from trainer.record import END_MARKER, PROGRESS_PREFIX, START_MARKER
-from tui.suite.backends.kube import KubeBackend
-from tui.suite.backends.kube.diagnosis import job_phase, launcher_finished, pod_failure, pod_waiting
-from tui.suite.backends.kube.values import release_name, release_values
-from tui.suite.backends.kube.watch import LogCursor, split_stamp
-from tui.suite.events import RunLogLine, RunProgress, RunStateChanged
-from tui.suite.matrix import RunSpec
+from shardbench.trainer.record import END_MARKER, PROGRESS_PREFIX, START_MARKER
+from shardbench.suite.backends.kube import KubeBackend
+from shardbench.suite.backends.kube.diagnosis import job_phase, launcher_finished, pod_failure, pod_waiting
+from shardbench.suite.backends.kube.values import release_name, release_values
+from shardbench.suite.backends.kube.watch import LogCursor, split_stamp
+from shardbench.suite.events import RunLogLine, RunProgress, RunStateChanged
+from shardbench.suite.matrix import RunSpec
 
 from .conftest import synthetic_record
 from .kube_emulator import (NAMESPACE, Emulator, PodLog, add_event, add_pod, collect_garbage, install_shims,
@@ -548,8 +548,8 @@ async def test_cluster_without_mpi_operator_is_unavailable(tmp_path, helm):
 
 
 def test_start_timeout_is_a_cluster_option_of_both_clis():
-    from tui.app.main import parse_args
-    from tui.suite.backends import cluster_options, get_backend
+    from shardbench.tui.app.main import parse_args
+    from shardbench.suite.backends import cluster_options, get_backend
 
     b = get_backend("kubernetes", cluster_options(parse_args(["--start-timeout-s", "1800"])))
     assert b.start_timeout_s == 1800.0

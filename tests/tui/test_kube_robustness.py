@@ -8,8 +8,8 @@ import json
 
 import kmock
 
-from tui.suite.backends.kube import api as kapi
-from tui.suite.backends.kube.values import release_name
+from shardbench.suite.backends.kube import api as kapi
+from shardbench.suite.backends.kube.values import release_name
 
 from .kube_emulator import NAMESPACE, add_event, add_pod, mpijobs, serve_log, set_conditions, wait_for_mpijob
 from .test_kube_backend import backend, cluster, helm, launcher_log, log_lines, run_in_thread, spec  # noqa: F401

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from tui.suite.backends import ClusterOptions
-from tui.suite.backends.kube.backend import WORKERS_READY, WORKERS_WAITING
-from tui.suite.backends.kube.overrides import ImageChoice, attempt_values, image_choice
-from tui.suite.cli import main as shardbench
+from shardbench.suite.backends import ClusterOptions
+from shardbench.suite.backends.kube.backend import WORKERS_READY, WORKERS_WAITING
+from shardbench.suite.backends.kube.overrides import ImageChoice, attempt_values, image_choice
+from shardbench.suite.cli import main as shardbench
 
 from .kube_emulator import (NAMESPACE, PodLog, add_event, add_pod, mpijobs, set_conditions, set_pod_status,
                             wait_for_mpijob)
@@ -118,7 +118,8 @@ async def test_image_flags_reach_the_pods_and_a_failed_pull_ends_the_run_at_once
 
     for attempt in range(2):
         op = asyncio.create_task(operator())
-        b = backend(kubeconfig, helm, start_timeout_s=30, image=options.image_choice(), keep_failed=attempt == 0)
+        b = backend(kubeconfig, helm, start_timeout_s=30, image=options.image_choice(), keep_failed=attempt == 0,
+                    suite="round2")  # one suite: the rerun uninstalls its own kept attempt
         record, _ = await run_in_thread(b, s, tmp_path / f"run{attempt}")
         await op
         assert record["status"] == "failed", record.get("error")  # not "timeout" after 30 s
@@ -236,9 +237,9 @@ async def test_a_replacement_worker_that_fails_after_kill_rank_ends_the_run(clus
 
 
 def test_image_flags_are_cluster_options_of_both_clis():
-    from tui.app.main import parse_args
-    from tui.suite.backends import cluster_options, get_backend
-    from tui.suite.cli import build_parser
+    from shardbench.tui.app.main import parse_args
+    from shardbench.suite.backends import cluster_options, get_backend
+    from shardbench.suite.cli import build_parser
 
     for args in (parse_args(["--image", IMAGE, "--image-pull-policy", "Never", "--resume-checkpoints"]),
                  build_parser().parse_args(["run", "--image", IMAGE, "--image-pull-policy", "Never",

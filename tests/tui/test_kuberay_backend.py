@@ -14,8 +14,8 @@ from pathlib import Path
 import kmock
 import pytest
 
-from tui.suite.backends import ClusterOptions, get_backend
-from tui.suite.backends.kube.rayjob import KubeRayBackend
+from shardbench.suite.backends import ClusterOptions, get_backend
+from shardbench.suite.backends.kube.rayjob import KubeRayBackend
 
 from .kube_emulator import NAMESPACE, Emulator, install_shims, serve_log, write_kubeconfig
 from .test_kube_backend import launcher_log, requests, spec
@@ -90,7 +90,7 @@ async def test_rayjob_installed_followed_collected_and_uninstalled(cluster, tmp_
     job = await op
     assert record["status"] == "ok", record.get("error")
     assert record["tokens_per_s"] == 2468.0 and record["run_id"] == s.run_id
-    assert job["spec"]["submissionMode"] == "K8sJobMode" and "trainer.ray_launcher" in job["spec"]["entrypoint"]
+    assert job["spec"]["submissionMode"] == "K8sJobMode" and "shardbench.trainer.ray_launcher" in job["spec"]["entrypoint"]
     assert job["metadata"]["labels"]["shardbench.io/launcher"] == "ray"
     assert requests(emu, "DELETE", "/rayjobs/")  # uninstalled
     assert not [n for (res, _, n), o in emu.objects.items() if res.plural == "mpijobs"]
@@ -115,7 +115,7 @@ async def test_validation_failed_status_ends_the_wait_with_kuberays_reason(clust
 def test_a_rayjob_kuberay_would_refuse_is_never_installed(tmp_path, monkeypatch):
     b = KubeRayBackend(kubeconfig=str(write_kubeconfig(tmp_path / "kc", "http://127.0.0.1:9")), helm=str(HELM))
     monkeypatch.setattr(b, "api", lambda: object())
-    from tui.suite.backends.kube.rayjob import RayJobAttempt
+    from shardbench.suite.backends.kube.rayjob import RayJobAttempt
 
     attempt = RayJobAttempt.__new__(RayJobAttempt)
     attempt.b, attempt.spec, attempt.release, attempt.namespace = b, ray_spec(), "r", NAMESPACE

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from textual.widgets import DataTable, Input, Static
 
-from tui.app.app import BenchApp
-from tui.app.main import parse_args
-from tui.suite.matrix import MatrixSpec, default_matrix, expand
-from tui.suite.synthetic import record
+from shardbench.tui.app.app import BenchApp
+from shardbench.tui.app.main import parse_args
+from shardbench.suite.matrix import MatrixSpec, default_matrix, expand
+from shardbench.suite.synthetic import record
 
 from .conftest import FIXED_AVAILABILITY, settle, write_results
 from .test_app_pilot import wait_until
@@ -47,7 +47,7 @@ async def test_benchtui_runs_do_not_go_to_make_benchs_results(tmp_path, fixture_
 async def test_a_typod_strategy_in_a_matrix_file_is_a_problem_as_in_the_cli(tmp_path, fixture_values):
     path = tmp_path / "typo.yaml"
     path.write_text("strategies: [ddp, zer03]\nworld_sizes: [1, 2]\nrepeats: 1\n")
-    cli = subprocess.run([sys.executable, "-m", "tui.suite.cli", "run", "--matrix", str(path), "--dry-run"],
+    cli = subprocess.run([sys.executable, "-m", "shardbench.suite.cli", "run", "--matrix", str(path), "--dry-run"],
                          capture_output=True, text=True, cwd=ROOT)
     assert cli.returncode == 2 and "strategy got 'zer03'" in cli.stderr
     app = BenchApp(results_dir=tmp_path, availability=FIXED_AVAILABILITY)
@@ -60,14 +60,14 @@ async def test_a_typod_strategy_in_a_matrix_file_is_a_problem_as_in_the_cli(tmp_
         await pilot.pause()
         assert app.matrix_worker is None
         # Loading a good matrix afterwards drops the typo's checkbox again.
-        app.load_matrix(str(ROOT / "tui" / "suite" / "matrices" / "default.yaml"))
+        app.load_matrix(str(ROOT / "suite" / "matrices" / "default.yaml"))
         await pilot.pause()
         assert app.matrix_screen.problems == [] and app.matrix_screen.unknown == []
         assert app.matrix_screen.query_one("#strategies").option_count == 5
 
 
 def test_empty_result_sets_say_where_the_results_are(tmp_path):
-    from tui.app.results_source import empty_hint
+    from shardbench.tui.app.results_source import empty_hint
 
     results = write_results(tmp_path / "results" / "default", [record("ddp", 1, 100.0)])
     report = tmp_path / "reports" / "default"
@@ -163,7 +163,7 @@ async def test_done_runs_are_counted_logs_open_and_remeasure_keeps_the_old_attem
 @pytest.mark.slow
 def test_cli_force_remeasures_one_configuration_and_rejects_unknown_ids(tmp_path):
     results = tmp_path / "res"
-    base = [sys.executable, "-m", "tui.suite.cli", "run", "--strategies", "ddp", "--world-sizes", "1",
+    base = [sys.executable, "-m", "shardbench.suite.cli", "run", "--strategies", "ddp", "--world-sizes", "1",
             "--steps", "4", "--warmup-steps", "1", "--repeats", "1", "--results", str(results), "--quiet"]
     assert subprocess.run(base, capture_output=True, text=True, cwd=ROOT).returncode == 0
     (run_id,) = [p.name for p in results.iterdir() if p.is_dir()]
@@ -176,7 +176,7 @@ def test_cli_force_remeasures_one_configuration_and_rejects_unknown_ids(tmp_path
 
 
 def test_rerun_flagged_selects_only_the_flagged_configurations(tmp_path):
-    from tui.suite.rerun import selection
+    from shardbench.suite.rerun import selection
 
     matrix = MatrixSpec(strategies=["ddp", "zero2"], world_sizes=[1], repeats=2, shape="cpu", device="cpu",
                         results=str(tmp_path))
@@ -202,7 +202,7 @@ def test_readme_says_what_a_fresh_debian_needs_and_where_the_commands_are():
     assert "## Sample output, and which strategy when (measured)" in readme
     assert "Which strategy when, from these numbers" in readme
     # The commands the README shows exist with the flags it names.
-    from tui.suite.cli import build_parser
+    from shardbench.suite.cli import build_parser
 
     parser = build_parser()
     args = parser.parse_args(["run", "--rerun-flagged", "--force", "x-r1", "--force"])

@@ -7,10 +7,10 @@ from textual.app import App
 from textual.widgets import DataTable
 
 from tests.tui.test_board import board_with
-from tui.app.log_view import LogView
-from tui.app.screens.logs import LogsScreen
-from tui.app.screens.runs import RunsScreen
-from tui.suite import events as ev
+from shardbench.tui.app.log_view import LogView
+from shardbench.tui.app.screens.logs import LogsScreen
+from shardbench.tui.app.screens.runs import RunsScreen
+from shardbench.suite import events as ev
 
 
 async def test_runs_and_logs_screens_read_the_board_they_are_given():

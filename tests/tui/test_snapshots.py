@@ -9,11 +9,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from tui.app.app import BenchApp
-from tui.app.messages import ShowLogs, SuiteEvent
-from tui.app.screens.dialogs import Confirm
-from tui.suite import events as ev
-from tui.suite.matrix import MatrixSpec
+from shardbench.tui.app.app import BenchApp
+from shardbench.tui.app.messages import ShowLogs, SuiteEvent
+from shardbench.tui.app.screens.dialogs import Confirm
+from shardbench.suite import events as ev
+from shardbench.suite.matrix import MatrixSpec
 
 from .conftest import FIXED_AVAILABILITY, settle, write_results
 
@@ -107,7 +107,7 @@ def test_logs_screen(snap_compare, fixture_values, size):
 def test_results_screen(snap_compare, fixture_values, size, tmp_path, monkeypatch):
     """Configurations with 95% intervals, a flagged (yellow) and a broken (red) one, a failed run and
     an unreadable result.json as rows, the verdicts, plots with error bars."""
-    from tui.suite.synthetic import record
+    from shardbench.suite.synthetic import record
 
     monkeypatch.chdir(tmp_path)  # the screen names its results dir: keep it the same every run
     loss, off = [9.0, 8.5, 8.2, 8.1], [9.0, 8.6, 8.3, 8.2]
@@ -138,7 +138,7 @@ def test_results_screen(snap_compare, fixture_values, size, tmp_path, monkeypatc
 def test_runs_screen_while_a_run_starts(snap_compare, fixture_values, size, monkeypatch):
     """Before the first step a run says "starting" and its elapsed time counts."""
     # The board's clock only (Textual keeps the real one): a loaded machine rendered "16s" for 14.
-    monkeypatch.setattr("tui.app.board.time", SimpleNamespace(monotonic=lambda: 1014.2))
+    monkeypatch.setattr("shardbench.tui.app.board.time", SimpleNamespace(monotonic=lambda: 1014.2))
 
     async def run_before(pilot):
         pilot.app.post_message(SuiteEvent(ev.RunQueued(RUNS[0], 0, 2, {})))
@@ -167,9 +167,9 @@ def test_help_screen(snap_compare, fixture_values, size):
 
 def test_matrix_screen_when_every_run_is_done(snap_compare, fixture_values, size, tmp_path, monkeypatch):
     """Resume would skip every run: the count says so instead of "8 run(s) ready"."""
-    from trainer.record import write_atomic
-    from tui.suite.matrix import expand
-    from tui.suite.synthetic import record
+    from shardbench.trainer.record import write_atomic
+    from shardbench.suite.matrix import expand
+    from shardbench.suite.synthetic import record
 
     monkeypatch.chdir(tmp_path)
     specs, errors = expand(MATRIX)
@@ -185,7 +185,7 @@ def test_matrix_screen_when_every_run_is_done(snap_compare, fixture_values, size
 
 def test_results_screen_opened_on_a_report_directory(snap_compare, fixture_values, size, tmp_path, monkeypatch):
     """`benchtui --results reports/default`: no results there, and the screen says where they are."""
-    from tui.suite.synthetic import record
+    from shardbench.suite.synthetic import record
 
     monkeypatch.chdir(tmp_path)
     write_results(tmp_path / "results" / "default", [record("ddp", 1, 500.0)])

@@ -3,7 +3,7 @@ which a process with another group cannot make): JSON on stdin, a list of {"key"
 (PlanInput fields), "device_memory_bytes", "links"}; JSON on stdout, {key: prediction or
 {"error": why}}.
 
-    echo '[{"key": "a", "input": {"strategy": "ddp"}}]' | python -m trainer.plan.batch
+    echo '[{"key": "a", "input": {"strategy": "ddp"}}]' | python -m shardbench.trainer.plan.batch
 """
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import sys
 
 
 def main() -> int:
-    from trainer.plan.inputs import PlanInput
-    from trainer.plan.predict import predict
+    from shardbench.trainer.plan.inputs import PlanInput
+    from shardbench.trainer.plan.predict import predict
 
     out = {}
     for job in json.load(sys.stdin):

@@ -10,7 +10,7 @@ import json
 import math
 from pathlib import Path
 
-from trainer.plan.inputs import Params, PlanInput
+from shardbench.trainer.plan.inputs import Params, PlanInput
 
 DS_CONFIGS = Path(__file__).resolve().parent.parent / "ds_configs"
 DDP_FIRST_BUCKET = 1 << 20        # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from trainer.presets import PRESETS, ModelConfig
+from shardbench.trainer.presets import PRESETS, ModelConfig
 
 
 @dataclass(frozen=True)

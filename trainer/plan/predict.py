@@ -6,8 +6,8 @@ from __future__ import annotations
 import functools
 from dataclasses import replace
 
-from trainer.plan import formulas
-from trainer.plan.inputs import PlanInput
+from shardbench.trainer.plan import formulas
+from shardbench.trainer.plan.inputs import PlanInput
 
 # GPU only: what the caching allocator reserves beyond the tensors (fragmentation, rounding to
 # 512 B / 2 MiB blocks, the CUDA context is not counted). An assumption, stated in every plan.
@@ -21,7 +21,7 @@ the trace) is used."""
 
 @functools.lru_cache(maxsize=64)
 def _trace(inp: PlanInput):
-    from trainer.plan.trace import trace_step
+    from shardbench.trainer.plan.trace import trace_step
 
     return trace_step(inp)
 
@@ -73,7 +73,7 @@ def memory(inp: PlanInput, trace_fsdp: bool = True) -> tuple[dict[str, int], int
 
 def predict(inp: PlanInput, device_memory_bytes: int | None = None, links: dict | None = None,
             calibration: dict | None = None, trace_fsdp: bool | None = None) -> dict:
-    from trainer.plan import timing
+    from shardbench.trainer.plan import timing
 
     if trace_fsdp is None:
         trace_fsdp = inp.world_size <= TRACE_FSDP_UP_TO

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import math
 
-from trainer.plan.inputs import PlanInput
-from trainer.presets import ModelConfig
+from shardbench.trainer.plan.inputs import PlanInput
+from shardbench.trainer.presets import ModelConfig
 
 DEFAULT_EFFICIENCY = 0.4
 """Assumed fraction of the peak reached by compute when no measured run calibrates it."""

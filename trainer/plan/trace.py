@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from trainer.plan.inputs import PlanInput
-from trainer.plan.live import LiveTensors
+from shardbench.trainer.plan.inputs import PlanInput
+from shardbench.trainer.plan.live import LiveTensors
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -83,8 +83,8 @@ class _Step:
     """The model, its optimizer and one training step, as trainer.strategies run them."""
 
     def __init__(self, inp: PlanInput, engine: str, mode):
-        from trainer.model import TinyGPT
-        from trainer.strategies.base import param_groups
+        from shardbench.trainer.model import TinyGPT
+        from shardbench.trainer.strategies.base import param_groups
 
         self.inp, self.engine = inp, engine
         self.amp = _DTYPES.get(inp.precision)
@@ -120,8 +120,8 @@ class _Step:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
         from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-        from trainer.strategies.fsdp import reshard_after_forward_plan
-        from trainer.strategies.base import REDUCE_DTYPES
+        from shardbench.trainer.strategies.fsdp import reshard_after_forward_plan
+        from shardbench.trainer.strategies.base import REDUCE_DTYPES
 
         with unset_fake_temporarily():  # a mesh's rank table is a real tensor
             mesh = DeviceMesh("cpu", list(range(self.inp.world_size)))
@@ -205,7 +205,7 @@ def trace_step(inp: PlanInput) -> Trace:
 
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
-    from trainer.comm import COUNTER
+    from shardbench.trainer.comm import COUNTER
 
     engine = engine_for(inp)
     world = inp.world_size if engine == "fsdp" else 1

@@ -2,18 +2,18 @@
 zero strategies."""
 from __future__ import annotations
 
-from trainer.contract import STRATEGIES
-from trainer.strategies.base import Context, Strategy
+from shardbench.trainer.contract import STRATEGIES
+from shardbench.trainer.strategies.base import Context, Strategy
 
 
 def make_strategy(ctx: Context) -> Strategy:
     engine = STRATEGIES[ctx.cfg.strategy].engine
     if engine == "ddp":
-        from trainer.strategies.ddp import DDPStrategy as cls
+        from shardbench.trainer.strategies.ddp import DDPStrategy as cls
     elif engine == "fsdp":
-        from trainer.strategies.fsdp import FSDPStrategy as cls
+        from shardbench.trainer.strategies.fsdp import FSDPStrategy as cls
     else:
-        from trainer.strategies.zero import ZeroStrategy as cls
+        from shardbench.trainer.strategies.zero import ZeroStrategy as cls
     return cls(ctx)
 
 

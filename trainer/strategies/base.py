@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 import torch
 
-from trainer.config import RunConfig
-from trainer.dist_env import DistEnv
-from trainer.record import RankModelState
+from shardbench.trainer.config import RunConfig
+from shardbench.trainer.dist_env import DistEnv
+from shardbench.trainer.record import RankModelState
 
 
 # --grad-reduce-dtype -> torch dtype; every strategy reduces gradients in this one dtype.

@@ -6,9 +6,9 @@ import contextlib
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from trainer.metrics import model_state, optimizer_state_tensors
-from trainer.record import RankModelState
-from trainer.strategies.base import Context, Strategy, lr_lambda, make_adamw, param_groups
+from shardbench.trainer.metrics import model_state, optimizer_state_tensors
+from shardbench.trainer.record import RankModelState
+from shardbench.trainer.strategies.base import Context, Strategy, lr_lambda, make_adamw, param_groups
 
 
 class TorchStrategy(Strategy):

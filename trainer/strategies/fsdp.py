@@ -14,8 +14,8 @@ import contextlib
 
 import torch
 
-from trainer.strategies.base import REDUCE_DTYPES
-from trainer.strategies.ddp import TorchStrategy
+from shardbench.trainer.strategies.base import REDUCE_DTYPES
+from shardbench.trainer.strategies.ddp import TorchStrategy
 
 
 def reshard_after_forward_plan(n_blocks: int, reshard: bool = True) -> list[bool]:

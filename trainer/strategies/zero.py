@@ -13,10 +13,10 @@ from pathlib import Path
 
 import torch
 
-from trainer.contract import STRATEGIES
-from trainer.metrics import model_state, optimizer_state_tensors
-from trainer.record import RankModelState
-from trainer.strategies.base import Context, Strategy, lr_lambda, make_adamw, param_groups
+from shardbench.trainer.contract import STRATEGIES
+from shardbench.trainer.metrics import model_state, optimizer_state_tensors
+from shardbench.trainer.record import RankModelState
+from shardbench.trainer.strategies.base import Context, Strategy, lr_lambda, make_adamw, param_groups
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "ds_configs"
 

@@ -1,1 +1,1 @@
-"""benchtui: the interactive Textual app over the benchmark suite (entry point: tui.app.main)."""
+"""benchtui: the interactive Textual app over the benchmark suite (entry point: shardbench.tui.app.main)."""

@@ -1,8 +1,8 @@
 """benchtui: the Textual app. State lives in `RunBoard`; slow work runs in thread workers.
 
-Data flow: the Matrix screen builds a MatrixSpec -> a `Runner` (tui.suite.runner) runs it in a
+Data flow: the Matrix screen builds a MatrixSpec -> a `Runner` (shardbench.suite.runner) runs it in a
 thread worker; the Runs screen cancels through the runner's cancel(run_id) / cancel_all() -> each suite event is posted into the
-app as a typed Message (tui.app.messages) -> handlers fold it into the board and update the
+app as a typed Message (shardbench.tui.app.messages) -> handlers fold it into the board and update the
 screens that show it. Results are read back from results/<run-id>/result.json in a worker.
 """
 from __future__ import annotations
@@ -17,18 +17,18 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
-from tui.app import messages as msg
-from tui.suite import events as ev
-from trainer.contract import BACKENDS
-from tui.app.board import RunBoard
-from tui.app.screens.dialogs import Confirm, HelpScreen
-from tui.app.screens.logs import LogsScreen
-from tui.app.screens.matrix import MatrixScreen
-from tui.app.screens.results import ResultsScreen
-from tui.app.screens.runs import RunsScreen
-from tui.suite.backends import ClusterOptions, availability, get_backend
-from tui.app.matrix_plan import BENCHTUI_RESULTS
-from tui.suite.matrix import MatrixSpec, default_matrix, load_matrix, save_matrix
+from shardbench.tui.app import messages as msg
+from shardbench.suite import events as ev
+from shardbench.trainer.contract import BACKENDS
+from shardbench.tui.app.board import RunBoard
+from shardbench.tui.app.screens.dialogs import Confirm, HelpScreen
+from shardbench.tui.app.screens.logs import LogsScreen
+from shardbench.tui.app.screens.matrix import MatrixScreen
+from shardbench.tui.app.screens.results import ResultsScreen
+from shardbench.tui.app.screens.runs import RunsScreen
+from shardbench.suite.backends import ClusterOptions, availability, get_backend
+from shardbench.tui.app.matrix_plan import BENCHTUI_RESULTS
+from shardbench.suite.matrix import MatrixSpec, default_matrix, load_matrix, save_matrix
 
 MODES = ("matrix", "runs", "logs", "results")
 
@@ -65,7 +65,7 @@ class BenchApp(App):
         self.backend_status: dict[str, tuple[bool, str]] = dict(availability or {})
         self.board = RunBoard()
         self.runner = None
-        """The tui.suite.runner.Runner of the matrix running now (cancel goes through it)."""
+        """The shardbench.suite.runner.Runner of the matrix running now (cancel goes through it)."""
         self.matrix_worker: Worker | None = None
         self.views: dict[str, Screen] = {
             "matrix": MatrixScreen(matrix, matrix_path), "runs": RunsScreen(self.board),
@@ -158,7 +158,7 @@ class BenchApp(App):
 
     @work(thread=True, exclusive=True, group="matrix", exit_on_error=False)
     def run_specs(self, specs: list, backend_name: str, results_dir: Path, force=False) -> None:
-        from tui.suite.runner import Runner
+        from shardbench.suite.runner import Runner
 
         try:
             backend = get_backend(backend_name, self.cluster)
@@ -238,7 +238,7 @@ class BenchApp(App):
 
     def on_remeasure(self, message: msg.Remeasure) -> None:
         """Re-measure runs of the shown result set from their spec.json, into that same set."""
-        from tui.suite.rerun import saved_specs
+        from shardbench.suite.rerun import saved_specs
 
         if self.matrix_worker is not None and self.matrix_worker.is_running:
             self.notify("a matrix is already running: cancel it first (x)", severity="warning")
@@ -273,9 +273,9 @@ class BenchApp(App):
     # -- results ------------------------------------------------------------------------------
     @work(thread=True, exclusive=True, group="results", exit_on_error=False)
     def refresh_results(self) -> None:
-        from tui.app.results_model import ResultsView, compute
-        from tui.app.results_source import empty_hint
-        from tui.suite.metrics import load_records
+        from shardbench.tui.app.results_model import ResultsView, compute
+        from shardbench.tui.app.results_source import empty_hint
+        from shardbench.suite.metrics import load_records
 
         source = f"0 result(s) in {self.results_dir}"
         try:  # a bad record or directory must not take the app down nor leave the screen empty
@@ -313,7 +313,7 @@ class BenchApp(App):
 
     @work(thread=True, exclusive=True, group="report")
     def write_report(self) -> None:
-        from tui.suite.report import build_report
+        from shardbench.suite.report import build_report
 
         out = self.results_dir / "report"
         try:

@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from tui.suite import events as ev
+from shardbench.suite import events as ev
 
 
 @dataclass

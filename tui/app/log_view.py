@@ -19,7 +19,7 @@ from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from trainer.record import PROGRESS_PREFIX
+from shardbench.trainer.record import PROGRESS_PREFIX
 
 # What counts as an error line: exception names, launcher/MPI aborts, OOM kills, pod events.
 ERROR_LINE = re.compile(r"(Error|Exception|Traceback|Killed|ERROR|error:|FAILED|\[event\].*Warning|"

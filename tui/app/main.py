@@ -4,8 +4,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from trainer.contract import BACKENDS
-from tui.suite.backends import add_cluster_flags, cluster_options
+from shardbench.trainer.contract import BACKENDS
+from shardbench.suite.backends import add_cluster_flags, cluster_options
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -18,7 +18,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "directory; benchtui's own runs go to the Matrix screen's Results dir field, "
                              "results/benchtui unless --matrix names one)")
     parser.add_argument("--matrix", metavar="FILE",
-                        help="matrix YAML file to start from (default: tui/suite/matrices/default.yaml)")
+                        help="matrix YAML file to start from (default: suite/matrices/default.yaml)")
     parser.add_argument("--backend", choices=BACKENDS, help="backend to preselect (overrides the matrix file's)")
     add_cluster_flags(parser)
     return parser.parse_args(argv)
@@ -26,7 +26,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from tui.suite.matrix import DEFAULT_MATRIX, load_matrix
+    from shardbench.suite.matrix import DEFAULT_MATRIX, load_matrix
 
     try:
         matrix = load_matrix(args.matrix or DEFAULT_MATRIX)
@@ -35,8 +35,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.backend:
         matrix.backend = args.backend
-    from tui.app.app import BenchApp
-    from tui.app.matrix_plan import BENCHTUI_RESULTS
+    from shardbench.tui.app.app import BenchApp
+    from shardbench.tui.app.matrix_plan import BENCHTUI_RESULTS
 
     if not args.matrix:  # results/default is `make bench`'s: benchtui's runs must not change its report
         matrix.results = BENCHTUI_RESULTS

@@ -1,6 +1,6 @@
 """What starting the Matrix screen's matrix would do: which runs are already done, in words.
 
-Resume keeps a run whose result.json the results directory already trusts (tui/suite/store.py
+Resume keeps a run whose result.json the results directory already trusts (suite/store.py
 `ResultsDir.trusted`, the runner's own rule), so "30 runs ready" when all 30 are done and would
 be skipped is wrong: the screen counts them with the same rule.
 """
@@ -17,7 +17,7 @@ MAX_CHECKED = 2000
 
 def count_done(specs: list, results: str | Path) -> int:
     """Runs of `specs` that resume would skip (their result is already in `results`)."""
-    from tui.suite.store import ResultsDir
+    from shardbench.suite.store import ResultsDir
 
     if not specs or not results or len(specs) > MAX_CHECKED or not Path(results).is_dir():
         return 0

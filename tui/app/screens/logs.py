@@ -15,8 +15,8 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Input, Static
 
-from tui.app.board import RunBoard
-from tui.app.log_view import LogView
+from shardbench.tui.app.board import RunBoard
+from shardbench.tui.app.log_view import LogView
 
 
 class LogsScreen(Screen):

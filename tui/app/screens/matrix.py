@@ -12,13 +12,13 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, Input, Label, Select, SelectionList, Static
 from textual.widgets.selection_list import Selection
 
-from tui.app.messages import LoadMatrix, SaveMatrix
-from tui.app.screens.dialogs import ask_path
-from tui.app.matrix_form import EXTRA_FIELDS, from_matrix, shapes, to_matrix
-from trainer.contract import BACKENDS, LAUNCHERS, PRECISIONS, STRATEGIES
-from trainer.presets import PRESETS
-from tui.app.matrix_plan import BENCHTUI_RESULTS, count_done, run_count_text
-from tui.suite.matrix import MatrixSpec, default_matrix, expand
+from shardbench.tui.app.messages import LoadMatrix, SaveMatrix
+from shardbench.tui.app.screens.dialogs import ask_path
+from shardbench.tui.app.matrix_form import EXTRA_FIELDS, from_matrix, shapes, to_matrix
+from shardbench.trainer.contract import BACKENDS, LAUNCHERS, PRECISIONS, STRATEGIES
+from shardbench.trainer.presets import PRESETS
+from shardbench.tui.app.matrix_plan import BENCHTUI_RESULTS, count_done, run_count_text
+from shardbench.suite.matrix import MatrixSpec, default_matrix, expand
 
 INPUTS = (
     ("world_sizes", "World sizes"),
@@ -48,7 +48,7 @@ class CheckList(SelectionList[str]):
 
 
 def placeholders() -> dict[str, str]:
-    """What an empty input means: the default matrix's value (tui/suite/matrices/default.yaml)."""
+    """What an empty input means: the default matrix's value (suite/matrices/default.yaml)."""
     shown = from_matrix(default_matrix())
     shown["global_batch"] = shown["global_batch"] or "empty: micro x accum x world"
     return shown
@@ -102,7 +102,7 @@ class MatrixScreen(Screen):
                 yield Static(id="run-count")
                 yield Static(id="backend-note")
                 yield Static(id="problems")
-                plan = Static(id="plan")  # ctrl+l: the planner's prediction per run (tui/suite/planning.py)
+                plan = Static(id="plan")  # ctrl+l: the planner's prediction per run (suite/planning.py)
                 plan.display = False  # shown once asked for
                 yield plan
         yield Footer()
@@ -224,7 +224,7 @@ class MatrixScreen(Screen):
         self.run_worker(lambda: self._plan(specs), thread=True, exclusive=True, group="plan")
 
     def _plan(self, specs: list) -> None:
-        from tui.suite.planning import plan_lines, predict_specs
+        from shardbench.suite.planning import plan_lines, predict_specs
 
         predictions, why = predict_specs(specs)
         self.predictions = predictions  # the runs started next carry them (app.run_specs)

@@ -16,10 +16,10 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static
 from textual_plotext import PlotextPlot
 
-from tui.app.messages import OpenResults, Remeasure, ShowLogs
-from tui.app.results_model import COLUMNS, PLOTS, ResultsView, Row, fmt_cell
-from tui.app.screens.dialogs import ask_path
-from tui.suite.stats import Estimate
+from shardbench.tui.app.messages import OpenResults, Remeasure, ShowLogs
+from shardbench.tui.app.results_model import COLUMNS, PLOTS, ResultsView, Row, fmt_cell
+from shardbench.tui.app.screens.dialogs import ask_path
+from shardbench.suite.stats import Estimate
 
 ROW_STYLES = {"broken": "bold red", "flagged": "yellow", "not ok": "red dim"}
 

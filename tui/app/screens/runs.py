@@ -6,8 +6,8 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static
 
-from tui.app.board import RunBoard, RunRow
-from tui.app.messages import CancelRun, ShowLogs
+from shardbench.tui.app.board import RunBoard, RunRow
+from shardbench.tui.app.messages import CancelRun, ShowLogs
 
 COLUMNS = (("#", "index"), ("run", "run"), ("state", "state"), ("tok/s", "tps"), ("loss", "loss"),
            ("elapsed", "elapsed"), ("ETA", "eta"))

@@ -1,0 +1,148 @@
+"""The ray backend on a cluster: one Helm release of chart/ per run with `ray.enabled`, a KubeRay
+RayJob (ray.io/v1), followed like an MPIJob (kube/backend.py) with its submitter in the
+launcher's place.
+
+In K8sJobMode KubeRay makes a Kubernetes Job named after the RayJob whose pod runs `ray job
+submit ... -- <entrypoint>` and prints the driver's output (trainer/ray_launcher.py: every rank's
+lines, the record) until the job ends: that pod's log is the run's log. Before installing, the
+chart is rendered (`helm template`) and its RayJob checked with the rules KubeRay's CRD schema
+cannot express (suite/backends/rayjob.py: submissionMode, replicas...), so a job KubeRay
+would mark ValidationFailed is refused with one line instead. While waiting for the submitter,
+a RayJob whose jobDeploymentStatus is Failed or ValidationFailed ends the run with KubeRay's
+reason; no status within no_status_s means no KubeRay operator.
+
+Restarts are the driver's (ray.maxRestarts = the run's max_restarts); fault injection on the
+cluster (deleting a Ray worker pod) is not done yet: a faulty spec is refused with one line.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from shardbench.suite.backends.kube import api as kapi
+from shardbench.suite.backends.kube import diagnosis as dx
+from shardbench.suite.backends.kube.backend import Attempt, KubeBackend
+from shardbench.suite.backends.kube.values import deep_merge, release_values
+from shardbench.suite.backends.rayjob import RUNNABLE_MODES, rayjob_errors
+from shardbench.suite.collect import extract, failed_record
+
+RAYJOB = ("ray.io", "v1", "rayjobs")
+SUBMITTER_LABEL = "job-name"
+"""The Job controller's label on the submitter Job's pods (the Job is named after the RayJob)."""
+FAILED = ("Failed", "ValidationFailed")
+
+
+def deployment(job: dict | None) -> str:
+    return str(((job or {}).get("status") or {}).get("jobDeploymentStatus") or "")
+
+
+def why_failed(job: dict | None) -> str:
+    status = (job or {}).get("status") or {}
+    said = "; ".join(str(status[k]) for k in ("reason", "message") if status.get(k))
+    return f"RayJob {deployment(job)}" + (f": {said}" if said else "")
+
+
+def list_rayjobs(api, namespace: str, selector: dict[str, str]) -> list[dict]:
+    from kubernetes import client
+
+    group, version, plural = RAYJOB
+    resp = client.CustomObjectsApi(api).list_namespaced_custom_object(
+        group, version, namespace, plural, label_selector=",".join(f"{k}={v}" for k, v in selector.items()),
+        _preload_content=False, _request_timeout=30)
+    return kapi.labelled(kapi._json(resp).get("items") or [], selector)
+
+
+class RayJobAttempt(Attempt):
+    KIND = "RayJob"
+    RESOURCE = RAYJOB
+
+    def values(self) -> dict[str, Any]:
+        values = release_values(self.spec, self.b.values_directory)
+        extra: dict[str, Any] = {"launcher": "mpirun",  # the chart's MPI launcher; a RayJob's trainer is told ray
+                                 "ray": {"enabled": True, "maxRestarts": self.spec.max_restarts}}
+        gpn = values.get("gpusPerWorker") if values.get("gpuResource") else None
+        shape_gpn = ((values.get("shape") or {}).get("gpusPerNode")) if values.get("gpuResource") else None
+        if shape_gpn and self.spec.world_size > shape_gpn and self.spec.world_size % shape_gpn == 0:
+            # The matrix lays a ray run out on one machine; on a GPU cluster it spans nodes.
+            extra.update(workers=self.spec.world_size // shape_gpn, gpusPerWorker=shape_gpn)
+        elif gpn:
+            extra.update(workers=1, gpusPerWorker=self.spec.world_size)
+        return deep_merge(values, extra)
+
+    def precheck(self, values: dict[str, Any]) -> dict[str, Any] | None:
+        if self.spec.fault != "none":
+            return failed_record(self.spec, f"fault {self.spec.fault} is injected on the local ray backend only "
+                                            "(drop --ray-cluster), not yet into a RayJob")
+        mode = (values.get("ray") or {}).get("submissionMode", "K8sJobMode")
+        if mode not in RUNNABLE_MODES:
+            return failed_record(self.spec, f"ray.submissionMode {mode!r}: use one of {', '.join(RUNNABLE_MODES)}")
+        rendered = self.b.helm_client().template(self.b.chart, self.release, values, self.namespace)
+        job = next((r for r in rendered if r and r.get("kind") == self.KIND), None)
+        errors = ["the chart rendered no RayJob"] if job is None else rayjob_errors(job)
+        if errors:
+            return failed_record(self.spec, "RayJob refused before install: " + "; ".join(errors))
+        return None
+
+    def _pods(self) -> list[dict]:
+        return kapi.list_pods(self.api, self.namespace, {SUBMITTER_LABEL: self.job_name})
+
+    def _launcher_of(self, pods: list[dict]) -> dict | None:
+        return pods[0] if pods else None
+
+    def _leftovers(self) -> list[str]:
+        selector = {dx.INSTANCE_LABEL: self.release}
+        jobs = list_rayjobs(self.api, self.namespace, selector)
+        pods = kapi.list_pods(self.api, self.namespace, selector)
+        return [f"rayjob/{dx.name_of(j)}" for j in jobs] + [f"pod/{dx.name_of(p)}" for p in pods]
+
+    def _cannot_start(self, pods: list[dict]) -> str | None:
+        job = self.watch.job if self.watch else None
+        if deployment(job) in FAILED:
+            return f"{why_failed(job)} (before its submitter started)"
+        for pod in pods + kapi.list_pods(self.api, self.namespace, {dx.INSTANCE_LABEL: self.release}):
+            failure = dx.pod_failure(pod)
+            if failure:
+                self._show_events(dx.name_of(pod))
+                return f"pod {dx.name_of(pod)} failed before the run started: {failure}"
+        if not deployment(job) and time.monotonic() - self.installed_at > self.b.no_status_s:
+            return (f"RayJob {self.job_name} has no status {self.b.no_status_s:g} s after install: the KubeRay "
+                    f"operator is not running or does not watch namespace {self.namespace}")
+        return None
+
+    def _wait_final_phase(self) -> None:
+        until = time.monotonic() + max(3 * self.b.poll_s, 5)
+        while deployment(self.watch.job) not in ("Complete", *FAILED) and time.monotonic() < until:
+            if self.cancel.wait(0.2):
+                return
+
+    def _collect(self) -> dict[str, Any]:
+        found = extract(self.log.text(), self.spec.run_id)
+        if found.record is not None:
+            return found.record
+        error = found.error or "no result record in the submitter's log"
+        if deployment(self.watch.job) in FAILED:
+            error += f" ({why_failed(self.watch.job)})"
+        return failed_record(self.spec, error)
+
+
+class KubeRayBackend(KubeBackend):
+    """Backend ray with --ray-cluster: each run a RayJob of the chart on a KubeRay cluster."""
+
+    name = "ray"
+    attempt_class = RayJobAttempt
+
+    def availability(self) -> tuple[bool, str]:
+        ok, why = super().availability()
+        if not ok and not why.startswith("MPI Operator"):
+            return ok, why
+        from kubernetes import client
+
+        try:
+            group, version, plural = RAYJOB
+            found = client.CustomObjectsApi(self.api()).get_api_resources(group, version, _request_timeout=5)
+            names = [r.name for r in (found.resources or [])]
+        except Exception:  # noqa: BLE001 - 404: the group is not served
+            names = []
+        if plural not in names:
+            return False, "KubeRay not installed: the cluster serves no ray.io/v1 rayjobs"
+        return True, ""

@@ -1,0 +1,81 @@
+"""The report's plan section: every run's prediction (the record's `prediction`, made by
+`shardbench run` before launch) beside its measurement, with the error per category
+(predicted / measured - 1; trainer/plan/accuracy.py), and the assumptions the plans rest on."""
+from __future__ import annotations
+
+from shardbench.trainer.plan.accuracy import errors, measured_state
+
+MiB = 2 ** 20
+
+
+def _mib(x) -> str:
+    return "-" if x is None else f"{x / MiB:.1f}"
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{x:+.1%}"
+
+
+_SAME = ("strategy", "seq_len", "micro_batch", "grad_accum", "precision", "device", "gpu_shape")
+
+
+def _calibrated(p: dict, r: dict, records: list[dict]) -> dict:
+    """The prediction with its step time calibrated from the fastest ok world-size-1 run of the
+    same configuration in this result set (compute rate achieved there; timing.py)."""
+    from shardbench.trainer.plan import timing
+    from shardbench.trainer.plan.inputs import PlanInput
+
+    base = [b for b in records if b.get("status") == "ok" and b.get("world_size") == 1 and b.get("tokens_per_s")
+            and b.get("model") == r.get("model") and all(b.get(k) == r.get(k) for k in _SAME)]
+    if not base:
+        return p
+    best = max(base, key=lambda b: b["tokens_per_s"])
+    cal = {"achieved_flops": best["tokens_per_s"] * best["flops_per_token"],
+           "source": f"calibrated on {best.get('run_id')}"}
+    try:
+        step = timing.step_time(PlanInput(**p["input"]), p.get("comm_per_step") or {}, p.get("links") or {}, cal)
+    except (TypeError, KeyError):
+        return p
+    return {**p, "step_time": step}
+
+
+def rows(records: list[dict]) -> list[list[str]]:
+    out = []
+    for r in sorted(records, key=lambda r: r.get("run_id") or ""):
+        p = r.get("prediction")
+        if r.get("status") != "ok" or not isinstance(p, dict):
+            continue
+        p = _calibrated(p, r, records)
+        e = errors(p, r)
+        step = (p.get("step_time") or {}).get("seconds")
+        measured_step = (r.get("step_time_s") or {}).get("mean")
+        gpu = r.get("device") == "cuda"
+        peak_pred = p.get("peak_bytes") if gpu else p.get("tensor_peak_bytes")
+        peak_meas = r.get("peak_memory_bytes") if gpu else r.get("tensor_peak_bytes")
+        peak_err = (peak_pred / peak_meas - 1) if peak_pred and peak_meas else None
+        fits = {True: "yes", False: "NO", None: "?"}[p.get("fits")]
+        out.append([r.get("run_id", ""), f"{_mib(p.get('model_state_bytes'))} / {_mib(measured_state(r))}",
+                    _pct(e["state"]), f"{_mib(peak_pred)} / {_mib(peak_meas)}", _pct(peak_err), _pct(e["comm"]),
+                    "-" if step is None else f"{step:.3g} / {measured_step:.3g}" if measured_step else f"{step:.3g} / -",
+                    _pct(e["step"]), fits])
+    return out
+
+
+def markdown(records: list[dict]) -> str:
+    head = "## Plan vs measurement\n\n"
+    table = rows(records)
+    if not table:
+        return head + ("No ok record carries a prediction (runs made with `shardbench run --no-plan`, or "
+                       "before the planner): `shardbench plan` predicts them (docs/planner.md).")
+    cols = ["run", "model state MiB pred / meas", "err", "peak MiB pred / meas", "err", "comm bytes err (worst op)",
+            "step s pred / meas", "err", "fits"]
+    lines = ["| " + " | ".join(cols) + " |", "| " + " | ".join("---" for _ in cols) + " |"]
+    lines += ["| " + " | ".join(row) + " |" for row in table]
+    assumptions = sorted({a for r in records if isinstance(r.get("prediction"), dict)
+                          for a in r["prediction"].get("assumptions", [])})
+    note = ("Step time: compute calibrated on the fastest world-size-1 run of the same configuration in "
+            "this result set, plus exposed alpha-beta communication (docs/planner.md). "
+            "Peak: on GPU the predicted peak with allocator overhead against max allocated; on CPU the "
+            "predicted tensor peak against the live-tensor peak of the untimed memory step. err = "
+            "predicted / measured - 1.\n\n")
+    return head + note + "\n".join(lines) + "\n\nAssumptions:\n\n" + "\n".join(f"- {a}" for a in assumptions)

@@ -1,0 +1,80 @@
+"""The matrix's plans (torch-free): every run's prediction before launch, made by
+trainer/plan in one subprocess, and the fit check (warn, or refuse with --strict, runs predicted
+over their device's memory)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from shardbench.trainer.plan.inputs import PlanInput
+
+REPO = Path(__file__).resolve().parents[1]
+_FIELDS = set(PlanInput.__dataclass_fields__)
+
+
+def plan_input(spec) -> PlanInput:
+    """A run spec as the planner's input (auto device and precision resolved as the trainer
+    does: a shape with GPUs means cuda and bf16, else cpu and fp32)."""
+    options = {k: v for k, v in dict(spec.options).items() if k in _FIELDS}
+    device = spec.device
+    if device == "auto":
+        device = "cuda" if spec.peak_tflops else "cpu"
+    precision = spec.precision if spec.precision != "auto" else ("bf16" if device == "cuda" else "fp32")
+    return PlanInput(strategy=spec.strategy, world_size=spec.world_size, model=spec.model, seq_len=spec.seq_len,
+                     micro_batch=spec.micro_batch, grad_accum=spec.grad_accum, precision=precision, device=device,
+                     **options)
+
+
+def predict_specs(specs, timeout_s: float = 600) -> tuple[dict[str, dict], str | None]:
+    """({run id: prediction}, why none were made). One subprocess plans every distinct input."""
+    from shardbench.suite.plan_cmd import shape_context
+
+    jobs, keys = {}, {}
+    try:
+        for s in specs:
+            inp = plan_input(s)
+            _, mem, links = shape_context(s.shape) if s.shape else ({}, None, {})
+            key = json.dumps([inp.to_dict(), mem, links], sort_keys=True, default=str)
+            jobs[key] = {"key": key, "input": inp.to_dict(), "device_memory_bytes": mem, "links": links}
+            keys[s.run_id] = key
+    except (TypeError, ValueError, OSError) as exc:
+        return {}, f"no plan: {exc}"
+    try:
+        proc = subprocess.run([sys.executable, "-m", "shardbench.trainer.plan.batch"], input=json.dumps(list(jobs.values())),
+                              capture_output=True, text=True, timeout=timeout_s, cwd=REPO)
+        out: dict[str, Any] = json.loads(proc.stdout) if proc.returncode == 0 else {}
+    except (OSError, subprocess.SubprocessError, ValueError) as exc:
+        return {}, f"no plan: the planner failed ({type(exc).__name__}: {exc})"
+    if not out:
+        return {}, f"no plan: the planner exited {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}"
+    return {rid: out[k] for rid, k in keys.items() if k in out and "error" not in out[k]}, None
+
+
+def over_memory(specs, predictions: dict[str, dict]) -> list[str]:
+    """One line per run predicted over its device's memory."""
+    lines = []
+    for s in specs:
+        p = predictions.get(s.run_id)
+        if p and p.get("fits") is False:
+            lines.append(f"{s.run_id}: predicted peak {p['peak_bytes'] / 2 ** 30:.1f} GiB per rank > "
+                         f"{p['device_memory_bytes'] / 2 ** 30:.0f} GiB on {s.shape} (shardbench plan shows why)")
+    return lines
+
+
+def plan_lines(specs, predictions: dict[str, dict]) -> list[str]:
+    """One line per run for benchtui's plan panel: peak per rank, fit, step time."""
+    lines = []
+    for s in specs:
+        p = predictions.get(s.run_id)
+        if not p:
+            lines.append(f"{s.strategy} w{s.world_size}: no prediction")
+            continue
+        fits = {True: "fits", False: "DOES NOT FIT", None: "fit unknown"}[p.get("fits")]
+        step = (p.get("step_time") or {}).get("seconds")
+        lines.append(f"{s.strategy} w{s.world_size} s{s.seq_len} mb{s.micro_batch} ga{s.grad_accum}: "
+                     f"peak {p['peak_bytes'] / 2 ** 20:,.0f} MiB/rank, {fits}"
+                     + (f", step {step:.3g} s" if step else ""))
+    return lines

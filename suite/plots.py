@@ -1,0 +1,195 @@
+"""The report's plots, drawn from the analysis (suite/analysis.py).
+
+One PNG per metric against the number of devices, one line per strategy, error bars = the 95%
+intervals (shown whenever a point has repeats); plus a stacked bar chart of the model-state
+breakdown per strategy and world size. A plot no configuration has data for (MFU without a known
+peak, H2D or GPU peak on CPU) is not drawn, and `write_plots` says why.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only: no display on a server or in CI
+import matplotlib.pyplot as plt  # noqa: E402
+
+from shardbench.suite.analysis import STATE_PARTS, Analysis, Config  # noqa: E402
+from shardbench.suite.stats import finite  # noqa: E402
+
+
+@dataclass(frozen=True)
+class PlotSpec:
+    """One line plot: which configuration estimate against world size, and its labels."""
+
+    filename: str
+    metric: str
+    """A name Config.get understands (a summary metric, scaling_efficiency or speedup)."""
+    title: str
+    ylabel: str
+    scale: float = 1.0
+    ideal_line: bool = False
+    """Draw the y = 1 line (linear scaling / no speedup)."""
+
+
+PLOTS = [
+    PlotSpec("tokens_per_s.png", "tokens_per_s", "Training throughput", "tokens / s (global)"),
+    PlotSpec("step_time.png", "step_time_mean_s", "Optimizer step time", "seconds per step (mean)"),
+    PlotSpec("scaling_efficiency.png", "scaling_efficiency",
+             "Scaling efficiency vs the strategy's smallest world size", "efficiency (1.0 = linear)", ideal_line=True),
+    PlotSpec("speedup.png", "speedup", "Speedup over the best single-device run of any strategy", "speedup",
+             ideal_line=True),
+    PlotSpec("gpu_train_peak.png", "train_peak_gib", "GPU memory peak during training", "GiB per device"),
+    PlotSpec("mfu.png", "mfu", "Model FLOPs utilization", "MFU (%)", scale=100.0),
+    PlotSpec("h2d_bandwidth.png", "h2d_gbps", "Host-to-device copy bandwidth", "GB/s"),
+]
+STATE_PLOT = "model_state.png"
+MAX_LEGEND = 30  # more lines than this make an unreadable legend that takes seconds to lay out
+
+
+def series(an: Analysis, metric: str) -> dict[str, list[tuple[int, float, float, float]]]:
+    """label -> [(devices, mean, 95% low, 95% high)] sorted by devices (low = high = mean without
+    an interval); finite values only. The interval is on a log scale: never below 0, not symmetric."""
+    out: dict[str, list[tuple[int, float, float]]] = {}
+    varying = _varying(an.configs)
+    for c in an.configs:
+        e = c.get(metric)
+        if e is None or not finite(e.mean):
+            continue
+        lo, hi = (e.lo, e.hi) if e.has_interval and finite(e.lo) and finite(e.hi) else (e.mean, e.mean)
+        out.setdefault(_label(c, varying), []).append((int(c.world_size), e.mean, lo, hi))
+    return {k: sorted(v) for k, v in sorted(out.items())}
+
+
+def _varying(configs: list[Config]) -> list[str]:
+    """Besides strategy, what splits lines: whatever differs between configurations of one strategy."""
+    cols = []
+    for col in ("seq_len", "model", "precision", "launcher", "micro_batch"):
+        seen: dict[str, set] = {}
+        for c in configs:
+            seen.setdefault(str(c.strategy), set()).add(str(c.key[col]))
+        if any(len(v) > 1 for v in seen.values()):
+            cols.append(col)
+    return cols
+
+
+def _label(c: Config, varying: list[str]) -> str:
+    parts = [str(c.strategy)]
+    for col in varying:
+        value = c.key[col]
+        parts.append(f"s{int(value)}" if col == "seq_len" and finite(value) else
+                     f"mb{int(value)}" if col == "micro_batch" and finite(value) else str(value))
+    return " ".join(parts)
+
+
+def _context(an: Analysis) -> str:
+    parts = []
+    for col, text in (("model", "{}"), ("seq_len", "seq {}"), ("precision", "{}"), ("gpu_shape", "shape {}")):
+        values = {str(c.key[col]) for c in an.configs}
+        if len(values) == 1:
+            value = next(iter(values))
+            parts.append(text.format(value.removesuffix(".0")))
+    return ", ".join(parts)
+
+
+def draw(an: Analysis, plot: PlotSpec, path: Path) -> bool:
+    """One line plot into `path`; False (no file) when no configuration has the metric."""
+    data = series(an, plot.metric)
+    if not data:
+        return False
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
+    with_bars = False
+    if len(data) > MAX_LEGEND:
+        with_bars = _draw_many(ax, data, plot.scale)
+    for label, points in data.items() if len(data) <= MAX_LEGEND else ():
+        xs = [p[0] for p in points]
+        ys = [p[1] * plot.scale for p in points]
+        err = [[(p[1] - p[2]) * plot.scale for p in points], [(p[3] - p[1]) * plot.scale for p in points]]
+        bars = any(err[0]) or any(err[1])
+        with_bars |= bars
+        ax.errorbar(xs, ys, yerr=err if bars else None, marker="o", capsize=4, label=label)
+    if plot.ideal_line:
+        ax.axhline(1.0, color="grey", linestyle="--", linewidth=1, label="linear" if "scaling" in plot.metric else "1x")
+    ax.set_xticks(sorted({p[0] for pts in data.values() for p in pts}))
+    ax.set_ylim(bottom=0)  # from zero: a cropped axis makes a 5% gap look like 5x
+    ax.set_xlabel("devices (world size)")
+    ax.set_ylabel(plot.ylabel)
+    ax.set_title(f"{plot.title}\n{_context(an)}", fontsize="medium")
+    ax.grid(True, alpha=0.3)
+    if len(data) <= MAX_LEGEND:
+        ax.legend(title="strategy", fontsize="small")
+    ax.annotate("error bars: 95% intervals" if with_bars else "one repeat per point: no intervals",
+                xy=(0.99, 0.01), xycoords="axes fraction", ha="right", va="bottom", fontsize="x-small", color="grey")
+    _save(fig, path)
+    return True
+
+
+def _draw_many(ax, data: dict[str, list[tuple[int, float, float]]], scale: float) -> bool:
+    """More lines than a legend can name: all of them as one collection of lines, one of points
+    and one of error bars (an errorbar() call per line took most of a 5,000-run report's time).
+    Returns whether any point has an interval."""
+    from matplotlib.collections import LineCollection
+
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    lines, points, bars = [], [], []
+    for k, pts in enumerate(data.values()):
+        color = colors[k % len(colors)]
+        lines.append(([(x, y * scale) for x, y, _ in pts], color))
+        points += [(x, y * scale, color) for x, y, _ in pts]
+        bars += [(x, (y - e) * scale, (y + e) * scale, color) for x, y, e in pts if e]
+    ax.add_collection(LineCollection([seg for seg, _ in lines], colors=[c for _, c in lines], linewidths=1))
+    ax.scatter([p[0] for p in points], [p[1] for p in points], c=[p[2] for p in points], s=16, zorder=3)
+    if bars:
+        ax.vlines([b[0] for b in bars], [b[1] for b in bars], [b[2] for b in bars], colors=[b[3] for b in bars])
+    ax.autoscale_view()
+    return bool(bars)
+
+
+def draw_model_state(an: Analysis, path: Path) -> bool:
+    """Stacked bars: params, grads, optimizer, master, comm buffers per strategy and world size."""
+    bars = [c for c in an.configs if c.breakdown and all(finite(v) for v in c.breakdown.values())]
+    if not bars:
+        return False
+    bars.sort(key=lambda c: (int(c.world_size), str(c.strategy), str(c.config_id)))
+    varying = _varying(bars)
+    fig, ax = plt.subplots(figsize=(max(7.0, 0.6 * len(bars) + 2), 4.5), dpi=110)
+    xs = range(len(bars))
+    bottom = [0.0] * len(bars)
+    for part in STATE_PARTS:
+        values = [c.breakdown.get(part, 0.0) * 1024 for c in bars]
+        if any(values):
+            ax.bar(xs, values, bottom=bottom, label="comm buckets (--bucket-mib)" if part == "comm_buffer" else part)
+            bottom = [b + v for b, v in zip(bottom, values)]
+    ax.set_xticks(list(xs), [f"{_label(c, varying)}\n{int(c.world_size)} dev" for c in bars], fontsize="small")
+    ax.set_ylabel("MiB held by one rank (the rank holding the most)")
+    ax.set_title(f"Model state per rank\n{_context(an)}", fontsize="medium")
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize="small")
+    _save(fig, path)
+    return True
+
+
+def _save(fig, path: Path) -> None:
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fig.savefig(path)
+    finally:
+        plt.close(fig)
+
+
+def write_plots(an: Analysis, out_dir: str | Path) -> tuple[list[Path], list[str]]:
+    """Every plot that has data, as PNGs in out_dir; plus one line per plot skipped and why."""
+    out_dir = Path(out_dir)
+    written, skipped = [], []
+    jobs = [(p.filename, p.metric, lambda path, p=p: draw(an, p, path)) for p in PLOTS]
+    jobs.insert(2, (STATE_PLOT, "the model-state breakdown", lambda path: draw_model_state(an, path)))
+    for filename, what, job in jobs:
+        path = out_dir / filename
+        path.unlink(missing_ok=True)  # a stale plot from an earlier report must not survive
+        if job(path):
+            written.append(path)
+        else:
+            skipped.append(f"{filename}: no ok run recorded {what}")
+    return written, skipped

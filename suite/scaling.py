@@ -1,0 +1,66 @@
+"""Scaling efficiency: eff(N) = tok/s(N) / (tok/s(base) x N / base).
+
+The base of a configuration is the run at the smallest world size whose measured settings are
+all equal except world size (suite/groups.py base_key) and whose batch follows the same rule:
+the same grad-accum (the global batch grows with the world size) or, failing that, the same
+global batch (grad-accum derived from the world size). Nothing else may differ: the old base
+pooled grad-accum, threads, activation checkpointing and compile (0.68 [0.46, 0.90] where the
+truth was 0.95).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from shardbench.suite import groups, metrics
+from shardbench.suite.stats import estimate, exact, ratio
+
+
+def _ok(df: pd.DataFrame) -> pd.DataFrame:
+    return df[(df["status"] == "ok") & df["tokens_per_s"].notna() & df["world_size"].notna()]
+
+
+def _base_rows(base_runs: pd.DataFrame, ga: Any, gb: Any) -> pd.DataFrame:
+    same_ga = base_runs[base_runs["grad_accum"] == ga]
+    return same_ga if len(same_ga) else base_runs[base_runs["global_batch"] == gb]
+
+
+def _note(strategy: Any, base: int, rows: pd.DataFrame) -> str:
+    if rows.empty:
+        return f"no {strategy} run at {base} dev with the same settings and the same grad-accum or global batch"
+    statuses = ", ".join(f"{r['run_id']} {r['status']}" + (f" ({str(r['error'])[:80]})" if r["error"] else "")
+                         for _, r in rows.head(3).iterrows())
+    return f"base {strategy} at {base} dev has no ok run: {statuses}"
+
+
+def fill(df: pd.DataFrame, configs: list[Any]) -> None:
+    """scaling_* columns of df's runs and efficiency / base_world_size / efficiency_note of configs."""
+    runs = df[(df["status"] != metrics.UNREADABLE) & df["world_size"].notna()]
+    if runs.empty:
+        return
+    by_config = {str(c.config_id): c for c in configs}
+    for _, group in runs.groupby(runs["settings"].map(groups.base_key), sort=False):
+        base = int(group["world_size"].min())
+        base_runs = group[group["world_size"] == base]
+        for config_id, rows in group.groupby(group["config_id"].astype(str), sort=False):
+            first = rows.iloc[0]
+            chosen = _base_rows(base_runs, first["grad_accum"], first["global_batch"])
+            base_est = estimate(_ok(chosen)["tokens_per_s"])
+            df.loc[rows.index, "scaling_base_world_size"] = base
+            c = by_config.get(config_id)
+            if base_est is None:
+                note = _note(first["strategy"], base, chosen)
+                df.loc[rows.index, "scaling_note"] = note
+                if c is not None:
+                    c.base_world_size, c.efficiency_note = base, note
+                continue
+            ok = _ok(rows)
+            df.loc[ok.index, "scaling_efficiency"] = ok["tokens_per_s"] / (base_est.mean * ok["world_size"] / base)
+            if c is None:
+                continue
+            c.base_world_size = base
+            if int(c.world_size) == base:
+                c.efficiency, c.efficiency_note = exact(c.n, 1.0), "base (1.00 by definition)"
+            else:
+                c.efficiency = ratio(c.est["tokens_per_s"], base_est, scale=base / c.world_size)

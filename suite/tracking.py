@@ -1,0 +1,178 @@
+"""MLflow tracking of a suite: every run of the matrix becomes one MLflow run.
+
+What a run carries: params = the run's settings (its spec: strategy, world size, knobs...), per
+step metrics (loss of every step, time of every measured step), the record's summary numbers,
+tags (status, error, git commit, torch/DeepSpeed/NCCL versions, host, device), and the record and
+the log as artifacts. The MLflow run ends FINISHED for an ok record, FAILED otherwise.
+
+Where: a local file store under the results directory (`<results>/mlruns`) by default, or any
+tracking server with `shardbench run --mlflow-uri http://host:5000`. The client is mlflow-skinny
+(the optional `tracking` extra), so the base install stays light. Tracking never costs a result:
+a run that cannot be logged is one warning line, and the matrix goes on.
+
+The tracker is an event sink (suite/events.py): the runner emits RunFinished after the run's
+result.json is on disk, so nothing in the runner knows about MLflow.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from shardbench.suite.events import Emit, RunFinished, RunQueued, RunStateChanged
+
+REPO = Path(__file__).resolve().parents[1]
+MAX_PARAM = 6000  # MLflow's limit on a param value's length
+SUMMARY = ("tokens_per_s", "tokens_per_s_per_device", "mfu", "final_loss", "peak_memory_bytes",
+           "model_state_bytes_per_rank", "wall_time_s", "time_to_first_step_s", "h2d_gbps", "measured_steps")
+ARTIFACTS = ("result.json", "log.txt", "spec.json")
+
+
+class TrackingError(Exception):
+    """Tracking cannot start (no mlflow client, unreachable server): one line for the user."""
+
+
+def default_uri(results: str | Path) -> str:
+    return (Path(results).resolve() / "mlruns").as_uri()
+
+
+def git_commit(repo: Path = REPO) -> str | None:
+    try:
+        out = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (out.stdout.strip() or None) if out.returncode == 0 else None
+
+
+def _client(uri: str):
+    if uri.startswith("file:"):
+        # MLflow 3 keeps its file store only on request; it is the dependency-free local default.
+        os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+    # A wrong server address should fail in seconds, not after MLflow's minutes of retries.
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
+    try:
+        from mlflow.tracking import MlflowClient
+    except ImportError as exc:
+        raise TrackingError("MLflow tracking needs the mlflow client: pip install 'shardbench[tracking]' "
+                            f"(mlflow-skinny) ({exc})") from None
+    return MlflowClient(tracking_uri=uri)
+
+
+class Tracker:
+    """Logs each finished run of a suite to one MLflow experiment."""
+
+    def __init__(self, uri: str, results: str | Path, experiment: str = "shardbench",
+                 warn: Callable[[str], None] = lambda text: None):
+        self.uri, self.results, self.warn = uri, Path(results), warn
+        self.client = _client(uri)
+        try:
+            found = self.client.get_experiment_by_name(experiment)
+            self.experiment_id = found.experiment_id if found else self.client.create_experiment(experiment)
+        except Exception as exc:  # noqa: BLE001 - whatever the store says, said in one line
+            raise TrackingError(f"MLflow tracking at {uri} unusable: {type(exc).__name__}: "
+                                f"{str(exc).splitlines()[0] if str(exc) else ''}") from None
+        self.commit = git_commit()
+        self.specs: dict[str, dict] = {}
+        self.skipped: set[str] = set()
+        self.logged: dict[str, str] = {}  # shardbench run id -> MLflow run id
+
+    def wrap(self, emit: Emit) -> Emit:
+        """An emit that feeds this tracker, then `emit`."""
+        def both(event) -> None:
+            self.on_event(event)
+            emit(event)
+        return both
+
+    def on_event(self, event) -> None:
+        if isinstance(event, RunQueued):
+            self.specs[event.run_id] = event.spec
+        elif isinstance(event, RunStateChanged) and event.state == "skipped":
+            self.skipped.add(event.run_id)  # kept from an earlier suite: logged back then
+        elif isinstance(event, RunFinished) and event.run_id not in self.skipped:
+            try:
+                self.logged[event.run_id] = self.log_run(event.run_id, self.specs.get(event.run_id, {}), event.record)
+            except Exception as exc:  # noqa: BLE001 - tracking must never cost a result
+                self.warn(f"mlflow: run {event.run_id} not logged: {type(exc).__name__}: {exc}")
+
+    def log_run(self, run_id: str, spec: dict, record: dict) -> str:
+        from mlflow.entities import Metric, Param, RunTag
+
+        c = self.client
+        run = c.create_run(self.experiment_id, run_name=run_id, tags=dict(self._tags(run_id, record)))
+        mid = run.info.run_id
+        params = [Param(k, v) for k, v in _params(spec, record).items()]
+        metrics = [Metric(k, v, _ms(record), s) for k, v, s in _metrics(record)]
+        for i in range(0, len(params), 100):  # MLflow's batch limits: 100 params, 1000 metrics
+            c.log_batch(mid, params=params[i:i + 100])
+        for i in range(0, len(metrics), 1000):
+            c.log_batch(mid, metrics=metrics[i:i + 1000])
+        run_dir = self.results / run_id
+        for name in ARTIFACTS:
+            if (run_dir / name).is_file():
+                c.log_artifact(mid, str(run_dir / name))
+        c.set_terminated(mid, status="FINISHED" if record.get("status") == "ok" else "FAILED")
+        return mid
+
+    def _tags(self, run_id: str, record: dict):
+        yield "shardbench.run_id", run_id
+        yield "mlflow.source.name", "shardbench run"
+        yield "mlflow.source.type", "LOCAL"
+        if self.commit:
+            yield "mlflow.source.git.commit", self.commit
+        for key in ("status", "config_id", "hostname", "device_name", "gpu_shape", "launcher", "strategy"):
+            if record.get(key) is not None:
+                yield f"shardbench.{key}", str(record[key])[:5000]
+        if record.get("error"):
+            yield "shardbench.error", str(record["error"])[:5000]
+        for name, version in (record.get("versions") or {}).items():
+            if version is not None:
+                yield f"version.{name}", str(version)
+        if record.get("nccl_env"):
+            yield "shardbench.nccl_env", json.dumps(record["nccl_env"], sort_keys=True)[:5000]
+
+
+def _ms(record: dict) -> int:
+    from datetime import datetime
+
+    stamp = record.get("finished_at") or record.get("started_at")
+    try:
+        return int(datetime.fromisoformat(stamp).timestamp() * 1000)
+    except (TypeError, ValueError):
+        import time
+
+        return int(time.time() * 1000)
+
+
+def _params(spec: dict, record: dict) -> dict[str, str]:
+    """The run's settings: its spec (the matrix's knobs flattened), else the record's fields."""
+    flat: dict[str, Any] = {k: v for k, v in spec.items() if k != "options"}
+    flat.update(spec.get("options") or {})
+    if not spec:  # a record without its spec (should not happen): what the record says it ran
+        flat = {k: record.get(k) for k in ("strategy", "launcher", "world_size", "precision", "seq_len",
+                                           "micro_batch", "grad_accum", "global_batch", "steps", "warmup_steps")}
+    flat.setdefault("model", (record.get("model") or {}).get("preset"))
+    return {k: (json.dumps(v) if isinstance(v, (dict, list)) else str(v))[:MAX_PARAM]
+            for k, v in sorted(flat.items()) if v is not None}
+
+
+def _metrics(record: dict):
+    """(key, value, step): the loss of every step (step = optimizer step, from 1), the time of
+    every measured step (step = its ordinal among measured steps), then the summary at step 0."""
+    for i, loss in enumerate(record.get("loss_per_step") or []):
+        yield "loss", float(loss), i + 1
+    for i, dt in enumerate((record.get("step_time_s") or {}).get("all") or []):
+        yield "step_time_s", float(dt), i
+    for key in SUMMARY:
+        if isinstance(record.get(key), (int, float)):
+            yield key, float(record[key]), 0
+    times = record.get("step_time_s") or {}
+    for key in ("mean", "p50", "p90"):
+        if times.get(key) is not None:
+            yield f"step_time_{key}_s", float(times[key]), 0
+    for op, per in (record.get("comm_per_step") or {}).items():
+        yield f"comm_{op}_bytes_per_step", float(per["bytes"]), 0
+        yield f"comm_{op}_calls_per_step", float(per["calls"]), 0
