@@ -60,8 +60,9 @@ RUN case "$VARIANT" in \
 RUN if [ "$VARIANT" = cpu ]; then export DS_BUILD_SHM_COMM=1; fi \
  && DS_BUILD_OPS=0 pip install --no-build-isolation "deepspeed==${DEEPSPEED_VERSION}"
 # This project (the trainer and its DeepSpeed configs; the suite comes along, unused here).
-COPY pyproject.toml README.md /src/
+COPY pyproject.toml setup.py README.md /src/
 COPY trainer /src/trainer
+COPY suite /src/suite
 COPY tui /src/tui
 # The ray extra (ray[default,train,tune], optuna): the chart's KubeRay RayJob (ray.enabled) runs its
 # head, workers and driver in this image. --build-arg EXTRAS= leaves it out.
@@ -109,4 +110,4 @@ USER ${UID}
 WORKDIR /home/${USER}
 EXPOSE ${SSH_PORT}
 ENTRYPOINT ["/usr/local/bin/shardbench-entrypoint"]
-CMD ["python", "-m", "trainer", "--help"]
+CMD ["python", "-m", "shardbench.trainer", "--help"]

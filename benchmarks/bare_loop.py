@@ -10,8 +10,8 @@ import time
 
 import torch
 
-from trainer.data import SyntheticBatches
-from trainer.model import PRESETS, TinyGPT
+from shardbench.trainer.data import SyntheticBatches
+from shardbench.trainer.model import PRESETS, TinyGPT
 
 
 def main() -> None:

@@ -13,9 +13,9 @@ import time
 import types
 import urllib.request
 
-from trainer import exporter
-from trainer.config import parse_args
-from trainer.record import ResultRecord
+from shardbench.trainer import exporter
+from shardbench.trainer.config import parse_args
+from shardbench.trainer.record import ResultRecord
 
 
 def median_us(fn, n: int) -> float:

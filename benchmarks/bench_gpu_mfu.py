@@ -28,7 +28,7 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--peak-tflops", type=float, default=None)
     a = p.parse_args()
-    base = [sys.executable, "-m", "trainer", "--strategy", "ddp", "--model", "gpt2-124m", "--seq-len", "2048",
+    base = [sys.executable, "-m", "shardbench.trainer", "--strategy", "ddp", "--model", "gpt2-124m", "--seq-len", "2048",
             "--micro-batch", str(a.micro_batch), "--steps", str(a.steps), "--warmup-steps", "10",
             "--precision", "bf16", "--progress-every", "10"]
     if a.peak_tflops:

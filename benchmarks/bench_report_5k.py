@@ -1,8 +1,8 @@
 """`shardbench report` on 5,000 result records: wall time and peak RSS of the real CLI process.
 
 Usage: python benchmarks/bench_report_5k.py [--records 5000] [--shape repeats|configs] [--steps 100]
-Records are written as <results>/<run-id>/result.json (tui/suite/synthetic.py, the same made-up
-but schema-valid records the tests use), then `python -m tui.suite.cli report` runs on them in a
+Records are written as <results>/<run-id>/result.json (suite/synthetic.py, the same made-up
+but schema-valid records the tests use), then `python -m shardbench.suite.cli report` runs on them in a
 child process; its peak RSS is the child's ru_maxrss (getrusage RUSAGE_CHILDREN), its time the
 wall clock around it. Shapes: `repeats` = 20 configurations x 250 repeats; `configs` = 1,000
 configurations (seq len x micro-batch x strategy x world size) x 5 repeats, the harder case for
@@ -24,7 +24,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tui.suite import synthetic  # noqa: E402
+from shardbench.suite import synthetic  # noqa: E402
 
 
 def many_configs(n: int, steps: int, seed: int = 0) -> list[dict]:
@@ -63,7 +63,7 @@ def main() -> None:
         size = sum(p.stat().st_size for p in results.glob("*/result.json"))
         env = dict(os.environ, PYTHONPATH=str(REPO), MPLBACKEND="Agg")
         t0 = time.monotonic()
-        proc = subprocess.run([sys.executable, "-m", "tui.suite.cli", "report", str(results), "--out",
+        proc = subprocess.run([sys.executable, "-m", "shardbench.suite.cli", "report", str(results), "--out",
                                str(Path(tmp) / "report")], cwd=REPO, env=env, capture_output=True, text=True)
         wall = time.monotonic() - t0
         usage = resource.getrusage(resource.RUSAGE_CHILDREN)

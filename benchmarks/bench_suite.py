@@ -2,7 +2,7 @@
 report's time on 1,000 synthetic result records.
 
 Usage: python benchmarks/bench_suite.py [--skip-matrix] [--records 1000]
-The matrix runs `shardbench run` on tui/suite/matrices/default.yaml into a temp directory
+The matrix runs `shardbench run` on suite/matrices/default.yaml into a temp directory
 (--force, so nothing is resumed); the synthetic part is in-process.
 """
 from __future__ import annotations
@@ -18,14 +18,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tui.suite import synthetic  # noqa: E402
-from tui.suite.collect import extract  # noqa: E402
-from tui.suite.report import report_from_records  # noqa: E402
+from shardbench.suite import synthetic  # noqa: E402
+from shardbench.suite.collect import extract  # noqa: E402
+from shardbench.suite.report import report_from_records  # noqa: E402
 
 
 def bench_matrix(tmp: Path) -> None:
     env = dict(os.environ, PYTHONWARNINGS="ignore::FutureWarning")
-    cmd = [sys.executable, "-m", "tui.suite.cli", "run", "--results", str(tmp / "results"), "--force", "--quiet"]
+    cmd = [sys.executable, "-m", "shardbench.suite.cli", "run", "--results", str(tmp / "results"), "--force", "--quiet"]
     t0 = time.monotonic()
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
     wall = time.monotonic() - t0

@@ -1,6 +1,6 @@
 """Trainer overhead and CPU scaling, as ratios measured in the same run.
 
-Overhead: tokens/s of `python -m trainer` (world size 1, ddp = the plain model) against
+Overhead: tokens/s of `python -m shardbench.trainer` (world size 1, ddp = the plain model) against
 benchmarks/bare_loop.py on the same model, batch, threads and per-rank token generation, as a
 ratio (target >= 0.97). Runs alternate trainer / bare / trainer / bare ... so drift on a shared
 machine hits both, and compares medians.
@@ -39,7 +39,7 @@ def load() -> str:
 
 
 def overhead(a, shared: list[str], gpu: bool) -> None:
-    trainer_cmd = [sys.executable, "-m", "trainer", "--strategy", "ddp", "--lr-warmup-steps", "1",
+    trainer_cmd = [sys.executable, "-m", "shardbench.trainer", "--strategy", "ddp", "--lr-warmup-steps", "1",
                    "--threads-per-rank", str(a.threads), *shared]
     bare_cmd = [sys.executable, str(REPO / "benchmarks" / "bare_loop.py"), "--threads", str(a.threads), *shared]
     trainer, bare = [], []
@@ -55,10 +55,10 @@ def overhead(a, shared: list[str], gpu: bool) -> None:
 
 
 def scaling(a, shared: list[str]) -> None:
-    base = [sys.executable, "-m", "trainer", "--strategy", "ddp", "--lr-warmup-steps", "1", "--threads-per-rank", "1",
+    base = [sys.executable, "-m", "shardbench.trainer", "--strategy", "ddp", "--lr-warmup-steps", "1", "--threads-per-rank", "1",
             "--global-batch", str(2 * a.micro_batch), *shared]
     one = [*base, "--micro-batch", str(2 * a.micro_batch)]
-    two = ["torchrun", "--nproc-per-node", "2", "--master-port", "29531", "-m", "trainer", *base[3:],
+    two = ["torchrun", "--nproc-per-node", "2", "--master-port", "29531", "-m", "shardbench.trainer", *base[3:],
            "--micro-batch", str(a.micro_batch)]
     ws1, ws2 = [], []
     for i in range(a.repeats):

@@ -22,7 +22,7 @@ CHILD = """
 import sys, time
 spawned = float(sys.argv[2])
 t0 = time.perf_counter()
-from tui.app.app import BenchApp
+from shardbench.tui.app.app import BenchApp
 
 class Timed(BenchApp):
     def on_ready(self):

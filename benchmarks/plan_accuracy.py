@@ -11,10 +11,10 @@ import json
 import sys
 from pathlib import Path
 
-from trainer.plan.accuracy import errors
-from trainer.plan.inputs import PlanInput
-from trainer.plan.predict import predict
-from tui.suite.plan_cmd import shape_context
+from shardbench.trainer.plan.accuracy import errors
+from shardbench.trainer.plan.inputs import PlanInput
+from shardbench.trainer.plan.predict import predict
+from shardbench.suite.plan_cmd import shape_context
 
 
 def main(directory: Path) -> None:

@@ -23,10 +23,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from trainer import knobs, launchers  # noqa: E402
-from trainer.config import RunConfig  # noqa: E402
-from trainer.contract import CLUSTER_LAUNCHERS, DEVICES, PRECISIONS, STRATEGIES  # noqa: E402
-from trainer.presets import PRESETS  # noqa: E402
+from shardbench.trainer import knobs, launchers  # noqa: E402
+from shardbench.trainer.config import RunConfig  # noqa: E402
+from shardbench.trainer.contract import CLUSTER_LAUNCHERS, DEVICES, PRECISIONS, STRATEGIES  # noqa: E402
+from shardbench.trainer.presets import PRESETS  # noqa: E402
 
 CONTRACT = REPO / "chart" / "files" / "contract.json"
 SCHEMA = REPO / "chart" / "values.schema.json"

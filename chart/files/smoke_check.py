@@ -1,7 +1,7 @@
 """`helm test` smoke check: run the trainer once and pass only if its record says status ok.
 
 Usage: python smoke_check.py <trainer args...>   (the args must include --output-dir DIR)
-Runs `python -m trainer <args>`, echoes its output (so `helm test --logs` shows it), reads the
+Runs `python -m shardbench.trainer <args>`, echoes its output (so `helm test --logs` shows it), reads the
 record printed between the BENCHMARK_RESULT_JSON_START/END lines and DIR/result.json, and exits 1
 with one line saying why unless both are there, parse as JSON and have status "ok".
 Standard library only: it runs inside the image, which has nothing else to rely on.
@@ -28,7 +28,7 @@ def main(argv):
     if "--output-dir" not in argv:
         return "smoke check: pass --output-dir DIR so result.json can be checked too"
     out_dir = argv[argv.index("--output-dir") + 1]
-    proc = subprocess.run([sys.executable, "-u", "-m", "trainer", *argv],
+    proc = subprocess.run([sys.executable, "-u", "-m", "shardbench.trainer", *argv],
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     sys.stdout.write(proc.stdout)
     try:

@@ -93,7 +93,7 @@ with the configuration hash only it computes (trainer.contract.run_id), so no --
 {{- end }}
 
 {{/*
-Arguments after `python -m trainer`, in the order tui/suite/matrix.py RunSpec.trainer_args()
+Arguments after `python -m shardbench.trainer`, in the order suite/matrix.py RunSpec.trainer_args()
 writes them (tests/chart/test_launch_command.py checks they agree). One JSON list. The first-class
 run values and their flags come from files/contract.json `runFlags` (generated from the trainer's
 RunConfig fields marked chart=True), e.g. run.microBatch -> --micro-batch.
@@ -206,7 +206,7 @@ the two drift apart). Both launchers pass every forwarded name as mpirun -x NAME
 {{- $targs := include "shardbench.trainerArgs" . | fromJsonArray }}
 {{- $forward := concat $c.runEnvVars (include "shardbench.forwardEnv" . | fromJsonArray) }}
 {{- $cmd := list }}
-{{- $program := list "-m" "trainer" }}
+{{- $program := list "-m" "shardbench.trainer" }}
 {{- if eq .Values.mode "preflight" }}
 {{- $program = list "/etc/shardbench/preflight.py" }}
 {{- $targs = include "shardbench.preflightArgs" . | fromJsonArray }}
@@ -224,7 +224,7 @@ workers x slotsPerWorker of them, the world size. */}}
 {{- range $forward }}
 {{- if not (has . (list "MASTER_ADDR" "MASTER_PORT")) }}{{ $largs = concat $largs (list "-x" .) }}{{ end }}
 {{- end }}
-{{- $cmd = list "deepspeed" "--hostfile" "/etc/mpi/hostfile" "--launcher" "openmpi" "--force_multi" "--no_ssh_check" "--master_addr" (include "shardbench.masterAddr" .) "--master_port" (toString (int .Values.masterPort)) "--launcher_args" (join " " $largs) "--module" "trainer" }}
+{{- $cmd = list "deepspeed" "--hostfile" "/etc/mpi/hostfile" "--launcher" "openmpi" "--force_multi" "--no_ssh_check" "--master_addr" (include "shardbench.masterAddr" .) "--master_port" (toString (int .Values.masterPort)) "--launcher_args" (join " " $largs) "--module" "shardbench.trainer" }}
 {{- $cmd = concat $cmd $targs }}
 {{- end }}
 {{- toJson $cmd }}
@@ -366,7 +366,7 @@ checks they agree), one shell line. Called with a context whose .Values.launcher
 */}}
 {{- define "shardbench.rayEntrypoint" -}}
 {{- $v := .Values }}
-{{- $cmd := list "python" "-m" "trainer.ray_launcher" "--world-size" (include "shardbench.worldSize" .) "--ranks-per-node" (toString (int $v.gpusPerWorker)) "--max-restarts" (toString (int $v.ray.maxRestarts)) }}
+{{- $cmd := list "python" "-m" "shardbench.trainer.ray_launcher" "--world-size" (include "shardbench.worldSize" .) "--ranks-per-node" (toString (int $v.gpusPerWorker)) "--max-restarts" (toString (int $v.ray.maxRestarts)) }}
 {{- if and $v.gpuResource (gt (int $v.gpusPerWorker) 0) }}{{ $cmd = concat $cmd (list "--gpus-per-rank" "1") }}{{ end }}
 {{- $cmd = concat $cmd (list "--") (include "shardbench.trainerArgs" . | fromJsonArray) }}
 {{- $quoted := list }}
