@@ -12,6 +12,7 @@ suite/plots.py, compare configurations against world size).
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,8 @@ def draw_loss(an: Analysis, path: Path) -> bool:
     for c in an.configs:
         row = first_run(an, c)
         curve = row.get("loss_curve") if row else None
-        if isinstance(curve, (tuple, list)) and curve and all(finite(v) for v in curve):
+        # a tuple, or an array('d') when the records were compacted on load (suite/record_slim.py)
+        if isinstance(curve, Sequence) and len(curve) and all(finite(v) for v in curve):
             label = f"{_label(c, varying)} @ {int(c.world_size)} dev" + (" (broken)" if c.broken else "")
             curves.append((label, list(curve), row.get("warmup_steps")))
     if not curves:
