@@ -10,7 +10,8 @@ from shardbench.trainer.record import ResultRecord, StepTimes, write_atomic
 
 FIXTURES = Path(__file__).parent / "fixtures"
 FIXED_AVAILABILITY = {"local": (True, ""),
-                      "kubernetes": (False, "no kubeconfig: set KUBECONFIG or create ~/.kube/config")}
+                      "kubernetes": (False, "no kubeconfig: set KUBECONFIG or create ~/.kube/config"),
+                      "ray": (True, "")}
 
 
 @pytest.fixture
