@@ -28,6 +28,20 @@ def plan_input(spec) -> PlanInput:
                      **options)
 
 
+def peak_bytes_per_rank(cfg, world_size: int) -> int:
+    """The planner's predicted peak bytes per rank of one RunConfig at `world_size`: the memory
+    constraint of `shardbench tune` (suite/tune.py PLANNER_MODULES). Planned in this process."""
+    from shardbench.trainer.plan.predict import predict
+
+    device = cfg.device if cfg.device != "auto" else ("cuda" if cfg.peak_tflops else "cpu")
+    precision = cfg.precision if cfg.precision != "auto" else ("bf16" if device == "cuda" else "fp32")
+    derived = {"strategy", "world_size", "seq_len", "grad_accum", "device", "precision"}
+    knobs = {k: getattr(cfg, k) for k in _FIELDS - derived if hasattr(cfg, k)}
+    inp = PlanInput(strategy=cfg.strategy, world_size=world_size, seq_len=cfg.effective_seq_len(),
+                    grad_accum=cfg.effective_grad_accum(world_size), device=device, precision=precision, **knobs)
+    return int(predict(inp)["peak_bytes"])
+
+
 def predict_specs(specs, timeout_s: float = 600) -> tuple[dict[str, dict], str | None]:
     """({run id: prediction}, why none were made). One subprocess plans every distinct input."""
     from shardbench.suite.plan_cmd import shape_context

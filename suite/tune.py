@@ -8,7 +8,7 @@ trial trains the same tokens to the same loss), maximising measured tokens/s:
   predicted over the limit is not run (`trial.set_constraint("memory", predicted - limit)`,
   objective 0). After a run the measured peak sets the constraint instead. The planner is a
   function `peak_bytes_per_rank(cfg: RunConfig, world_size: int) -> int` looked up in the
-  modules of PLANNER_MODULES (the planner of issue 21 plugs in there); the fallback is the
+  modules of PLANNER_MODULES (suite/planning.py: trainer/plan's prediction); the fallback is the
   run contract's model state plus a GPT activation estimate (FALLBACK below).
 - Pruning: a trial's running tokens/s is reported every measured step and Optuna's
   MedianPruner cancels a trial slower than the median of earlier trials at that step.
@@ -36,7 +36,7 @@ from shardbench.trainer.rules import model_state_bytes
 from shardbench.suite import tune_report
 from shardbench.suite.stats import Estimate, estimate
 
-PLANNER_MODULES = ("shardbench.suite.planner", "shardbench.suite.plan", "shardbench.trainer.planner")
+PLANNER_MODULES = ("shardbench.suite.planning",)
 """Where a planner's `peak_bytes_per_rank(cfg, world_size)` is looked for, in order."""
 NAMED_KNOBS = ("bucket", "reshard")
 """RunConfig fields whose name holds one of these words are searched too (bucket sizes, the

@@ -6,15 +6,13 @@ large to be worth tracing. Each is tested against the trace or, for DeepSpeed, m
 """
 from __future__ import annotations
 
-import json
 import math
-from pathlib import Path
 
+from shardbench.trainer import ds_knobs
 from shardbench.trainer.plan.inputs import Params, PlanInput
 
-DS_CONFIGS = Path(__file__).resolve().parent.parent / "ds_configs"
 DDP_FIRST_BUCKET = 1 << 20        # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
-DDP_BUCKET = 25 << 20             # DDP's bucket_cap_mb default, 25 MiB
+DDP_BUCKET = 25 << 20             # DDP's bucket_cap_mb default, 25 MiB (--bucket-mib's default)
 
 
 def _half(inp: PlanInput) -> bool:
@@ -26,8 +24,9 @@ def reduce_bytes(inp: PlanInput) -> int:
     return 2 if inp.grad_reduce_dtype == "bf16" else 4
 
 
-def zero_config(strategy: str) -> dict:
-    return json.loads((DS_CONFIGS / f"{strategy}.json").read_text())["zero_optimization"]
+def zero_config(inp: PlanInput) -> dict:
+    """The run's zero_optimization block: trainer/ds_configs with the shared knobs applied."""
+    return ds_knobs.zero_config(inp.strategy, inp.bucket_mib, inp.reshard_after_forward, inp.precision)
 
 
 def fsdp_shard_numel(params: Params, world: int) -> int:
@@ -67,7 +66,7 @@ def buckets(inp: PlanInput) -> int:
     DDP's buckets are its gradients (gradient_as_bucket_view), FSDP's are transient (traced)."""
     if not inp.strategy.startswith("zero"):
         return 0
-    z = zero_config(inp.strategy)
+    z = zero_config(inp)
     copies = 1 if inp.strategy == "zero3" else (2 if z.get("overlap_comm") else 1)
     return copies * int(z["reduce_bucket_size"]) * reduce_bytes(inp)
 
@@ -78,7 +77,7 @@ def zero3_gathered(inp: PlanInput) -> int:
     gathered until backward has used them: their full size at the peak."""
     if inp.strategy != "zero3" or inp.world_size == 1:
         return 0
-    z = zero_config("zero3")
+    z = zero_config(inp)
     threshold = int(z["stage3_param_persistence_threshold"])
     live = int(z.get("stage3_max_live_parameters", 10 ** 9))
     gathered = sum(Params.numel(s) for _, s in Params.of(inp.model_config()).shapes
@@ -99,14 +98,15 @@ def fsdp_gathered(inp: PlanInput) -> int:
     return gb * (root + 2 * block) + reduce_bytes(inp) * block
 
 
-def ddp_bucket_count(params: Params, elem_bytes: int = 4) -> int:
+def ddp_bucket_count(params: Params, elem_bytes: int = 4, bucket: int = DDP_BUCKET) -> int:
     """DDP's buckets: parameters in reverse order, the first bucket capped at 1 MiB, the others
-    at 25 MiB (torch's _compute_bucket_assignment_by_size, which a bucket closes once full)."""
+    at `bucket` bytes (--bucket-mib; torch's _compute_bucket_assignment_by_size, which a bucket
+    closes once full)."""
     count, size, cap = 0, 0, DDP_FIRST_BUCKET
     for _, shape in reversed(params.shapes):
         size += Params.numel(shape) * elem_bytes
         if size >= cap:
-            count, size, cap = count + 1, 0, DDP_BUCKET
+            count, size, cap = count + 1, 0, bucket
     return count + (1 if size else 0)
 
 
@@ -120,10 +120,11 @@ def comm(inp: PlanInput) -> dict[str, dict[str, float]]:
     if N == 1 and s in ("ddp", "fsdp"):
         return {}
     if s == "ddp":
-        return {"all_reduce": {"calls": float(ddp_bucket_count(params)), "bytes": float(rb * P)}}
+        calls = ddp_bucket_count(params, bucket=int(inp.bucket_mib * 2 ** 20))
+        return {"all_reduce": {"calls": float(calls), "bytes": float(rb * P)}}
     if s == "fsdp":
         return fsdp_comm(inp, params)
-    z = zero_config(s)
+    z = zero_config(inp)
     wb = 2 if _half(inp) else 4
     out: dict[str, dict[str, float]] = {}
     reductions = 1 if s == "zero1" else A  # ZeRO-1 reduces once, at the last micro-step

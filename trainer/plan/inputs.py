@@ -27,6 +27,10 @@ class PlanInput:
     """cpu or cuda: which AdamW runs (foreach on CPU, fused on GPU) and whether an allocator
     overhead is added."""
     weight_decay: float = 0.01
+    bucket_mib: float = 25.0
+    """--bucket-mib: DDP's bucket cap and DeepSpeed's bucket sizes (trainer/ds_knobs.py)."""
+    reshard_after_forward: bool = True
+    """--reshard-after-forward: ZeRO-3 frees gathered parameters after each block's forward."""
 
     def model_config(self) -> ModelConfig:
         base = PRESETS[self.model]
@@ -53,7 +57,9 @@ class PlanInput:
                    fsdp_grad_sync=r.get("fsdp_grad_sync") or "every_micro_step",
                    activation_checkpointing=bool(r.get("activation_checkpointing")),
                    device=r.get("device") or "cpu",
-                   weight_decay=float((r.get("optimizer") or {}).get("weight_decay", 0.01)), **over)
+                   weight_decay=float((r.get("optimizer") or {}).get("weight_decay", 0.01)),
+                   bucket_mib=float(r.get("bucket_mib") or 25.0),
+                   reshard_after_forward=r.get("reshard_after_forward") is not False, **over)
 
 
 @dataclass

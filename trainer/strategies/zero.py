@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from shardbench.trainer.contract import STRATEGIES
+from shardbench.trainer.ds_knobs import match_knobs
 from shardbench.trainer.metrics import model_state, optimizer_state_tensors
 from shardbench.trainer.record import RankModelState
 from shardbench.trainer.strategies.base import Context, Strategy, lr_lambda, make_adamw, param_groups
@@ -37,27 +38,10 @@ def deepspeed_config(ctx: Context) -> dict:
     # One gradient-reduction dtype for every strategy (DeepSpeed's default follows the model's
     # dtype: bf16 gradients would move half the bytes of DDP's and FSDP's fp32 reductions).
     ds["communication_data_type"] = cfg.grad_reduce_dtype
-    _match_knobs(ds, cfg, stage, ctx.precision)
+    match_knobs(ds, cfg.bucket_mib, cfg.reshard_after_forward, stage, ctx.precision)
     ds.pop("optimizer", None)  # ours is passed in: see the module docstring
     ds.pop("scheduler", None)
     return ds
-
-
-# Bytes per element of the engine's parameters and gradients (the model is cast to the run's
-# precision; a bf16 reduction of fp32 gradients still buckets fp32): DeepSpeed counts elements.
-ELEMENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
-
-
-def _match_knobs(ds: dict, cfg, stage: int, precision: str) -> None:
-    """The settings every sharded strategy shares, written over the JSON's: the bucket size
-    (--bucket-mib, DDP's bucket_cap_mb) and, for ZeRO-3, re-sharding after forward (FSDP's)."""
-    zero = ds.setdefault("zero_optimization", {})
-    elements = int(cfg.bucket_mib * 2 ** 20 / ELEMENT_BYTES[precision])
-    zero["reduce_bucket_size"] = zero["allgather_bucket_size"] = elements
-    if stage == 3:
-        zero["stage3_prefetch_bucket_size"] = elements
-        keep = 0 if cfg.reshard_after_forward else 1_000_000_000
-        zero["stage3_max_live_parameters"] = zero["stage3_max_reuse_distance"] = keep
 
 
 def _tensors(value) -> list[torch.Tensor]:
