@@ -15,11 +15,11 @@ import fcntl
 import json
 import os
 import socket
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from shardbench.trainer.fsprobe import probe_writable
 from shardbench.trainer.config import ConfigError, RunConfig, measured_fields
 from shardbench.trainer.contract import is_deepspeed
 
@@ -44,21 +44,6 @@ def measured_now(cfg: RunConfig, world_size: int, local_world_size: int, launche
     """The measured settings of this run as trainer_state.json stores them (JSON round trip)."""
     nodes = max(1, world_size // max(1, local_world_size))
     return json.loads(json.dumps(measured_fields(cfg, world_size, nodes, cfg.launcher or launcher)))
-
-
-def probe_writable(path: Path) -> None:
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(dir=path, prefix=".probe-")
-        try:
-            os.write(fd, b"\0" * 65536)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-            os.unlink(probe)
-    except OSError as exc:
-        raise ConfigError(f"--checkpoint-dir {path} is not writable ({exc.strerror or exc}): give a directory "
-                          "this user can write, with free space") from None
 
 
 def lock(path: Path) -> None:
@@ -128,7 +113,7 @@ def prepare(cfg: RunConfig, world_size: int, local_world_size: int, launcher: st
     the checkpoint a resume would load."""
     if cfg.checkpoint_dir:
         root = Path(cfg.checkpoint_dir)
-        probe_writable(root)
+        probe_writable(root, "--checkpoint-dir")
         lock(root)
     _settings.clear()
     _settings.update(measured_now(cfg, world_size, local_world_size, launcher))

@@ -14,12 +14,12 @@ import importlib.util
 import os
 import signal
 import sys
-import tempfile
 import time
 import traceback
 from typing import NoReturn
 
 from shardbench.trainer import contract, rules
+from shardbench.trainer.fsprobe import probe_writable
 from shardbench.trainer.config import ConfigError, RunConfig, parse_args
 from shardbench.trainer.dist_env import detect
 from shardbench.trainer.lifeline import tie_to_launcher
@@ -35,23 +35,6 @@ def _on_signal(signum, _frame):
     raise Terminated(f"terminated by signal {signal.Signals(signum).name}")
 
 
-def check_output_dir(path: str) -> None:
-    """The result must be writable before anything is measured: create the directory and write
-    (then remove) a probe the size of a large record."""
-    try:
-        os.makedirs(path, exist_ok=True)
-        fd, probe = tempfile.mkstemp(dir=path, prefix=".probe-")
-        try:
-            os.write(fd, b"\0" * 65536)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-            os.unlink(probe)
-    except OSError as exc:
-        raise ConfigError(f"--output-dir {path} is not writable ({exc.strerror or exc}): "
-                          "give a directory this user can write, with free space") from None
-
-
 def check(cfg: RunConfig, world_size: int, rank: int = 0, denv=None) -> None:
     """The contract's rules, then DeepSpeed installed where needed (memory that must fit is
     checked by trainer.devices once the device is known)."""
@@ -59,7 +42,7 @@ def check(cfg: RunConfig, world_size: int, rank: int = 0, denv=None) -> None:
     if errors:
         raise ConfigError(errors[0])
     if cfg.output_dir and rank == 0:
-        check_output_dir(cfg.output_dir)
+        probe_writable(cfg.output_dir, "--output-dir")
     if rank == 0 and denv is not None and (cfg.checkpoint_dir or cfg.resume not in ("auto", "never")):
         from shardbench.trainer.checkpoint_guard import prepare
 
