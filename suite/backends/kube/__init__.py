@@ -1,6 +1,7 @@
 """The cluster backend (backend `kubernetes`): one Helm release of chart/ per run, as an MPIJob.
 
-backend.py   KubeBackend and the life of one attempt (clear, install, wait, stream, collect)
+backend.py   KubeBackend (settings, availability, release names, clients, one run) and RunLog
+attempt.py   the life of one attempt (clear, install, wait, stream, collect); rayjob.py subclasses it
 helm.py      the helm client (pyhelm3 over a real helm 3 or 4)
 watch.py     the MPIJob watch and the launcher's resumable log stream
 api.py       the Kubernetes API client from a kubeconfig, and the reads the backend makes

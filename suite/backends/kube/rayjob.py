@@ -21,7 +21,8 @@ from typing import Any
 
 from shardbench.suite.backends.kube import api as kapi
 from shardbench.suite.backends.kube import diagnosis as dx
-from shardbench.suite.backends.kube.backend import Attempt, KubeBackend
+from shardbench.suite.backends.kube.attempt import Attempt
+from shardbench.suite.backends.kube.backend import KubeBackend
 from shardbench.suite.backends.kube.values import deep_merge, release_values
 from shardbench.suite.backends.rayjob import RUNNABLE_MODES, rayjob_errors
 from shardbench.suite.collect import extract, failed_record

@@ -1,0 +1,91 @@
+"""What the run and tune commands read from the command line: the matrix flags (one per MatrixSpec
+field and trainer knob, plus --set) applied over the matrix file, and `fail`, the one line and
+exit 2 of bad input. A module of its own so that cli.py and run_cmd.py share them without
+importing each other.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from dataclasses import asdict, fields
+from pathlib import Path
+
+from shardbench.trainer.config import RunConfig
+from shardbench.trainer.flags import add_flags
+
+from shardbench.suite.matrix import (DEFAULT_MATRIX, KNOB_KEYS, MatrixSpec, load_matrix, matrix_from_dict,
+                                     with_shape_defaults)
+
+
+def _knob(text: str) -> tuple[str, object]:
+    """KEY=VALUE, the value read as YAML (true, 2, [fp32, bf16])."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    from shardbench.suite import safe_yaml
+
+    try:
+        return key.strip(), safe_yaml.load(value, f"--set {key.strip()}")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _yaml_value(text: str) -> object:
+    """A knob's value as YAML (true, 2, [fp32, bf16]); 1e-4, which YAML 1.1 reads as text, a number."""
+    from shardbench.suite import safe_yaml  # bounded aliases, depth, no NUL: one line on bad input
+
+    try:
+        value = safe_yaml.load(text, repr(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return [_number(v) for v in value] if isinstance(value, list) else _number(value)
+
+
+_EXPONENT = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+$")
+
+
+def _number(value: object) -> object:
+    """1e-4 as a number (YAML 1.1 wants 1.0e-4); any other text stays text."""
+    return float(value) if isinstance(value, str) and _EXPONENT.match(value) else value
+
+
+def add_matrix_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per MatrixSpec field (lists comma-separated) and per trainer knob (a YAML value: a
+    list sweeps it), help from its docstring (trainer.flags); each overrides the matrix file's value."""
+    add_flags(parser, MatrixSpec, names=[f.name for f in fields(MatrixSpec) if f.name != "options"], defaults=False)
+    add_flags(parser, RunConfig, names=KNOB_KEYS, defaults=False, value_type=_yaml_value,
+              dest=lambda name: f"knob.{name}", help_suffix=" (trainer knob; a list [a,b] sweeps it)")
+    parser.add_argument("--set", dest="knobs", type=_knob, action="append", default=[], metavar="KEY=VALUE",
+                        help="any trainer knob for every run, e.g. --set activation_checkpointing=true "
+                             "(a list sweeps it: --set precision=[fp32,bf16])")
+
+
+def effective_matrix(args: argparse.Namespace) -> MatrixSpec:
+    """The matrix file (default: the default matrix), then every flag given over it."""
+    spec = load_matrix(args.matrix or DEFAULT_MATRIX)
+    overrides = {f.name: getattr(args, f.name) for f in fields(MatrixSpec)
+                 if getattr(args, f.name, None) is not None}
+    knob_flags = {name: getattr(args, f"knob.{name}") for name in KNOB_KEYS
+                  if getattr(args, f"knob.{name}", None) is not None}
+    if overrides.get("shape") in ("", "none"):
+        overrides["shape"] = None  # --shape none: hardware unknown (no peak, no price)
+    data = {**asdict(spec), **overrides}
+    options = data.pop("options")
+    matrix = matrix_from_dict({**data, **options, **knob_flags, **dict(args.knobs)})
+    explicit = (set(overrides) | set(knob_flags) | set(dict(args.knobs))
+                | (set(_keys_of(args.matrix)) if args.matrix else set()))
+    return with_shape_defaults(matrix, explicit)
+
+
+def _keys_of(path: Path) -> list[str]:
+    """The keys a matrix file sets itself (load_matrix has already checked it reads)."""
+    from shardbench.suite import safe_yaml
+
+    data = safe_yaml.load(path.read_text(errors="replace"), str(path)) or {}
+    return list(data) + list(data.get("options") or {})
+
+
+def fail(message: str) -> int:
+    print(f"shardbench: {message}", file=sys.stderr)
+    return 2
