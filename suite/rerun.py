@@ -12,6 +12,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any, Iterable
 
+from shardbench.trainer.config import RunConfig
 from shardbench.suite.matrix import RunSpec
 from shardbench.suite.metrics import without_repeat
 from shardbench.suite.store import read_json
@@ -24,8 +25,10 @@ def spec_from_dict(data: Any) -> RunSpec:
     """The RunSpec a run's spec.json was written from (ValueError when it is not one)."""
     if not isinstance(data, dict):
         raise ValueError("spec.json is not an object")
+    # spec.json is flat (RunSpec.to_dict): the spec's own fields beside the run's knobs
     names = {f.name for f in fields(RunSpec)}
-    values = {k: v for k, v in data.items() if k in names}
+    knob_names = set(RunConfig.__dataclass_fields__) - names - {"argv"}
+    values = {k: v for k, v in data.items() if k in names or k in knob_names}
     options = values.get("options") or {}
     values["options"] = tuple(sorted(options.items())) if isinstance(options, dict) else tuple(map(tuple, options))
     try:
