@@ -103,7 +103,8 @@ def test_preflight_busbw_replaces_the_assumed_link_bandwidth(tmp_path, capsys):
     assert proc.returncode == 0, proc.stderr[-2000:]
     log = tmp_path / "preflight.log"
     log.write_text(proc.stdout)
-    busbw = float(proc.stdout.strip().splitlines()[-2].split()[-1])  # the largest size's row
+    rows = [line.split() for line in proc.stdout.splitlines() if line.split() and line.split()[0].isdigit()]
+    busbw = float(rows[-1][-1])  # the largest size's row (the table is followed by transport and verdict lines)
     assert main(["plan", "--shape", "cpu", "--strategy", "ddp", "--world-size", "2", "--preflight-log", str(log),
                  "--json"]) == 0
     step = json.loads(capsys.readouterr().out)[0]["step_time"]

@@ -12,7 +12,7 @@ pytest.importorskip("optuna")
 from shardbench.trainer.config import RunConfig  # noqa: E402
 from shardbench.suite.cli import main  # noqa: E402
 from shardbench.suite.matrix import expand, load_matrix  # noqa: E402
-from shardbench.suite.tune import fallback_peak_bytes, search_space  # noqa: E402
+from shardbench.suite.tune import fallback_peak_bytes, load_planner, search_space  # noqa: E402
 
 BASE = ["--world-sizes", "1", "--seq-lens", "32", "--steps", "5", "--warmup-steps", "2", "--micro-batch", "2",
         "--global-batch", "4", "--precision", "fp32", "--device", "cpu", "--shape", "cpu", "--repeats", "2"]
@@ -31,24 +31,35 @@ def test_search_space_picks_up_bucket_and_reshard_knobs_by_name():
 
 @pytest.mark.slow
 def test_tune_two_strategies_rejects_over_the_limit_and_remeasures_the_best(tmp_path):
-    small = fallback_peak_bytes(RunConfig(strategy="ddp", seq_len=32, micro_batch=2, precision="fp32"), 1)
-    large = fallback_peak_bytes(RunConfig(strategy="ddp", seq_len=32, micro_batch=4, precision="fp32"), 1)
-    limit_gib = (small + large) / 2 / 2**30  # micro-batch 4 is predicted over it, 2 is not
+    predict, _ = load_planner()  # the prediction tune itself uses (the planner, suite/planning.py)
+
+    def peak(strategy: str, micro_batch: int) -> int:
+        return predict(RunConfig(strategy=strategy, seq_len=32, micro_batch=micro_batch, global_batch=4,
+                                 precision="fp32", device="cpu"), 1)
+
+    # The planner predicts micro-batch 2 (grad-accum 2: gradients held while the second
+    # micro-step's activations live) above micro-batch 4 (grad-accum 1) on this tiny model.
+    over = min(peak(s, 2) for s in ("ddp", "fsdp"))
+    under = max(peak(s, 4) for s in ("ddp", "fsdp"))
+    assert under < over
+    limit_gib = (under + over) / 2 / 2**30  # micro-batch 2 is predicted over it, 4 (the default) is not
+    base = [*BASE[:BASE.index("--micro-batch")], "--micro-batch", "4", *BASE[BASE.index("--micro-batch") + 2:]]
     out = tmp_path / "tune"
-    code = main(["tune", *BASE, "--strategies", "ddp,fsdp", "--trials", "4", "--out", str(out),
+    code = main(["tune", *base, "--strategies", "ddp,fsdp", "--trials", "4", "--out", str(out),
                  "--space", "micro_batch=[2,4]", "--space", "activation_checkpointing=[false]",
-                 "--space", "fsdp_grad_sync=[every_micro_step]", "--memory-limit-gib", str(limit_gib)])
+                 "--space", "fsdp_grad_sync=[every_micro_step]", "--space", "reshard_after_forward=[true]",
+                 "--space", "bucket_mib=[25.0]", "--memory-limit-gib", str(limit_gib)])
     assert code == 0
     studies = {s["strategy"]: s for s in json.loads((out / "tune.json").read_text())}
     for strategy in ("ddp", "fsdp"):
         trials = studies[strategy]["trials"]
         rejected = [t for t in trials if t.get("rejected")]
-        assert [t["params"]["micro_batch"] for t in rejected] == [4]
+        assert [t["params"]["micro_batch"] for t in rejected] == [2]
         assert not (out / "trials" / rejected[0]["run_id"]).exists()  # never launched
-        assert studies[strategy]["best"]["micro_batch"] == 2
+        assert studies[strategy]["best"]["micro_batch"] == 4
         matrix = load_matrix(out / f"tuned-{strategy}.yaml")
         specs, errors = expand(matrix)
-        assert not errors and specs[0].micro_batch == 2 and specs[0].global_batch == 4
+        assert not errors and specs[0].micro_batch == 4 and specs[0].global_batch == 4
         # Re-measured: the repeats of the best configuration are in remeasure/, all ok.
         again = [json.loads(p.read_text()) for p in (out / "remeasure").glob(f"{strategy}-*/result.json")]
         assert len(again) == 2 and all(r["status"] == "ok" for r in again)
