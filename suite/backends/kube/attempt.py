@@ -312,10 +312,22 @@ class Attempt:
             attempts.append((record if k == len(launches) - 1 else mid, watch, ended))
         return merge(self.spec, attempts, self.began)
 
+    # Hooks of the job kind (rayjob.py overrides them): its final phases, where its log comes
+    # from, and what its status says when it failed.
+    FINAL_PHASES: tuple[str, ...] = ("Succeeded", "Failed")
+    LOG_SOURCE = "the launcher log"
+
+    def _phase(self) -> str | None:
+        return dx.job_phase(self.watch.job)
+
+    def _failure_note(self) -> str | None:
+        job = self.watch.job
+        return f"MPIJob {dx.job_message(job) or 'Failed'}" if dx.job_phase(job) == "Failed" else None
+
     def _wait_final_phase(self) -> None:
         """Give the operator a moment to mark the job done after the launcher's log ended."""
         until = time.monotonic() + max(3 * self.b.poll_s, 5)
-        while dx.job_phase(self.watch.job) not in ("Succeeded", "Failed") and time.monotonic() < until:
+        while self._phase() not in self.FINAL_PHASES and time.monotonic() < until:
             if self.cancel.wait(0.2):
                 return
 
@@ -323,11 +335,9 @@ class Attempt:
         found = extract(self.log.text(), self.spec.run_id)
         if found.record is not None:
             return found.record
-        job = self.watch.job
-        error = found.error or "no result record in the launcher log"
-        if dx.job_phase(job) == "Failed":
-            error += f" (MPIJob {dx.job_message(job) or 'Failed'})"
-        return failed_record(self.spec, error)
+        error = found.error or f"no result record in {self.LOG_SOURCE}"
+        note = self._failure_note()
+        return failed_record(self.spec, f"{error} ({note})" if note else error)
 
     def _cancelled(self) -> dict[str, Any]:
         return failed_record(self.spec, "cancelled by the user before the run finished", status="cancelled")

@@ -25,7 +25,7 @@ from shardbench.suite.backends.kube.attempt import Attempt
 from shardbench.suite.backends.kube.backend import KubeBackend
 from shardbench.suite.backends.kube.values import deep_merge, release_values
 from shardbench.suite.backends.rayjob import RUNNABLE_MODES, rayjob_errors
-from shardbench.suite.collect import extract, failed_record
+from shardbench.suite.collect import failed_record
 
 RAYJOB = ("ray.io", "v1", "rayjobs")
 SUBMITTER_LABEL = "job-name"
@@ -110,20 +110,14 @@ class RayJobAttempt(Attempt):
                     f"operator is not running or does not watch namespace {self.namespace}")
         return None
 
-    def _wait_final_phase(self) -> None:
-        until = time.monotonic() + max(3 * self.b.poll_s, 5)
-        while deployment(self.watch.job) not in ("Complete", *FAILED) and time.monotonic() < until:
-            if self.cancel.wait(0.2):
-                return
+    FINAL_PHASES = ("Complete", *FAILED)
+    LOG_SOURCE = "the submitter's log"
 
-    def _collect(self) -> dict[str, Any]:
-        found = extract(self.log.text(), self.spec.run_id)
-        if found.record is not None:
-            return found.record
-        error = found.error or "no result record in the submitter's log"
-        if deployment(self.watch.job) in FAILED:
-            error += f" ({why_failed(self.watch.job)})"
-        return failed_record(self.spec, error)
+    def _phase(self) -> str | None:
+        return deployment(self.watch.job)
+
+    def _failure_note(self) -> str | None:
+        return why_failed(self.watch.job) if deployment(self.watch.job) in FAILED else None
 
 
 class KubeRayBackend(KubeBackend):
