@@ -21,7 +21,10 @@ COMMON = ["--model", "tiny", "--seq-len", "64", "--micro-batch", "2", "--steps",
 
 @pytest.mark.parametrize("strategy,accum", [("zero3", 1), ("fsdp", 2)])
 def test_prediction_matches_the_run(tmp_path, strategy, accum):
-    run = run_trainer(["--strategy", strategy, "--grad-accum", str(accum), *COMMON], tmp_path,
+    # ZeRO-3 keeps gathered parameters here: its closed forms model DeepSpeed's keep-all regime;
+    # the re-sharded default's extra all-gathers are not modeled yet (docs/planner.md).
+    keep = ["--no-reshard-after-forward"] if strategy == "zero3" else []
+    run = run_trainer(["--strategy", strategy, "--grad-accum", str(accum), *keep, *COMMON], tmp_path,
                       launcher="mpirun", nproc=2)
     assert run.returncode == 0, run.stderr[-3000:]
     r = run.record

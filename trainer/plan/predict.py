@@ -95,6 +95,9 @@ def predict(inp: PlanInput, device_memory_bytes: int | None = None, links: dict 
             "DeepSpeed: trainer/ds_configs buckets and persistence threshold (closed forms, 0.19)",
         ],
     }
+    if inp.strategy == "zero3" and inp.world_size > 1 and inp.reshard_after_forward:
+        out["assumptions"].append("ZeRO-3 re-sharding after forward: its extra all-gathers and gathered-parameter "
+                                  "peak are not modeled (predicted as if parameters were kept): comm is low")
     out["links"] = links or {}
     out["step_time"] = timing.step_time(inp, comm, links or {}, calibration)
     return out
