@@ -125,7 +125,7 @@ def draw(an: Analysis, plot: PlotSpec, path: Path) -> bool:
     return True
 
 
-def _draw_many(ax, data: dict[str, list[tuple[int, float, float]]], scale: float) -> bool:
+def _draw_many(ax, data: dict[str, list[tuple[int, float, float, float]]], scale: float) -> bool:
     """More lines than a legend can name: all of them as one collection of lines, one of points
     and one of error bars (an errorbar() call per line took most of a 5,000-run report's time).
     Returns whether any point has an interval."""
@@ -135,9 +135,10 @@ def _draw_many(ax, data: dict[str, list[tuple[int, float, float]]], scale: float
     lines, points, bars = [], [], []
     for k, pts in enumerate(data.values()):
         color = colors[k % len(colors)]
-        lines.append(([(x, y * scale) for x, y, _ in pts], color))
-        points += [(x, y * scale, color) for x, y, _ in pts]
-        bars += [(x, (y - e) * scale, (y + e) * scale, color) for x, y, e in pts if e]
+        lines.append(([(x, y * scale) for x, y, _, _ in pts], color))
+        points += [(x, y * scale, color) for x, y, _, _ in pts]
+        # (devices, mean, low, high): the interval is asymmetric (log scale), a point has none when lo == hi
+        bars += [(x, lo * scale, hi * scale, color) for x, _, lo, hi in pts if hi != lo]
     ax.add_collection(LineCollection([seg for seg, _ in lines], colors=[c for _, c in lines], linewidths=1))
     ax.scatter([p[0] for p in points], [p[1] for p in points], c=[p[2] for p in points], s=16, zorder=3)
     if bars:

@@ -80,6 +80,9 @@ def _per_rank(records: dict[str, dict], an: Analysis, field: str, value) -> list
 def _bars(data: list[tuple[str, list[float]]], title: str, ylabel: str, an: Analysis, path: Path) -> bool:
     if not data:
         return False
+    if len(data) > MAX_CURVES:  # a figure as wide as 1,000 configurations is gigabytes of pixels
+        title = f"{title}: the first {MAX_CURVES} of {len(data)} configurations"
+        data = data[:MAX_CURVES]
     width = 0.8 / max(len(v) for _, v in data)
     fig, ax = plt.subplots(figsize=(max(7.0, 0.9 * len(data) + 2), 4.5), dpi=110)
     for i, (_, values) in enumerate(data):

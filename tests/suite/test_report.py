@@ -316,3 +316,22 @@ def test_results_screen_rows_have_unique_keys_when_names_repeat(tmp_path):
     (tmp_path / "other" / "result.json").write_text(json.dumps({**same, "seq_len": 128, "config_id": "other"}))
     keys = [row.key for row in compute(load_records(tmp_path)).rows]
     assert len(keys) == len(set(keys)) == 3
+
+
+def test_more_configurations_than_a_legend_still_draw_every_plot(tmp_path):
+    """Past MAX_LEGEND lines the plots draw collections (plots._draw_many), and the per-rank bar
+    plots show the first MAX_CURVES configurations: the merged report once failed here on
+    four-value points ("too many values to unpack") and drew a figure as wide as every config."""
+    from shardbench.suite.plots import MAX_LEGEND
+    from shardbench.suite.plots_runs import MAX_CURVES, PEAK_PLOT, STATE_PLOT
+
+    records = [r for seq in range(32, 32 * (MAX_LEGEND + 3), 32) for world in (1, 2)
+               for r in reps("ddp", world, [1000.0 * world, 1040.0 * world], seq_len=seq)]
+    rep = build_report(write(tmp_path / "results", records), tmp_path / "out")
+    names = {p.name for p in rep.plots}
+    assert "tokens_per_s.png" in names and "scaling_efficiency.png" in names, names
+    from PIL import Image
+    for name in (STATE_PLOT, PEAK_PLOT):
+        path = tmp_path / "out" / "plots" / name
+        if path.exists():
+            assert Image.open(path).width < 200 * (MAX_CURVES + 3)  # not one bar group per configuration
