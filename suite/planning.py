@@ -30,7 +30,7 @@ def plan_input(spec) -> PlanInput:
 
 def peak_bytes_per_rank(cfg, world_size: int) -> int:
     """The planner's predicted peak bytes per rank of one RunConfig at `world_size`: the memory
-    constraint of `shardbench tune` (suite/tune.py PLANNER_MODULES). Planned in this process."""
+    constraint of `shardbench tune` (suite/tune.py). Planned in this process."""
     from shardbench.trainer.plan.predict import predict
 
     device = cfg.device if cfg.device != "auto" else ("cuda" if cfg.peak_tflops else "cpu")

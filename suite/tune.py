@@ -6,10 +6,8 @@ size and fixed global batch (micro-batch is searched and grad-accum follows from
 trial trains the same tokens to the same loss), maximising measured tokens/s:
 - Memory limit: before launching, the planner predicts the peak per rank; a configuration
   predicted over the limit is not run (`trial.set_constraint("memory", predicted - limit)`,
-  objective 0). After a run the measured peak sets the constraint instead. The planner is a
-  function `peak_bytes_per_rank(cfg: RunConfig, world_size: int) -> int` looked up in the
-  modules of PLANNER_MODULES (suite/planning.py: trainer/plan's prediction); the fallback is the
-  run contract's model state plus a GPT activation estimate (FALLBACK below).
+  objective 0). After a run the measured peak sets the constraint instead. The prediction is
+  suite/planning.py `peak_bytes_per_rank` (trainer/plan's trace and closed forms).
 - Pruning: a trial's running tokens/s is reported every measured step and Optuna's
   MedianPruner cancels a trial slower than the median of earlier trials at that step.
 - Trials are runs of any backend through the runner (locally one after another), into
@@ -22,22 +20,19 @@ holds every trial and <out>/tuned-<strategy>.yaml the tuned matrix.
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import typing
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import yaml
 
 from shardbench.trainer.config import RunConfig
-from shardbench.trainer.rules import model_state_bytes
 from shardbench.suite import tune_report
+from shardbench.suite.planning import peak_bytes_per_rank
 from shardbench.suite.stats import Estimate, estimate
 
-PLANNER_MODULES = ("shardbench.suite.planning",)
-"""Where a planner's `peak_bytes_per_rank(cfg, world_size)` is looked for, in order."""
 NAMED_KNOBS = ("bucket", "reshard")
 """RunConfig fields whose name holds one of these words are searched too (bucket sizes, the
 re-sharding knob), whichever exist in this checkout."""
@@ -85,32 +80,6 @@ def _values_of(kind, default, meta) -> tuple:
     return ()
 
 
-# --- the planner --------------------------------------------------------------------------
-
-def fallback_peak_bytes(cfg: RunConfig, world_size: int) -> int:
-    """Model state (the contract's per-strategy formula) plus activations of one micro-batch:
-    per layer 34 x s x b x d + 5 x a x s^2 x b values (Korthikanti et al. 2022), 4-byte values in
-    fp32 and 2-byte otherwise; activation checkpointing keeps each block's input (2 x s x b x d)
-    plus one block's activations; the logits (s x b x vocab, fp32) on top."""
-    m = cfg.model_config()
-    s, b, d, a = cfg.effective_seq_len(), cfg.micro_batch, m.n_embd, m.n_head
-    width = 4 if cfg.precision in ("fp32", "auto") else 2
-    block = (34 * s * b * d + 5 * a * s * s * b) * width // 2
-    acts = (m.n_layer * 2 * s * b * d * width + block) if cfg.activation_checkpointing else m.n_layer * block
-    return model_state_bytes(cfg, world_size) + acts + 4 * s * b * m.vocab_size
-
-
-def load_planner() -> tuple[Callable[[RunConfig, int], int], str]:
-    """(peak_bytes_per_rank, its name): the first planner module found, else the fallback."""
-    for name in PLANNER_MODULES:
-        try:
-            fn = getattr(importlib.import_module(name), "peak_bytes_per_rank")
-        except (ImportError, AttributeError):
-            continue
-        return fn, f"{name}.peak_bytes_per_rank"
-    return fallback_peak_bytes, "fallback (model state + activation estimate, suite/tune.py)"
-
-
 # --- one study ----------------------------------------------------------------------------
 
 @dataclass
@@ -135,7 +104,7 @@ class Tuner:
         self.base, self.backend, self.out, self.limit = base, backend, Path(out), limit_bytes
         self.n_trials, self.repeats, self.given, self.seed = trials, repeats, space or {}, seed
         self.emit = emit or (lambda _e: None)
-        self.planner, self.planner_name = load_planner()
+        self.planner, self.planner_name = peak_bytes_per_rank, "suite/planning.py peak_bytes_per_rank"
         self._expand = expand
 
     def spec_for(self, strategy: str, params: dict[str, Any], repeats: int = 1):

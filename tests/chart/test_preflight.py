@@ -132,8 +132,9 @@ def _run_preflight(tmp_path, *wrap: str, args: tuple[str, ...] = ()) -> subproce
 def test_a_rank_without_lockable_memory_fails_naming_the_fix(tmp_path):
     """The real check: a 64 KiB memlock limit (prlimit) and no CAP_IPC_LOCK (dropped from the
     bounding set, so not even root keeps it across exec), as a non-root rank in a stock container."""
-    if os.geteuid() != 0 or not shutil.which("setpriv") or not shutil.which("prlimit"):
-        pytest.skip("needs root, setpriv and prlimit (util-linux) to drop CAP_IPC_LOCK")
+    # This project's tests run as root (tmpfs mounts, the emulated MPIJob); util-linux is Debian's base.
+    assert os.geteuid() == 0 and shutil.which("setpriv") and shutil.which("prlimit"), \
+        "needs root, setpriv and prlimit (util-linux) to drop CAP_IPC_LOCK"
     locked_down = ("prlimit", "--memlock=65536:65536", "setpriv", "--bounding-set", "-ipc_lock",
                    "--inh-caps", "-ipc_lock")
     proc = _run_preflight(tmp_path, *locked_down, args=("--rdma-mode", "sriov", "--sizes-mib", "1"))

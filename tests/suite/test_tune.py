@@ -12,7 +12,8 @@ pytest.importorskip("optuna")
 from shardbench.trainer.config import RunConfig  # noqa: E402
 from shardbench.suite.cli import main  # noqa: E402
 from shardbench.suite.matrix import expand, load_matrix  # noqa: E402
-from shardbench.suite.tune import fallback_peak_bytes, load_planner, search_space  # noqa: E402
+from shardbench.suite.planning import peak_bytes_per_rank  # noqa: E402
+from shardbench.suite.tune import search_space  # noqa: E402
 
 BASE = ["--world-sizes", "1", "--seq-lens", "32", "--steps", "5", "--warmup-steps", "2", "--micro-batch", "2",
         "--global-batch", "4", "--precision", "fp32", "--device", "cpu", "--shape", "cpu", "--repeats", "2"]
@@ -31,7 +32,7 @@ def test_search_space_picks_up_bucket_and_reshard_knobs_by_name():
 
 @pytest.mark.slow
 def test_tune_two_strategies_rejects_over_the_limit_and_remeasures_the_best(tmp_path):
-    predict, _ = load_planner()  # the prediction tune itself uses (the planner, suite/planning.py)
+    predict = peak_bytes_per_rank  # the prediction tune itself uses
 
     def peak(strategy: str, micro_batch: int) -> int:
         return predict(RunConfig(strategy=strategy, seq_len=32, micro_batch=micro_batch, global_batch=4,

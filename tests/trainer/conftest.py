@@ -74,3 +74,19 @@ def run_trainer(args: list[str], tmp: Path, launcher: str | None = None, nproc: 
 @pytest.fixture(scope="session")
 def result_schema() -> dict:
     return json.loads((REPO / "trainer" / "schema" / "result.schema.json").read_text())
+
+
+def flag_timed_window(trainer) -> list[bool]:
+    """Wrap the trainer's timed step so that the returned flag reads [True] exactly while a
+    step is inside its timed window (tests check what runs inside it)."""
+    timing, timed = [False], trainer.steps.timed
+
+    def timed_step(host):
+        timing[0] = True
+        try:
+            return timed(host)
+        finally:
+            timing[0] = False
+
+    trainer.steps.timed = timed_step
+    return timing

@@ -10,6 +10,7 @@ import pytest
 
 from shardbench.trainer.config import parse_args
 from shardbench.trainer.dist_env import detect
+from tests.trainer.conftest import flag_timed_window
 from tests.trainer.test_units import restore_cpu  # noqa: F401 - fixture
 
 
@@ -25,17 +26,8 @@ def test_scrapes_during_steps_cost_no_rendering(restore_cpu):  # noqa: F811
     t.build()
     ex = exporter.start(cfg, t.record, 0)
     t.observers.append(ex)
-    timing, renders, scrapes = [False], [], []
-    timed, render, scraped = t.steps.timed, ex._render, ex.scraped
-
-    def timed_step(host):
-        timing[0] = True
-        try:
-            return timed(host)
-        finally:
-            timing[0] = False
-
-    t.steps.timed = timed_step
+    timing, renders, scrapes = flag_timed_window(t), [], []
+    render, scraped = ex._render, ex.scraped
     ex._render = lambda: renders.append(timing[0]) or render()
     ex.scraped = lambda: scrapes.append(timing[0]) or scraped()
     stop = threading.Event()

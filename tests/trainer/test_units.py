@@ -9,6 +9,7 @@ import torch
 
 from shardbench.trainer import data as trainer_data
 from shardbench.trainer.comm import CommCounter
+from tests.trainer.conftest import flag_timed_window
 from shardbench.trainer.config import parse_args
 from shardbench.trainer.data import SyntheticBatches
 from shardbench.trainer.dist_env import detect
@@ -139,17 +140,8 @@ def test_only_the_step_is_inside_the_timed_window(restore_cpu):
     t = Trainer(cfg, detect({}))
     t.init_process_group()
     t.build()
-    timing, inside = [False], []
-    timed, batches, state = t.steps.timed, t.data.step_batches, t.strategy.model_state
-
-    def timed_step(host):
-        timing[0] = True
-        try:
-            return timed(host)
-        finally:
-            timing[0] = False
-
-    t.steps.timed = timed_step
+    timing, inside = flag_timed_window(t), []
+    batches, state = t.data.step_batches, t.strategy.model_state
     t.data.step_batches = lambda step: inside.append(("data", timing[0])) or batches(step)
     t.strategy.model_state = lambda: inside.append(("state", timing[0])) or state()
     t.train(0.0)

@@ -55,6 +55,17 @@ def pvc(emu, name: str) -> dict:
     return emu.objects["v1/persistentvolumeclaims", NAMESPACE, name].raw
 
 
+async def pending_claim(emu, reason: str, message: str) -> str:
+    """The operator makes the job and a worker that waits on the results claim, which stays
+    Pending with this event on it (as the provisioner reports it)."""
+    name = (await wait_for_mpijob(emu))["metadata"]["name"]
+    await set_conditions(emu, name, "Created")
+    add_pod(emu, name, "worker", "Pending")
+    set_claim_status(emu, claim(emu, name), {"phase": "Pending"})
+    add_event(emu, claim(emu, name), reason, message, kind="PersistentVolumeClaim")
+    return name
+
+
 def checkpoint_dir(job: dict) -> str:
     args = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["args"]
     return args[args.index("--checkpoint-dir") + 1]
@@ -161,15 +172,7 @@ async def test_resume_checkpoints_keeps_the_runs_directory(cluster, tmp_path):
 async def test_a_claim_that_cannot_be_provisioned_is_the_reason(cluster, tmp_path):
     emu, kubeconfig, helm = cluster
 
-    async def operator():
-        name = (await wait_for_mpijob(emu))["metadata"]["name"]
-        await set_conditions(emu, name, "Created")
-        add_pod(emu, name, "worker", "Pending")
-        set_claim_status(emu, claim(emu, name), {"phase": "Pending"})
-        add_event(emu, claim(emu, name), "ProvisioningFailed",
-                  'storageclass.storage.k8s.io "fast-rwx" not found', kind="PersistentVolumeClaim")
-
-    op = asyncio.create_task(operator())
+    op = asyncio.create_task(pending_claim(emu, "ProvisioningFailed", 'storageclass.storage.k8s.io "fast-rwx" not found'))
     record, _ = await run_in_thread(backend(kubeconfig, helm, start_timeout_s=30), checkpointing(), tmp_path / "run")
     await op
     assert record["status"] == "failed", record.get("error")
@@ -182,16 +185,8 @@ async def test_a_pending_claim_is_named_when_the_start_times_out(cluster, tmp_pa
     """Pods hang in ContainerCreating / Pending behind an unbound claim: the timeout says why."""
     emu, kubeconfig, helm = cluster
 
-    async def operator():
-        name = (await wait_for_mpijob(emu))["metadata"]["name"]
-        await set_conditions(emu, name, "Created")
-        add_pod(emu, name, "worker", "Pending")
-        set_claim_status(emu, claim(emu, name), {"phase": "Pending"})
-        add_event(emu, claim(emu, name), "ExternalProvisioning",
-                  "Waiting for a volume to be created by the external provisioner", kind="PersistentVolumeClaim")
-        return name
-
-    op = asyncio.create_task(operator())
+    op = asyncio.create_task(pending_claim(emu, "ExternalProvisioning",
+                                           "Waiting for a volume to be created by the external provisioner"))
     record, _ = await run_in_thread(backend(kubeconfig, helm, start_timeout_s=2), checkpointing(), tmp_path / "run")
     name = await op
     assert record["status"] == "timeout"
