@@ -160,15 +160,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.command == "run" and not args.dry_run:
-        # `| tee log` then Ctrl-C: tee dies first. Runs are still being ended and their records
-        # written, so a closed stdout is ignored (exit 130, records kept), never a SIGPIPE death.
-        from shardbench.trainer.streams import tolerate_closed_readers
+    """Run one command. Process-wide settings (SIGPIPE, wrapped stdout) belong to `entry`: tests and
+    benchtui call this in-process, and a SIGPIPE reset there once killed the whole pytest run."""
+    return run_command(build_parser().parse_args(argv))
 
-        tolerate_closed_readers()
-    else:
-        signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `shardbench run --dry-run | head` ends quietly
+
+def run_command(args: argparse.Namespace) -> int:
     started = time.monotonic()
     if args.command == "plan":
         from shardbench.suite.plan_cmd import cmd_plan
@@ -182,5 +179,19 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
+def entry() -> int:
+    """The `shardbench` console script: main() with the stream handling a terminal command wants."""
+    args = build_parser().parse_args()
+    if args.command in ("run", "tune") and not getattr(args, "dry_run", False):
+        # `| tee log` then Ctrl-C: tee dies first. Runs are still being ended and their records
+        # written, so a closed stdout is ignored (exit 130, records kept), never a SIGPIPE death.
+        from shardbench.trainer.streams import tolerate_closed_readers
+
+        tolerate_closed_readers()
+    else:
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `shardbench report ... | head` ends quietly
+    return run_command(args)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry())

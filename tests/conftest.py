@@ -1,0 +1,17 @@
+"""Guards for the whole suite: process-wide state a test must leave as it found it."""
+import signal
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def sigpipe_stays_ignored():
+    """Python ignores SIGPIPE so a closed pipe is an error, not a death. Code run in-process that
+    resets it (the CLI did, for `| head`) made the next write to a finished subprocess's pipe kill
+    pytest itself: CI ended at 88% with exit 141 and no report. Fail the test that did it instead."""
+    yield
+    handler = signal.getsignal(signal.SIGPIPE)
+    if handler is not signal.SIG_IGN:
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+        pytest.fail(f"this test left SIGPIPE's handler at {handler}: process-wide settings belong "
+                    "in a console-script entry, never in code tests call in-process")
