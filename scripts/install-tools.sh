@@ -98,9 +98,12 @@ fi
 
 # The MLflow server for the tracking test, in its own venv: its pins (sqlalchemy, flask, ...)
 # must not move the app's. The app itself only needs the client (the `tracking` extra).
-ML="$TOOLS/mlflow-venv"
-if ! [ -x "$ML/bin/mlflow" ] || [ "$(cat "$ML/.version" 2>/dev/null)" != "$MLFLOW_VERSION" ]; then
-  [ -x "$ML/bin/python" ] || "$PY" -m venv "$ML"
+ML="$(cd "$TOOLS" && pwd)/mlflow-venv"  # absolute: pip writes it into #! lines
+# A venv whose checkout moved keeps scripts with the old path in their #! line: rebuild it.
+if ! head -1 "$ML/bin/mlflow" 2>/dev/null | grep -qxF "#!$ML/bin/python" \
+    || [ "$(cat "$ML/.version" 2>/dev/null)" != "$MLFLOW_VERSION" ]; then
+  rm -rf "$ML"
+  "$PY" -m venv "$ML"
   "$ML/bin/python" -m pip --disable-pip-version-check -q install "mlflow==$MLFLOW_VERSION"
   echo "$MLFLOW_VERSION" > "$ML/.version"
 fi

@@ -176,3 +176,5 @@ def _metrics(record: dict):
     for op, per in (record.get("comm_per_step") or {}).items():
         yield f"comm_{op}_bytes_per_step", float(per["bytes"]), 0
         yield f"comm_{op}_calls_per_step", float(per["calls"]), 0
+        if per.get("seconds") is not None:
+            yield f"comm_{op}_seconds_per_step", float(per["seconds"]), 0

@@ -12,11 +12,23 @@ Bytes are the size of the whole buffer the operation works on, per call: the ten
 all-reduce or broadcast, the gathered (full) output of an all-gather, the full input of a
 reduce-scatter. Bytes on the wire per rank follow from them: about 2(N-1)/N of that for a ring
 all-reduce, (N-1)/N for an all-gather or reduce-scatter.
+
+Seconds per operation are the time at least one call of that operation was in flight: from the
+call until its work completed (the call's return when synchronous; the completion of its
+future when async_op=True, as DDP's hook, FSDP2 and DeepSpeed's overlap use it). A union, not a
+sum: DDP's buckets queue behind each other on gloo's thread, and summing each bucket's
+call-to-completion time would count the queueing many times. So no operation exceeds the step it
+ran in. On CUDA a future completes when the kernel is enqueued, not done, so there the time is
+NCCL's own per-work timer (TORCH_NCCL_ENABLE_TIMING, set by trainer/process.py) summed per op,
+read after the step; functional collectives (DTensor's) count their call only: their wait is
+inside the tensor.
 """
 from __future__ import annotations
 
 import functools
+import inspect
 import threading
+import time
 from collections.abc import Callable
 
 import torch
@@ -88,6 +100,9 @@ class CommCounter:
         self.active = False
         self.calls: dict[str, int] = {}
         self.bytes: dict[str, int] = {}
+        self.seconds: dict[str, float] = {}
+        self._in_flight: dict[str, tuple[int, float]] = {}  # op -> (calls in flight, since when)
+        self._cuda_works: list[tuple[str, object]] = []
         self._depth = threading.local()
         self._lock = threading.Lock()
         self._installed = False
@@ -97,23 +112,73 @@ class CommCounter:
             self.calls[op] = self.calls.get(op, 0) + 1
             self.bytes[op] = self.bytes.get(op, 0) + nbytes
 
+    def _begin(self, op: str) -> None:
+        with self._lock:
+            n, since = self._in_flight.get(op, (0, 0.0))
+            self._in_flight[op] = (n + 1, time.perf_counter() if n == 0 else since)
+
+    def _end(self, op: str) -> None:
+        with self._lock:
+            n, since = self._in_flight[op]
+            self._in_flight[op] = (n - 1, since)
+            if n == 1:
+                self.seconds[op] = self.seconds.get(op, 0.0) + time.perf_counter() - since
+
+    def _ended_by(self, op: str, result, cuda: bool) -> None:
+        """The call returned `result`: its op ends now, when its work completes, or (CUDA) is
+        timed by NCCL and read in settle()."""
+        future = result.get_future() if hasattr(result, "get_future") else None
+        if future is None:
+            self._end(op)
+        elif cuda:
+            self._end(op)  # the host's part is over; NCCL's timer measures the kernel
+            self._cuda_works.append((op, result))
+        else:
+            future.add_done_callback(lambda _: self._end(op))  # inline if already done
+
+    def settle(self) -> None:
+        """After a step (outside its timer, the device synchronized): add NCCL's timed works."""
+        works, self._cuda_works = self._cuda_works, []
+        for op, work in works:
+            try:
+                ms = work._get_duration()
+            except Exception:  # noqa: BLE001 - timing off or unsupported: no figure, never a failed run
+                continue
+            with self._lock:
+                self.seconds[op] = self.seconds.get(op, 0.0) + ms / 1e3
+
     def _wrap(self, fn: Callable, op: str, pos: int, key: str, size_of: Callable | None) -> Callable:
         counter = self
+
+        takes_async_op = _takes_async_op(fn)
 
         @functools.wraps(fn)
         def counted(*args, **kwargs):
             depth = getattr(counter._depth, "n", 0)
-            if counter.active and depth == 0:
-                buf = kwargs.get(key) if key in kwargs else (args[pos] if 0 <= pos < len(args) else None)
+            counting = counter.active and depth == 0
+            buf = kwargs.get(key) if key in kwargs else (args[pos] if 0 <= pos < len(args) else None)
+            cuda = counting and _on_cuda(buf)
+            # A synchronous NCCL call returns no work to read NCCL's timer from: issue it async
+            # and wait on it here, which is what the synchronous path does inside.
+            wait_here = cuda and takes_async_op and not kwargs.get("async_op")
+            if counting:
                 nbytes = _nbytes(buf)
-                if size_of is not None:
-                    nbytes = size_of(nbytes, args, kwargs)
-                counter.add(op, nbytes)
+                counter.add(op, size_of(nbytes, args, kwargs) if size_of is not None else nbytes)
+                counter._begin(op)
             counter._depth.n = depth + 1
             try:
-                return fn(*args, **kwargs)
+                result = fn(*args, **{**kwargs, "async_op": True} if wait_here else kwargs)
+                if wait_here and result is not None:
+                    result.wait()
+            except BaseException:
+                if counting:
+                    counter._end(op)
+                raise
             finally:
                 counter._depth.n = depth
+            if counting:
+                counter._ended_by(op, result, cuda)
+            return None if wait_here else result
 
         counted.__shardbench_counted__ = True
         return counted
@@ -151,13 +216,29 @@ class CommCounter:
         with self._lock:
             self.calls.clear()
             self.bytes.clear()
+            self.seconds.clear()
+            self._cuda_works.clear()
 
     def per_step(self, steps: int) -> dict[str, dict[str, float]]:
-        """{op: {"calls": mean per step, "bytes": mean per step}} over `steps` counted steps."""
+        """{op: {"calls", "bytes", "seconds": means per step}} over `steps` counted steps."""
         if steps <= 0:
             return {}
-        return {op: {"calls": self.calls[op] / steps, "bytes": self.bytes[op] / steps}
-                for op in sorted(self.calls)}
+        with self._lock:
+            return {op: {"calls": self.calls[op] / steps, "bytes": self.bytes[op] / steps,
+                         "seconds": self.seconds.get(op, 0.0) / steps} for op in sorted(self.calls)}
+
+
+def _takes_async_op(fn: Callable) -> bool:
+    try:
+        return "async_op" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a builtin without a signature
+        return False
+
+
+def _on_cuda(value) -> bool:
+    if isinstance(value, torch.Tensor):
+        return value.is_cuda
+    return isinstance(value, (list, tuple)) and any(_on_cuda(v) for v in value)
 
 
 def _gathered_bytes(input_bytes: int, args, kwargs) -> int:

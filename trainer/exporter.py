@@ -52,6 +52,8 @@ class Metrics:
                                   LABELS + ("op",), registry=r)
         self.comm_calls = Counter("shardbench_comm_calls", "Collective calls of measured steps",
                                   LABELS + ("op",), registry=r)
+        self.comm_seconds = Counter("shardbench_comm_seconds", "Time at least one collective of the op was "
+                                    "in flight in measured steps (trainer/comm.py)", LABELS + ("op",), registry=r)
         self.ckpt_save = g("shardbench_checkpoint_save_seconds", "Time of the last finished checkpoint save")
         self.ckpt_saves = g("shardbench_checkpoint_saves", "Checkpoints saved in this run")
         self.ckpt_load = g("shardbench_checkpoint_load_seconds", "Time the resume's checkpoint load took")
@@ -97,7 +99,7 @@ class Exporter:
         if cfg.expected_tokens_per_s:
             self.m.expected.labels(**self.labels).set(cfg.expected_tokens_per_s)
         self.tokens_per_step = record.tokens_per_step
-        self._comm_seen: dict[str, tuple[float, float]] = {}
+        self._comm_seen: dict[str, tuple[int, int, float]] = {}
         self._lock = threading.Lock()
         self._body = b""
         self._wanted = True  # a scrape came since the last rendering
@@ -146,12 +148,13 @@ class Exporter:
         from shardbench.trainer.comm import COUNTER
 
         for op in list(COUNTER.calls):
-            calls, nbytes = COUNTER.calls.get(op, 0), COUNTER.bytes.get(op, 0)
-            seen_calls, seen_bytes = self._comm_seen.get(op, (0, 0))
-            if calls > seen_calls:
-                self.m.comm_calls.labels(**self.labels, op=op).inc(calls - seen_calls)
-                self.m.comm_bytes.labels(**self.labels, op=op).inc(max(0, nbytes - seen_bytes))
-                self._comm_seen[op] = (calls, nbytes)
+            now = (COUNTER.calls.get(op, 0), COUNTER.bytes.get(op, 0), COUNTER.seconds.get(op, 0.0))
+            seen = self._comm_seen.get(op, (0, 0, 0.0))
+            if now[0] > seen[0]:
+                self.m.comm_calls.labels(**self.labels, op=op).inc(now[0] - seen[0])
+                self.m.comm_bytes.labels(**self.labels, op=op).inc(max(0, now[1] - seen[1]))
+                self.m.comm_seconds.labels(**self.labels, op=op).inc(max(0.0, now[2] - seen[2]))
+                self._comm_seen[op] = now
 
     def _memory(self, trainer) -> None:
         """Cheap reads only (allocator counters on GPU, /proc's resident size on CPU): no sync."""

@@ -22,6 +22,8 @@ def init_process_group(cfg: RunConfig, d: DistEnv, device: torch.device) -> bool
     resolve_rendezvous(d)
     if device.type == "cuda":
         torch.cuda.set_device(device)
+        # NCCL times each work with CUDA events: collective seconds per op (trainer/comm.py).
+        os.environ.setdefault("TORCH_NCCL_ENABLE_TIMING", "1")
     # Variables DeepSpeed's own communication layer reads.
     os.environ.update(RANK=str(d.rank), WORLD_SIZE=str(d.world_size), LOCAL_RANK=str(d.local_rank),
                       MASTER_ADDR=str(d.master_addr), MASTER_PORT=str(d.master_port))

@@ -204,8 +204,10 @@ class ResultRecord:
     """Max over ranks of the model state total (params, grads, optimizer, master, comm buffers)."""
     comm_per_step: dict[str, dict[str, float]] = field(default_factory=dict)
     """Collectives rank 0 issued per measured step, by operation: {"all_gather": {"calls": 4,
-    "bytes": ...}}. Bytes: the whole buffer of each call (all-reduce tensor, gathered output,
-    reduce-scatter input); see trainer/comm.py."""
+    "bytes": ..., "seconds": ...}}. Bytes: the whole buffer of each call (all-reduce tensor,
+    gathered output, reduce-scatter input); seconds: time at least one call of the op was in
+    flight (call to completion; NCCL's own timer on CUDA; absent in records before it); see
+    trainer/comm.py."""
     grad_reduce_dtype: str = "fp32"
     """Dtype gradients were reduced in (DDP comm hook, FSDP reduce_dtype, DeepSpeed
     communication_data_type)."""

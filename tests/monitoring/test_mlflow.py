@@ -123,7 +123,7 @@ def test_default_store_is_a_local_file_store_under_the_results(tmp_path):
     (tmp_path / "ddp-w1-r0" / "log.txt").write_text("a log\n")
     tracker.on_event(RunQueued("ddp-w1-r0", 0, 2, {"strategy": "ddp"}))
     tracker.on_event(RunFinished("ddp-w1-r0", {"run_id": "ddp-w1-r0", "status": "ok", "tokens_per_s": 12.5,
-                                                 "comm_per_step": {"all_reduce": {"calls": 2, "bytes": 4096}}}))
+                                                 "comm_per_step": {"all_reduce": {"calls": 2, "bytes": 4096, "seconds": 0.25}}}))
     # A run kept from an earlier suite (resume) was logged back then: not again.
     tracker.on_event(RunStateChanged("kept-r0", "skipped", "result already there (resume)"))
     tracker.on_event(RunFinished("kept-r0", {"run_id": "kept-r0", "status": "ok"}))
@@ -132,6 +132,7 @@ def test_default_store_is_a_local_file_store_under_the_results(tmp_path):
     (run,) = client.search_runs([client.get_experiment_by_name("shardbench").experiment_id])
     assert run.data.metrics["tokens_per_s"] == 12.5
     assert run.data.metrics["comm_all_reduce_bytes_per_step"] == 4096
+    assert run.data.metrics["comm_all_reduce_seconds_per_step"] == 0.25
     assert [a.path for a in client.list_artifacts(run.info.run_id)] == ["log.txt"]
 
 

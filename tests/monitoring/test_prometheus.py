@@ -41,6 +41,11 @@ def test_scraped_values_are_the_runs_numbers(live_run):
         pytest.approx(per_step["bytes"] * 10)
     assert last(live_run, "shardbench_comm_calls_total", '{run="live-prom-r0",op="all_reduce"}') == \
         pytest.approx(per_step["calls"] * 10)
+    # Time with an all-reduce in flight: the record's per-step mean over the same 10 steps (the
+    # exporter adds after each step; a gloo completion callback may land just after the last).
+    seconds = last(live_run, "shardbench_comm_seconds_total", '{run="live-prom-r0",op="all_reduce"}')
+    assert 0 < seconds <= last(live_run, "shardbench_step_duration_seconds_sum")
+    assert seconds == pytest.approx(per_step["seconds"] * 10, rel=0.1)
     info = live_run.api.query(f"last_over_time(shardbench_run_info{RUN}[10m])", live_run.end)[0]["metric"]
     assert (info["strategy"], info["world_size"], info["shape"], info["launcher"]) == ("ddp", "2", "none", "torchrun")
 

@@ -87,3 +87,13 @@ def test_threads_per_rank_are_set_and_recorded(runs):
     if len(os.sched_getaffinity(0)) >= 2:
         assert len(r["cpu_affinity"][0]) == 2
     assert runs["reference"]["threads_per_rank"] == 1
+
+
+@pytest.mark.parametrize("name", ["fsdp-last", "ddp-bf16", "zero2-fp32"])
+def test_every_collective_has_its_in_flight_time(runs, name):
+    """Each op's seconds per step (trainer/comm.py) are there, positive, and within the step:
+    a union of in-flight time cannot exceed the steps it ran in (logical, not a timing bound)."""
+    r = runs[name]
+    assert r["comm_per_step"]
+    for op, per in r["comm_per_step"].items():
+        assert 0 < per["seconds"] <= r["step_time_s"]["mean"] * 1.02, (op, per, r["step_time_s"])
