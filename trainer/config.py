@@ -11,6 +11,7 @@ scaling bases and the chart's flags follow from the field (trainer/knobs.py).
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import typing
 from dataclasses import MISSING, dataclass, field, fields
@@ -174,10 +175,26 @@ class RunConfig:
         return self.grad_accum or 1
 
 
+@functools.cache
+def _float_fields() -> frozenset[str]:
+    hints = typing.get_type_hints(RunConfig)
+    return frozenset(name for name, kind in hints.items()
+                     if kind is float or float in typing.get_args(kind))  # float, float | None
+
+
+def _as_declared(name: str, value: Any) -> Any:
+    """A float knob's 25 (a YAML int) and 25.0 (the command line's float) are one setting and
+    must hash alike: ints of float fields become floats."""
+    if name in _float_fields() and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    return value
+
+
 def measured_fields(cfg: RunConfig, world_size: int, nodes: int, launcher: str | None) -> dict[str, Any]:
     """Everything that changes what the run measures, normalised (seq len and grad-accum
     resolved), as trainer.contract.config_id() hashes it."""
-    out = {f.name: getattr(cfg, f.name) for f in fields(cfg) if not f.metadata.get("recorded_only")}
+    out = {f.name: _as_declared(f.name, getattr(cfg, f.name)) for f in fields(cfg)
+           if not f.metadata.get("recorded_only")}
     out.update(seq_len=cfg.effective_seq_len(), grad_accum=cfg.effective_grad_accum(world_size),
                global_batch=None, world_size=world_size, nodes=nodes, launcher=launcher)
     return out
