@@ -323,7 +323,7 @@ def cmd_tune(args: argparse.Namespace, effective_matrix, cluster_options, fail) 
         return fail(f"--space: unknown knob(s) {', '.join(unknown)} (any trainer.config.RunConfig field)")
     from shardbench.suite.backends import get_backend
 
-    backend = get_backend(base.backend, cluster_options(args))
+    backend = get_backend(base.backend, cluster_options(args), base.ray_cluster)
     ok, why = backend.availability()
     if not ok:
         return fail(f"backend {base.backend} unavailable: {why}")

@@ -130,5 +130,5 @@ def test_a_rayjob_kuberay_would_refuse_is_never_installed(tmp_path, monkeypatch)
 
 
 def test_ray_cluster_option_picks_the_rayjob_backend():
-    assert type(get_backend("ray", ClusterOptions(ray_cluster=True))).__name__ == "KubeRayBackend"
+    assert type(get_backend("ray", ClusterOptions(), ray_cluster=True)).__name__ == "KubeRayBackend"
     assert type(get_backend("ray")).__name__ == "RayBackend"
