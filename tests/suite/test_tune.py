@@ -87,3 +87,30 @@ def test_launcher_startup_and_tuned_sections_from_records(tmp_path):
     text = markdown(records, tmp_path)
     assert "| ray | 6.50 [" in text and "| torchrun | 1.10 [" in text
     assert "| ddp | micro_batch=4 | 105 [" in text and "| 1.190 [" in text
+
+
+@pytest.mark.slow
+def test_a_slow_trial_is_pruned_and_its_run_cancelled(tmp_path):
+    """A real tune on CPU (ddp, one rank) of micro-batch 16 against micro-batch 1 at a global
+    batch of 16: micro-batch 1 runs 16 micro-steps per step, many times slower per token on this
+    tiny model. The seeded grid runs micro-batch 16 first (MedianPruner(n_startup_trials=1) needs
+    one finished trial); micro-batch 1 reports below it at the first step past the warm-up, so
+    the pruner stops it and tune cancels its run there (seed 1: the seed picks the grid order).
+    Without pruning it would finish all
+    its steps (status ok) and be a COMPLETE trial."""
+    out = tmp_path / "tune"
+    base = ["--world-sizes", "1", "--seq-lens", "32", "--steps", "12", "--warmup-steps", "2", "--micro-batch", "16",
+            "--global-batch", "16", "--precision", "fp32", "--device", "cpu", "--shape", "cpu", "--repeats", "1"]
+    code = main(["tune", *base, "--strategies", "ddp", "--trials", "2", "--out", str(out), "--tune-seed", "1",
+                 "--space", "micro_batch=[16,1]", "--space", "activation_checkpointing=[false]",
+                 "--space", "reshard_after_forward=[true]", "--space", "bucket_mib=[25.0]"])
+    assert code == 0
+    (study,) = json.loads((out / "tune.json").read_text())
+    first, second = study["trials"]
+    assert (first["params"]["micro_batch"], first["state"]) == (16, "COMPLETE")  # the seeded grid's order
+    assert (second["params"]["micro_batch"], second["state"]) == (1, "PRUNED")
+    pruned = json.loads((out / "trials" / second["run_id"] / "result.json").read_text())
+    assert pruned["status"] == "cancelled"  # stopped mid-run, not measured to the end
+    log = (out / "trials" / second["run_id"] / "log.txt").read_text()
+    assert '"step": 12' not in log.replace(" ", "").replace('"step":12', '"step": 12')
+    assert study["best"]["micro_batch"] == 16
