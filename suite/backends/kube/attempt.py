@@ -238,7 +238,7 @@ class Attempt:
         deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
         launches: list[tuple[dict, LaunchWatch, float]] = []
         followed: list[str] = []
-        target = worker_pod(self.job_name, self.fault.rank or 0, self.spec.procs_per_node) if self.fault else ""
+        target = self._fault_target() if self.fault else ""
         while launcher is not None:
             name = dx.name_of(launcher)
             followed.append(name)
@@ -278,6 +278,7 @@ class Attempt:
             watch(text)
             if not retry:  # a relaunch's ranks start later: the fault's restart time covers them
                 self.stamps.feed(text)
+            self._on_line(text)
             if text.startswith(WORKERS_WAITING):
                 self.workers_waiting = True
             if WORKERS_READY in text and self.workers_ready_at is None:
@@ -301,6 +302,13 @@ class Attempt:
                 return failed_record(self.spec, replaced)
             stream.join(self.b.poll_s)
         return None
+
+    def _fault_target(self):
+        """The pod kill-rank deletes: the MPIJob worker that holds the rank (kube/faults.py)."""
+        return worker_pod(self.job_name, self.fault.rank or 0, self.spec.procs_per_node)
+
+    def _on_line(self, text: str) -> None:
+        """Each line of the launcher's log, after it is logged (rayjob.py reads the driver's events)."""
 
     def _replacement_failure(self) -> str | None:
         """After kill-rank deleted a worker pod: why its replacement failed, or None (kube/faults.py)."""
