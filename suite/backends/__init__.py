@@ -1,5 +1,6 @@
 """Backends that run one RunSpec: local (this machine), kubernetes (Helm + MPIJob) and ray (the
-ranks as Ray actors in an embedded Ray on this machine).
+ranks as Ray actors in an embedded Ray on this machine, or with the matrix's ray_cluster in a
+KubeRay RayJob of the chart).
 
 The one place backends are named and built, and the cluster options are declared: the suite's
 CLI and benchtui generate their flags from ClusterOptions.

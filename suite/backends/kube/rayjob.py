@@ -32,7 +32,7 @@ from shardbench.suite.backends.kube import diagnosis as dx
 from shardbench.suite.backends.kube.attempt import Attempt
 from shardbench.suite.backends.kube.backend import KubeBackend
 from shardbench.suite.backends.kube.values import deep_merge
-from shardbench.suite.backends.ray_backend import _fault_info, _RayEvents
+from shardbench.suite.backends.ray_backend import fault_info, RayEvents
 from shardbench.suite.backends.rayjob import RUNNABLE_MODES, rayjob_errors
 from shardbench.suite.collect import failed_record
 from shardbench.suite.fault_grammar import kube_fault_errors
@@ -72,7 +72,7 @@ class RayJobAttempt(Attempt):
         super().__init__(*args, **kwargs)
         # The driver's events (launch, failed) as every logged line passes, read as the local
         # ray backend reads them, for the record's fault timings.
-        self.events = _RayEvents(self.log.reader.emit)
+        self.events = RayEvents(self.log.reader.emit)
         self.log.reader.emit = self.events
         self.rank_nodes: dict[int, tuple[str, str]] = {}
         """Rank -> (hostname, IP) of its node in the driver's first group (its `rank` events)."""
@@ -159,7 +159,7 @@ class RayJobAttempt(Attempt):
 
     def _with_fault(self, record: dict[str, Any], launches: list) -> dict[str, Any]:
         if launches:
-            record["fault"] = asdict(_fault_info(self.spec, record, launches[0][1], self.events, self.began))
+            record["fault"] = asdict(fault_info(self.spec, record, launches[0][1], self.events, self.began))
         return record
 
 
