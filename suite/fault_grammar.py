@@ -6,7 +6,7 @@
   the process-group timeout, --pg-timeout-s, ends them);
 - `kill-launcher@S`: SIGKILL the launcher at step S (the job's driver dies; its ranks follow it,
   trainer/lifeline.py).
-The kubernetes backend injects only kill-rank (KUBE_FAULT_KINDS). Pure: no processes, no I/O.
+On a cluster (backend kubernetes, or ray with ray_cluster) only kill-rank is injected (KUBE_FAULT_KINDS). Pure: no processes, no I/O.
 """
 from __future__ import annotations
 
@@ -61,16 +61,16 @@ def fault_errors(text: Any, world_size: int, steps: int) -> list[str]:
 
 
 KUBE_FAULT_KINDS = ("kill-rank",)
-"""The faults the cluster backend injects; stop-rank and kill-launcher need the ranks' processes."""
+"""The faults injected on a cluster (MPIJob or RayJob); stop-rank and kill-launcher need the ranks' processes."""
 
 
 def kube_fault_errors(text) -> list[str]:
-    """Why fault `text` cannot be injected on the kubernetes backend (one line), or []."""
+    """Why fault `text` cannot be injected into a cluster run (one line), or []."""
     try:
         fault = parse_fault(text)
     except ValueError:
         return []  # the matrix's own fault check says what is wrong with it
     if fault is None or fault.kind in KUBE_FAULT_KINDS:
         return []
-    return [f"fault {fault} cannot be injected on the kubernetes backend (it deletes a worker pod): "
-            "use kill-rank:R@S there, or backend local"]
+    return [f"fault {fault} cannot be injected on a cluster (kubernetes, or ray with ray_cluster: it deletes "
+            "a worker pod): use kill-rank:R@S there, or a local backend"]

@@ -113,11 +113,18 @@ def _opt(value, kind):
     return None if value is None else kind(value)
 
 
+def on_cluster(m: MatrixSpec) -> bool:
+    """Its runs go to a cluster: backend kubernetes, or backend ray with ray_cluster (RayJobs).
+    Such a matrix is laid out over the shape's nodes and takes the shape's run defaults; the
+    others run on this machine and are bounded by it."""
+    return m.backend == "kubernetes" or (m.backend == "ray" and m.ray_cluster is True)
+
+
 def with_shape_defaults(matrix: MatrixSpec, explicit: set[str]) -> MatrixSpec:
     """A cluster matrix takes model, seq len, batch, precision, device and steps from its shape's
     values file, except the keys the user set (`explicit`): `--backend kubernetes --shape h100`
     must not inherit the CPU defaults (device cpu, fp32, tiny) that the chart would refuse."""
-    if matrix.backend != "kubernetes" or not matrix.shape:
+    if not on_cluster(matrix) or not matrix.shape:
         return matrix
     try:
         shape = load_shape(matrix.shape)
@@ -168,10 +175,15 @@ def _suite_errors(m: MatrixSpec) -> list[str]:
         errors.append(f"max_world_size must be a positive integer, got {m.max_world_size!r}")
     if not _is_int(m.max_restarts, 0):
         errors.append(f"max_restarts must be an integer >= 0, got {m.max_restarts!r}")
-    if m.backend == "ray" and isinstance(m.faults, list):
+    if not isinstance(m.ray_cluster, bool):
+        errors.append(f"ray_cluster must be true or false, got {m.ray_cluster!r}")
+    elif m.ray_cluster and m.backend != "ray":
+        errors.append(f"ray_cluster runs backend ray as KubeRay RayJobs; backend {m.backend} ignores it: "
+                      "use backend ray, or drop ray_cluster")
+    if m.backend == "ray" and isinstance(m.faults, list) and not on_cluster(m):
         errors += [f"fault {f} cannot be injected on the ray backend (Ray restarts ranks, not its driver): "
                    "use kill-rank:R@S or stop-rank:R@S" for f in m.faults if str(f).startswith("kill-launcher")]
-    if m.backend == "kubernetes" and isinstance(m.faults, list):
+    if on_cluster(m) and isinstance(m.faults, list):
         errors += [e for f in m.faults for e in kube_fault_errors(f)]
     for name, kind in (("strategies", str), ("world_sizes", int), ("seq_lens", int), ("faults", str)):
         axis = getattr(m, name)
@@ -191,7 +203,7 @@ def _world_limit(m: MatrixSpec, shape: Shape | None, cfg: RunConfig) -> tuple[in
     """Most ranks one run may use, and why."""
     if _is_int(m.max_world_size):
         return m.max_world_size, "max_world_size"
-    if m.backend not in ("local", "ray"):
+    if on_cluster(m):
         return None, ""
     if shape is not None and shape.gpus_per_node and cfg.device != "cpu":
         return shape.gpus_per_node, f"shape {shape.name} has {shape.gpus_per_node} GPUs per node"
@@ -204,7 +216,7 @@ def _world_limit(m: MatrixSpec, shape: Shape | None, cfg: RunConfig) -> tuple[in
 def _layout(m: MatrixSpec, shape: Shape | None, world: int) -> tuple[int, int] | str:
     """(nodes, procs_per_node) for a run of `world` ranks, or an error."""
     gpn = shape.gpus_per_node if shape is not None else None
-    if m.backend in ("local", "ray") or not gpn or world <= gpn:
+    if not on_cluster(m) or not gpn or world <= gpn:
         return 1, world
     if world % gpn:
         return f"world size {world} spans nodes of {gpn} GPUs ({shape.name}) but is not a multiple of {gpn}"
@@ -249,7 +261,7 @@ def expand(matrix: MatrixSpec, limit: int | None = CONFIRM_ABOVE) -> tuple[list[
             shape = load_shape(matrix.shape)
         except ValueError as exc:
             errors.append(str(exc))
-    if shape is not None and matrix.backend in ("local", "ray") and shape.gpus_per_node and not local_gpu_count():
+    if shape is not None and not on_cluster(matrix) and shape.gpus_per_node and not local_gpu_count():
         errors.append(f"shape {shape.name} describes GPU nodes but this machine has no NVIDIA GPU: run it "
                       "with --backend kubernetes, or locally with --shape cpu (or --shape none)")
     if errors:
@@ -329,5 +341,5 @@ def _dedupe(lines: list[str]) -> list[str]:
 
 
 __all__ = ["CONFIRM_ABOVE", "DEFAULT_MATRIX", "MatrixSpec", "RunSpec", "Shape", "default_matrix", "expand",
-           "load_matrix", "load_shape", "local_gpu_count", "matrix_from_dict", "run_count", "save_matrix",
+           "load_matrix", "load_shape", "local_gpu_count", "matrix_from_dict", "on_cluster", "run_count", "save_matrix",
            "values_dir", "with_shape_defaults"]

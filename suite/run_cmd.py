@@ -93,7 +93,7 @@ def _backend(args: argparse.Namespace, matrix):
         cluster = cluster_options(args)
     except ValueError as exc:
         raise _Refused(str(exc)) from None
-    backend = get_backend(matrix.backend, cluster)
+    backend = get_backend(matrix.backend, cluster, matrix.ray_cluster)
     ok, why = backend.availability()
     if not ok:
         raise _Refused(f"backend {matrix.backend} unavailable: {why}")

@@ -38,7 +38,11 @@ class MatrixSpec:
     launcher: str = "auto"
     """mpirun, deepspeed, torchrun, or auto (each strategy's default launcher)."""
     backend: str = "local"
-    """local (this machine) or kubernetes (one Helm release per run)."""
+    """local (this machine), kubernetes (one Helm release per run) or ray (Ray actors)."""
+    ray_cluster: bool = False
+    """backend ray on the cluster: each run a KubeRay RayJob of the chart (the kubernetes
+    backend's cluster options apply; runs laid out and given shape defaults as on kubernetes);
+    default: an embedded Ray on this machine."""
     shape: str | None = "cpu"
     """GPU shape = values/<shape>.yaml (peak FLOP/s, $/GPU-hour, GPUs per node); None: unknown."""
     timeout_s: float | None = 600.0

@@ -2,8 +2,10 @@
 are compared tuned rather than at one hand-picked micro-batch.
 
 Per strategy, an Optuna study (TPE, seeded) searches the knobs of SPACE at the matrix's one world
-size and fixed global batch (micro-batch is searched and grad-accum follows from it, so every
-trial trains the same tokens to the same loss), maximising measured tokens/s:
+size and fixed global batch, maximising measured tokens/s. Micro-batch and grad-accum are one
+axis there (micro-batch x grad-accum = the per-rank batch, so every trial trains the same tokens
+to the same loss): micro-batch is searched and grad-accum follows, or, with `--space
+grad_accum=[...]`, grad-accum is searched and micro-batch follows; every trial records both.
 - Memory limit: before launching, the planner predicts the peak per rank; a configuration
   predicted over the limit is not run (`trial.set_constraint("memory", predicted - limit)`,
   objective 0). After a run the measured peak sets the constraint instead. The prediction is
@@ -60,9 +62,25 @@ def search_space(strategy: str, per_rank_batch: int, given: dict[str, list] | No
             if values:
                 space.append(Knob(f.name, values))
     by_name = {k.name: k for k in space}
+    if "grad_accum" in (given or {}):
+        del by_name["micro_batch"]  # the batch axis searched by its grad-accum: micro-batch follows
     for name, values in (given or {}).items():
         by_name[name] = Knob(name, tuple(values), by_name[name].strategies if name in by_name else ())
     return [k for k in by_name.values() if not k.strategies or strategy in k.strategies]
+
+
+def batch_axis_errors(per_rank_batch: int, given: dict[str, list]) -> list[str]:
+    """Why --space's micro-batch / grad-accum values cannot be searched at this per-rank batch."""
+    if "micro_batch" in given and "grad_accum" in given:
+        return ["--space: give micro_batch or grad_accum, not both: at the fixed global batch one follows "
+                "from the other"]
+    for name in ("micro_batch", "grad_accum"):
+        bad = [v for v in given.get(name, ()) if not isinstance(v, int) or isinstance(v, bool) or v < 1
+               or per_rank_batch % v]
+        if bad:
+            return [f"--space {name}: {bad} do not divide the per-rank batch {per_rank_batch} (global batch / "
+                    "world size) into whole micro-batches"]
+    return []
 
 
 def _values_of(kind, default, meta) -> tuple:
@@ -113,6 +131,7 @@ class Tuner:
 
         world = self.base.world_sizes[0]
         global_batch = self.base.global_batch or self.base.micro_batch * (self.base.grad_accum or 1) * world
+        params = _batch_params(params, self._per_rank_batch())
         data = {k: v for k, v in _matrix_dict(self.base).items() if k not in params}
         data.update(params, strategies=[strategy], world_sizes=[world], global_batch=global_batch,
                     grad_accum=None, repeats=repeats)
@@ -127,6 +146,9 @@ class Tuner:
         for knob in search_space(strategy, self._per_rank_batch(), self.given):
             if knob.name == "micro_batch":
                 out["micro_batch"] = self.base.micro_batch if self.base.micro_batch in knob.values else knob.values[0]
+            elif knob.name == "grad_accum":
+                ga = self._per_rank_batch() // self.base.micro_batch
+                out["grad_accum"] = ga if ga in knob.values else knob.values[0]
             else:
                 value = self.base.options.get(knob.name, defaults.get(knob.name))
                 out[knob.name] = value if value in knob.values else knob.values[0]
@@ -171,6 +193,8 @@ class Tuner:
 
         params = {k.name: trial.suggest_categorical(k.name, list(k.values)) for k in space}
         spec = self.spec_for(strategy, params)[0]
+        trial.set_user_attr("micro_batch", spec.micro_batch)  # both, whichever of the two was searched
+        trial.set_user_attr("grad_accum", spec.grad_accum)
         predicted = int(self.planner(spec.run_config(), spec.world_size))
         trial.set_user_attr("predicted_peak_bytes", predicted)
         trial.set_user_attr("run_id", spec.run_id)
@@ -231,6 +255,16 @@ class Tuner:
             tps.get(best[0].run_id.rsplit("-r", 1)[0], []))
 
 
+def _batch_params(params: dict[str, Any], per_rank_batch: int) -> dict[str, Any]:
+    """Params with a searched grad-accum turned into the micro-batch it leaves at this per-rank
+    batch (the matrix derives grad-accum back from the global batch)."""
+    if "grad_accum" not in params:
+        return params
+    out = {k: v for k, v in params.items() if k != "grad_accum"}
+    out["micro_batch"] = per_rank_batch // int(params["grad_accum"])
+    return out
+
+
 def _matrix_dict(m) -> dict[str, Any]:
     from dataclasses import asdict
 
@@ -273,8 +307,9 @@ def write_outputs(tuner: Tuner, results: list[Tuning]) -> Path:
 
 def _write_tuned_matrix(tuner: Tuner, t: Tuning) -> None:
     base = tuner.base
-    tuned = replace(base, strategies=[t.strategy], micro_batch=t.best.get("micro_batch", base.micro_batch),
-                    options={**base.options, **{k: v for k, v in t.best.items() if k != "micro_batch"}})
+    best = _batch_params(t.best, tuner._per_rank_batch())
+    tuned = replace(base, strategies=[t.strategy], micro_batch=best.get("micro_batch", base.micro_batch),
+                    options={**base.options, **{k: v for k, v in best.items() if k != "micro_batch"}})
     data = _matrix_dict(tuned)
     data.update(results=f"results/tuned-{t.strategy}", grad_accum=None,
                 global_batch=base.global_batch or base.micro_batch * (base.grad_accum or 1) * base.world_sizes[0])
@@ -321,9 +356,14 @@ def cmd_tune(args: argparse.Namespace, effective_matrix, cluster_options, fail) 
     unknown = sorted(set(space) - {f.name for f in fields(RunConfig)})
     if unknown:
         return fail(f"--space: unknown knob(s) {', '.join(unknown)} (any trainer.config.RunConfig field)")
+    world = base.world_sizes[0]
+    per_rank = base.global_batch // world if base.global_batch else base.micro_batch * (base.grad_accum or 1)
+    batch = batch_axis_errors(per_rank, space)
+    if batch:
+        return fail(batch[0])
     from shardbench.suite.backends import get_backend
 
-    backend = get_backend(base.backend, cluster_options(args))
+    backend = get_backend(base.backend, cluster_options(args), base.ray_cluster)
     ok, why = backend.availability()
     if not ok:
         return fail(f"backend {base.backend} unavailable: {why}")

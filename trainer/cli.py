@@ -23,7 +23,7 @@ from shardbench.trainer.fsprobe import probe_writable
 from shardbench.trainer.config import ConfigError, RunConfig, parse_args
 from shardbench.trainer.dist_env import detect
 from shardbench.trainer.lifeline import tie_to_launcher
-from shardbench.trainer.record import emit, write_atomic
+from shardbench.trainer.record import START_STAMP, emit, write_atomic
 from shardbench.trainer.streams import tolerate_closed_readers
 
 
@@ -85,6 +85,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     process_start = min(process_start, process_start_time())
+    # On a cluster the suite cannot read the ranks' /proc: the stamp is how it measures the
+    # launcher's start-up there (suite/startup.py). After the checks: a refused run says one line.
+    print(f'{START_STAMP}{{"rank": {denv.rank}, "t": {process_start:.3f}}}', file=sys.stderr, flush=True)
     from shardbench.trainer import exporter
 
     metrics = exporter.start(cfg, trainer.record, denv.rank)

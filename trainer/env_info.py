@@ -86,12 +86,14 @@ def nccl_env_across_ranks(gather) -> tuple[dict[str, str], list[str]]:
 
 
 def process_start_time() -> float:
-    """When this process started (epoch seconds): from /proc on Linux, else now."""
+    """When this process started (epoch seconds): from /proc on Linux, else now. Counted back
+    from now by /proc/uptime (10 ms), not from /proc/stat's btime, a whole second that put the
+    start up to a second early: the start stamps (suite/startup.py) compare it across processes."""
     try:
         with open("/proc/self/stat") as fh:
             start_ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
-        with open("/proc/stat") as fh:
-            boot = next(int(line.split()[1]) for line in fh if line.startswith("btime"))
-        return boot + start_ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, StopIteration, IndexError):
+        with open("/proc/uptime") as fh:
+            uptime = float(fh.read().split()[0])
+        return time.time() - (uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
         return time.time()

@@ -19,7 +19,9 @@ and restarts the whole group when one fails, as Ray Train's FailureConfig(max_fa
   --max-restarts times, a new group is started; the trainer resumes from its own checkpoints
   (--resume auto): the checkpoint stays the one source of truth, Ray only relaunches.
 - Events for the suite: one line each, `SHARDBENCH_RAY {"event": ..., "attempt": k, ...}`
-  (launch, failed, done), which the Ray backend turns into the record's fault timings.
+  (launch, failed, done), which the Ray backends turn into the record's fault timings, and
+  `rank` (its node's hostname and IP): on a cluster the suite deletes the pod that holds the
+  rank a kill-rank fault names (suite/backends/kube/rayjob.py).
 - SIGTERM/SIGINT: no relaunch; the ranks get SIGTERM through their actors (each writes its
   failed record), then Ray shuts down. Exit code: 0 when the last group finished, else 1.
 """
@@ -77,7 +79,9 @@ class RankActor:
         """Yields the child's output lines, then {"exit": code}."""
         self.proc = subprocess.Popen(argv, env={**os.environ, **env}, cwd=cwd, stdin=subprocess.DEVNULL,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=_pdeathsig)
-        yield {"pid": self.proc.pid, "host": socket.gethostname()}
+        import ray
+
+        yield {"pid": self.proc.pid, "host": socket.gethostname(), "ip": ray.util.get_node_ip_address()}
         for raw in iter(self.proc.stdout.readline, b""):
             yield raw.decode("utf-8", "replace")
         yield {"exit": self.proc.wait()}
@@ -119,6 +123,8 @@ class Group:
                 item = self.ray.get(ref)
                 if isinstance(item, str):
                     say(item)
+                elif "pid" in item:
+                    event("rank", self.attempt, rank=rank, **item)
                 elif "exit" in item:
                     self.exits[rank] = item["exit"]
         except Exception as exc:  # noqa: BLE001 - an actor that died is a failed rank
@@ -179,7 +185,13 @@ def _init(ray, args) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from shardbench.trainer.env_info import process_start_time
+    from shardbench.trainer.record import START_STAMP
+
+    # The launch command's start, for launcher_startup_s on a cluster (suite/startup.py); this
+    # process's start from /proc, as the local backend reads it.
     args, trainer_args = parse_args(sys.argv[1:] if argv is None else argv)
+    say(f'{START_STAMP}{{"launcher": {process_start_time():.3f}}}')
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     signal.signal(signal.SIGINT, lambda *_: stopping.set())

@@ -21,6 +21,12 @@ END_MARKER = "BENCHMARK_RESULT_JSON_END"
 # Rank 0 prints one of these per step so launchers, the CLI and the TUI can show progress:
 #   SHARDBENCH_PROGRESS {"step": 3, "steps": 110, "phase": "warmup", "loss": 10.8, ...}
 PROGRESS_PREFIX = "SHARDBENCH_PROGRESS "
+# The start stamps a cluster run's launcher_startup_s is read from (suite/startup.py), epoch
+# seconds each from its own process's clock: every rank prints its process start
+#   SHARDBENCH_START {"rank": 1, "t": 1764000000.25}
+# and the launch command its own start: docker/entrypoint.sh just before it execs the MPIJob's
+# launch command, trainer/ray_launcher.py (a RayJob's driver) as it starts: {"launcher": t}.
+START_STAMP = "SHARDBENCH_START "
 
 
 
@@ -249,7 +255,8 @@ class ResultRecord:
     launcher_startup_s: float | None = None
     """From the launch command's start to the start of the last rank's trainer process (the
     launcher's own overhead: torchrun, mpirun, DeepSpeed, Ray), seconds; measured by the suite
-    from /proc start times (the first attempt's ranks), None when not measured."""
+    (the first attempt's ranks): locally from /proc start times, on a cluster (MPIJob, RayJob)
+    from the same instants' start stamps in the job's log; None when not measured."""
     time_to_first_step_s: float | None = None
     """From process start to the end of the first optimizer step on rank 0."""
     wall_time_s: float | None = None

@@ -1,5 +1,6 @@
 """Backends that run one RunSpec: local (this machine), kubernetes (Helm + MPIJob) and ray (the
-ranks as Ray actors in an embedded Ray on this machine).
+ranks as Ray actors in an embedded Ray on this machine, or with the matrix's ray_cluster in a
+KubeRay RayJob of the chart).
 
 The one place backends are named and built, and the cluster options are declared: the suite's
 CLI and benchtui generate their flags from ClusterOptions.
@@ -48,9 +49,6 @@ class ClusterOptions:
         from shardbench.suite.backends.kube.overrides import image_choice
 
         return image_choice(self.image, self.image_repository, self.image_tag, self.image_pull_policy)
-    ray_cluster: bool = False
-    """backend ray: run each run as a KubeRay RayJob of the chart on the cluster (default: an
-    embedded Ray on this machine)."""
 
 
 def add_cluster_flags(parser: argparse.ArgumentParser) -> None:
@@ -65,18 +63,23 @@ def cluster_options(args: argparse.Namespace) -> ClusterOptions:
     return options
 
 
-def get_backend(name: str, cluster: ClusterOptions | None = None):
-    """The backend called `name`; imported lazily (the kubernetes client is slow to import)."""
+def get_backend(name: str, cluster: ClusterOptions | None = None, ray_cluster: bool = False):
+    """The backend called `name`; imported lazily (the kubernetes client is slow to import).
+    `ray_cluster` is the matrix's setting (MatrixSpec.ray_cluster): backend ray as KubeRay RayJobs
+    on the cluster of `cluster`, not an embedded Ray here. It is the matrix's, not a cluster
+    option, because it changes how the matrix lays runs out (shape defaults, nodes, faults)."""
     if name == "local":
         from shardbench.suite.backends.local import LocalBackend
         from shardbench.suite.faults import Recovering
 
         return Recovering(LocalBackend())  # checkpoints, the fault axis, relaunches
-    if name == "ray" and cluster is not None and cluster.ray_cluster:
+    if name == "ray" and ray_cluster:
         from shardbench.suite.backends.kube.rayjob import KubeRayBackend
 
-        return KubeRayBackend(kubeconfig=cluster.kubeconfig, context=cluster.context, namespace=cluster.namespace,
-                              keep_failed=cluster.keep_failed, start_timeout_s=cluster.start_timeout_s)
+        c = cluster or ClusterOptions()
+        return KubeRayBackend(kubeconfig=c.kubeconfig, context=c.context, namespace=c.namespace,
+                              keep_failed=c.keep_failed, start_timeout_s=c.start_timeout_s,
+                              image=c.image_choice(), resume_checkpoints=c.resume_checkpoints)
     if name == "ray":
         from shardbench.suite.backends.ray_backend import RayBackend
 
@@ -91,9 +94,9 @@ def get_backend(name: str, cluster: ClusterOptions | None = None):
     raise ValueError(f"unknown backend {name!r}: use one of {', '.join(BACKENDS)}")
 
 
-def availability(name: str, cluster: ClusterOptions | None = None) -> tuple[bool, str]:
+def availability(name: str, cluster: ClusterOptions | None = None, ray_cluster: bool = False) -> tuple[bool, str]:
     """(True, "") or (False, one-line reason); never raises (a broken backend is unavailable)."""
     try:
-        return get_backend(name, cluster).availability()
+        return get_backend(name, cluster, ray_cluster).availability()
     except Exception as exc:  # noqa: BLE001
         return False, f"{type(exc).__name__}: {exc}".splitlines()[0]

@@ -39,8 +39,9 @@ from shardbench.suite.faults import CHECKPOINTS, _Attempt, _needs_checkpoints, p
 from shardbench.suite.matrix import local_gpu_count
 
 
-class _RayEvents:
-    """Reads the driver's event lines and the progress lines as they stream past."""
+class RayEvents:
+    """Reads the driver's event lines and the progress lines as they stream past (also for a
+    RayJob's submitter log: suite/backends/kube/rayjob.py)."""
 
     def __init__(self, inner: Emit):
         self.inner = inner
@@ -103,7 +104,7 @@ class RayBackend(LocalBackend):
             if spec.fault != "none":
                 options.setdefault("pg_timeout_s", 30.0)  # a hang must end well within the run's timeout
             spec = replace(spec, options=tuple(sorted(options.items())))
-        events = _RayEvents(emit)
+        events = RayEvents(emit)
         fault = parse_fault(spec.fault)
         watch = _Attempt(spec, fault, f"{run_dir}{os.sep}", events)
         # Short and ours: Ray's unix sockets live under it (108-byte path limit), and a run's Ray
@@ -114,7 +115,7 @@ class RayBackend(LocalBackend):
         finally:
             shutil.rmtree(self._temp_dir, ignore_errors=True)
         if fault is not None:
-            record["fault"] = asdict(_fault_info(spec, record, watch, events, start))
+            record["fault"] = asdict(fault_info(spec, record, watch, events, start))
             _append_notes(run_dir / "log.txt", watch.notes)
         if record.get("status") == "ok":
             shutil.rmtree(ckpt, ignore_errors=True)  # measured; the checkpoints were the means
@@ -147,7 +148,9 @@ class RayBackend(LocalBackend):
         tree.kill(self.kill_grace_s)
 
 
-def _fault_info(spec, record: dict, watch: _Attempt, events: _RayEvents, start: float) -> FaultRecovery:
+def fault_info(spec, record: dict, watch, events: RayEvents, start: float) -> FaultRecovery:
+    """The record's `fault` from the driver's events; `watch` is what injected the fault (its
+    injected_at, injected_step): the local fault wrapper's _Attempt, or the cluster's LaunchWatch."""
     info = FaultRecovery(fault=spec.fault, attempts=max(1, len(events.launches)), injected_at_step=watch.injected_step)
     if watch.injected_at is not None and events.failed_at:
         info.detection_s = events.failed_at[0] - watch.injected_at

@@ -6,7 +6,7 @@ import importlib.util
 
 import pytest
 
-from chart_helpers import CHART, REPO, VALUES_DIR, helm_cmd
+from chart_helpers import CHART, REPO, VALUES_DIR, helm_cmd, render
 
 
 def _gen():
@@ -75,6 +75,38 @@ def test_notes_tell_how_to_follow_fetch_and_uninstall(values):
     # The planner's prediction of this very run (docs/planner.md), a command the reader can run.
     plan = next(line.strip() for line in notes.splitlines() if line.strip().startswith("shardbench plan"))
     assert f"--shape {shape} --strategy" in plan and "--world-size" in plan and "--micro-batch" in plan
+
+
+@pytest.mark.parametrize("mode", ["K8sJobMode", "HTTPMode"])
+def test_rayjob_notes_tell_how_to_follow_the_driver_open_the_dashboard_and_get_the_record(mode):
+    """With ray.enabled the release is a RayJob: NOTES used to describe only the MPIJob (its
+    launcher pod, which a RayJob has none of)."""
+    proc = helm_cmd("helm4", "install", "ddp-w2", str(CHART), "-f", str(VALUES_DIR / "cpu.yaml"), "--namespace",
+                    "bench", "--dry-run=client", "--set", "persistence.enabled=true", "--set", "ray.enabled=true",
+                    "--set", f"ray.submissionMode={mode}", "--set", "ray.maxRestarts=2")
+    assert proc.returncode == 0, proc.stderr
+    notes = proc.stdout.split("NOTES:", 1)[1]
+    assert f"a KubeRay RayJob ({mode}; the driver relaunches the ranks up to 2 time(s))" in notes
+    assert "kubectl -n bench get rayjob ddp-w2-shardbench -w" in notes
+    assert "mpijob" not in notes.lower() and "training.kubeflow.org" not in notes and "launcher pod" not in notes
+    # The dashboard: the head service of the RayCluster KubeRay named for this RayJob.
+    assert ("kubectl -n bench port-forward svc/$(kubectl -n bench get rayjob ddp-w2-shardbench -o "
+            "jsonpath='{.status.rayClusterName}')-head-svc 8265:8265") in notes
+    if mode == "K8sJobMode":  # the submitter Job, named after the RayJob, prints the driver's output
+        assert "kubectl -n bench logs -f job/ddp-w2-shardbench" in notes
+        assert "kubectl -n bench logs job/ddp-w2-shardbench --tail=-1 > ddp-w2.log" in notes
+    else:  # no submitter Job: the Ray job's own log, on the head
+        head = ("kubectl -n bench exec $(kubectl -n bench get pod -l app.kubernetes.io/instance=ddp-w2,"
+                "app.kubernetes.io/component=ray-head -o name) -- ray job logs ")
+        job_id = "$(kubectl -n bench get rayjob ddp-w2-shardbench -o jsonpath='{.status.jobId}')"
+        assert f"{head}--follow {job_id}" in notes and f"{head}{job_id} > ddp-w2.log" in notes
+    assert "shardbench collect ddp-w2.log -o results/cpu/ddp-w2/result.json" in notes
+    assert "helm uninstall ddp-w2 -n bench" in notes and "deletes the RayJob, its RayCluster and pods" in notes
+    # The selectors in it select what the chart renders: the head pod's labels, the RayJob's name.
+    rayjob = next(d for d in render("helm4", ("cpu.yaml",), ("ray.enabled=true",)) if d["kind"] == "RayJob")
+    head_labels = rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["metadata"]["labels"]
+    assert head_labels["app.kubernetes.io/component"] == "ray-head"
+    assert head_labels["app.kubernetes.io/instance"] == rayjob["metadata"]["name"].removesuffix("-shardbench")
 
 
 def test_preflight_notes_say_where_the_verdict_is():

@@ -5,6 +5,7 @@ docker/entrypoint.sh, which needs no image. tests/chart/test_emulated_mpijob.py 
 sshd/ssh configs, entrypoint, ENV and OpenMPI for real."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -225,6 +226,18 @@ def run_entrypoint(tmp_path, hosts: str, role: str = "launcher", wait: str = "3"
 def test_entrypoint_runs_the_command_once_hosts_resolve(tmp_path):
     proc = run_entrypoint(tmp_path, "# the operator's format\nlocalhost slots=2\n")
     assert proc.returncode == 0 and proc.stdout == "launched\n", proc.stderr
+
+
+def test_entrypoint_stamps_the_launch_commands_start_on_the_launcher_only(tmp_path):
+    """The suite reads a cluster run's launcher_startup_s from this stamp (suite/startup.py): the
+    epoch second the launch command starts, after the wait for the workers, not before it."""
+    before = time.time()
+    proc = run_entrypoint(tmp_path, "localhost slots=1\n")
+    after = time.time()
+    stamps = [json.loads(x.split(" ", 1)[1]) for x in proc.stderr.splitlines() if x.startswith("SHARDBENCH_START ")]
+    assert len(stamps) == 1 and before <= stamps[0]["launcher"] <= after + 0.01, proc.stderr
+    assert proc.stderr.splitlines()[-1].startswith("SHARDBENCH_START ")  # after "every worker answers ssh"
+    assert "SHARDBENCH_START" not in run_entrypoint(tmp_path, "localhost slots=1\n", role="worker").stderr
 
 
 def test_entrypoint_gives_up_on_a_host_that_never_resolves(tmp_path):

@@ -19,6 +19,8 @@ import pytest
 
 from chart_helpers import REPO, dockerfile_env, one, render
 
+from shardbench.suite.startup import StampClock
+
 pytestmark = pytest.mark.slow
 
 EMULATOR = Path(__file__).with_name("mpijob_emulator.py")
@@ -176,6 +178,13 @@ def test_emulated_mpijob_runs_across_two_workers(emulation_ready, tmp_path, laun
     assert rec["nccl_env"] == PROBE_NCCL  # the shape's NCCL settings reached the ranks
     assert rec["nccl_env_disagreement"] == []  # ... every one of them
     assert rec["versions"]["image"] == "shardbench:0.1.0-cpu"  # SHARDBENCH_IMAGE reached rank 0
+    # launcher_startup_s on a cluster: the entrypoint's stamp as it execs the launch command and
+    # every rank's own start stamp (through mpirun) are in the launcher's output (suite/startup.py).
+    clock = StampClock(WORKERS)
+    for line in (proc.stdout + proc.stderr).splitlines():
+        clock.feed(line)
+    assert clock.launcher is not None and sorted(clock.ranks) == list(range(WORKERS)), proc.stderr[-3000:]
+    assert clock.seconds() is not None and clock.seconds() > 0
 
 
 @pytest.mark.parametrize("launcher", ["mpirun", "deepspeed"])

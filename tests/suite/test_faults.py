@@ -136,10 +136,10 @@ def test_the_fault_axis_multiplies_runs_and_changes_only_faulty_ids():
     assert not errors and specs[0].fault == "kill-rank:1@5" and specs[0].max_restarts == 2
     _, errors = expand(matrix_from_dict({**kube, "faults": ["stop-rank:1@5", "kill-launcher@4"]}))
     assert errors == [
-        "fault stop-rank:1@5 cannot be injected on the kubernetes backend (it deletes a worker pod): "
-        "use kill-rank:R@S there, or backend local",
-        "fault kill-launcher@4 cannot be injected on the kubernetes backend (it deletes a worker pod): "
-        "use kill-rank:R@S there, or backend local"]
+        "fault stop-rank:1@5 cannot be injected on a cluster (kubernetes, or ray with ray_cluster: it deletes "
+        "a worker pod): use kill-rank:R@S there, or a local backend",
+        "fault kill-launcher@4 cannot be injected on a cluster (kubernetes, or ray with ray_cluster: it deletes "
+        "a worker pod): use kill-rank:R@S there, or a local backend"]
 
 
 def test_a_matrix_may_not_set_the_checkpoint_dir_or_resume():

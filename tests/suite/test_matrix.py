@@ -220,3 +220,42 @@ def test_cluster_matrix_takes_model_precision_and_device_from_the_shape(tmp_path
     assert (got["--model"], got["--seq-len"], got["--precision"], got["--device"], got["--steps"]) == (
         "gpt2-124m", "1024", "bf16", "cuda", "40")
     assert dry_run("--precision", "fp32")["--precision"] == "fp32"  # a flag still wins
+
+
+def test_ray_cluster_is_a_matrix_setting_that_lays_ray_runs_out_on_the_cluster(tmp_path, monkeypatch):
+    """Backend ray with ray_cluster runs KubeRay RayJobs: the matrix must treat it as a cluster
+    (GPU shapes allowed on a CPU host, runs spanning the shape's nodes, its run defaults, only
+    kill-rank) and not as this machine. It used to be a cluster flag the matrix never saw, so a
+    GPU shape with backend ray was refused here."""
+    (tmp_path / "h100.yaml").write_text(
+        "shape:\n  name: h100\n  gpusPerNode: 8\n  peakTflopsBf16: 989\n"
+        "run:\n  model: gpt2-124m\n  seqLen: 1024\n  precision: bf16\n  device: cuda\n  steps: 40\n")
+    monkeypatch.setenv("SHARDBENCH_VALUES_DIR", str(tmp_path))
+    import shardbench.suite.matrix as matrix
+
+    monkeypatch.setattr(matrix, "local_gpu_count", lambda: 0)
+    ray = {"strategies": ["ddp"], "world_sizes": [16], "backend": "ray", "shape": "h100", "device": "cuda",
+           "precision": "bf16"}
+    specs, errors = expand(matrix_from_dict({**ray, "ray_cluster": True}))
+    assert not errors and (specs[0].nodes, specs[0].procs_per_node, specs[0].launcher) == (2, 8, "ray")
+    assert "no NVIDIA GPU" in expand(matrix_from_dict(ray))[1][0]  # an embedded Ray runs here
+    _, errors = expand(matrix_from_dict({**ray, "ray_cluster": True, "faults": ["kill-rank:1@5", "stop-rank:1@5"]}))
+    assert errors == ["fault stop-rank:1@5 cannot be injected on a cluster (kubernetes, or ray with ray_cluster: "
+                      "it deletes a worker pod): use kill-rank:R@S there, or a local backend"]
+    assert expand(matrix_from_dict({**ray, "backend": "local", "ray_cluster": True}))[1][0].startswith(
+        "ray_cluster runs backend ray as KubeRay RayJobs; backend local ignores it")
+    assert "ray_cluster must be true or false, got 'yes'" in expand(matrix_from_dict({**ray, "ray_cluster": "yes"}))[1]
+
+    def dry_run(*flags):
+        return subprocess.run([sys.executable, "-m", "shardbench.suite.cli", "run", "--backend", "ray", "--shape",
+                               "h100", "--strategies", "ddp", "--world-sizes", "16", "--repeats", "1", "--dry-run",
+                               *flags], capture_output=True, text=True)
+
+    proc = dry_run("--ray-cluster")  # the flag is generated from MatrixSpec, like every matrix key
+    assert proc.returncode == 0, proc.stderr
+    args = proc.stdout.split()
+    assert dict(zip(args[2::2], args[3::2]))["--device"] == "cuda"  # the shape's run defaults, as on kubernetes
+    refused = dry_run()
+    assert refused.returncode == 2 and "no NVIDIA GPU" in refused.stderr and len(refused.stderr.splitlines()) == 1
+    (tmp_path / "m.yaml").write_text("backend: ray\nray_cluster: true\nshape: h100\nstrategies: [ddp]\n")
+    assert load_matrix(tmp_path / "m.yaml").ray_cluster is True

@@ -30,6 +30,31 @@ def test_search_space_picks_up_bucket_and_reshard_knobs_by_name():
     assert named <= names
 
 
+def test_grad_accum_is_searched_with_micro_batch_following(tmp_path, capsys):
+    """The issue asks tune to search grad-accum too. At the fixed global batch micro-batch x
+    grad-accum is the per-rank batch, one axis: `--space grad_accum=[...]` searches it by its
+    grad-accum (micro-batch follows). It used to be overwritten by the derived grad-accum, so a
+    trial said grad_accum=4 and ran grad-accum 1."""
+    from shardbench.suite.matrix import MatrixSpec
+    from shardbench.suite.tune import Tuner
+
+    names = [k.name for k in search_space("ddp", 16, {"grad_accum": [1, 4]})]
+    assert "grad_accum" in names and "micro_batch" not in names
+    base = MatrixSpec(strategies=["ddp"], world_sizes=[1], seq_lens=[32], micro_batch=16, global_batch=16,
+                      steps=5, warmup_steps=2, precision="fp32", device="cpu", shape="cpu")
+    tuner = Tuner(base, None, tmp_path, None, 2, 1, {"grad_accum": [1, 4]})
+    spec = tuner.spec_for("ddp", {"grad_accum": 4, "activation_checkpointing": False})[0]
+    assert (spec.micro_batch, spec.grad_accum, spec.global_batch) == (4, 4, 16)
+    assert tuner.default_params("ddp")["grad_accum"] == 1  # the base's micro-batch 16 at 16 per rank
+    flags = ["--world-sizes", "1", "--micro-batch", "4", "--global-batch", "8", "--out", str(tmp_path / "t")]
+    for space, said in (
+            (["grad_accum=[1,2]", "micro_batch=[4]"], "--space: give micro_batch or grad_accum, not both"),
+            (["grad_accum=[3]"], "--space grad_accum: [3] do not divide the per-rank batch 8")):
+        code = main(["tune", *flags, "--strategies", "ddp", *[x for s in space for x in ("--space", s)]])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(err) == 1 and said in err[0], err
+
+
 @pytest.mark.slow
 def test_tune_two_strategies_rejects_over_the_limit_and_remeasures_the_best(tmp_path):
     predict = peak_bytes_per_rank  # the prediction tune itself uses
@@ -87,3 +112,31 @@ def test_launcher_startup_and_tuned_sections_from_records(tmp_path):
     text = markdown(records, tmp_path)
     assert "| ray | 6.50 [" in text and "| torchrun | 1.10 [" in text
     assert "| ddp | micro_batch=4 | 105 [" in text and "| 1.190 [" in text
+
+
+@pytest.mark.slow
+def test_a_slow_trial_is_pruned_and_its_run_cancelled(tmp_path):
+    """A real tune on CPU (ddp, one rank) of micro-batch 16 against micro-batch 1 at a global
+    batch of 16: micro-batch 1 runs 16 micro-steps per step, many times slower per token on this
+    tiny model. The seeded grid runs micro-batch 16 first (MedianPruner(n_startup_trials=1) needs
+    one finished trial); micro-batch 1 reports below it at the first step past the warm-up, so
+    the pruner stops it and tune cancels its run there (seed 1: the seed picks the grid order).
+    Without pruning it would finish all
+    its steps (status ok) and be a COMPLETE trial."""
+    out = tmp_path / "tune"
+    base = ["--world-sizes", "1", "--seq-lens", "32", "--steps", "12", "--warmup-steps", "2", "--micro-batch", "16",
+            "--global-batch", "16", "--precision", "fp32", "--device", "cpu", "--shape", "cpu", "--repeats", "1"]
+    code = main(["tune", *base, "--strategies", "ddp", "--trials", "2", "--out", str(out), "--tune-seed", "1",
+                 "--space", "micro_batch=[16,1]", "--space", "activation_checkpointing=[false]",
+                 "--space", "reshard_after_forward=[true]", "--space", "bucket_mib=[25.0]"])
+    assert code == 0
+    (study,) = json.loads((out / "tune.json").read_text())
+    first, second = study["trials"]
+    assert (first["params"]["micro_batch"], first["state"]) == (16, "COMPLETE")  # the seeded grid's order
+    assert (second["params"]["micro_batch"], second["state"]) == (1, "PRUNED")
+    assert (first["grad_accum"], second["grad_accum"]) == (1, 16)  # every trial records the axis both ways
+    pruned = json.loads((out / "trials" / second["run_id"] / "result.json").read_text())
+    assert pruned["status"] == "cancelled"  # stopped mid-run, not measured to the end
+    log = (out / "trials" / second["run_id"] / "log.txt").read_text()
+    assert '"step": 12' not in log.replace(" ", "").replace('"step":12', '"step": 12')
+    assert study["best"]["micro_batch"] == 16

@@ -5,6 +5,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -115,6 +116,22 @@ def test_write_atomic_is_0644_and_leaves_no_temp_file_when_the_disk_is_full(tmp_
         with pytest.raises(OSError):
             write_atomic({"big": "x" * 100_000}, str(full / "result.json"))
         assert sorted(p.name for p in full.iterdir()) == ["filler"]
+
+
+def test_every_rank_stamps_its_process_start(tmp_path):
+    """A cluster run's launcher_startup_s ends at the last rank's stamp (suite/startup.py): the
+    rank's process start, read from its own /proc, printed once the checks passed."""
+    before = time.time()
+    proc = subprocess.run([sys.executable, "-m", "shardbench.trainer", "--strategy", "ddp", "--steps", "3",
+                           "--warmup-steps", "1", "--seq-len", "32", "--output-dir", str(tmp_path / "out")],
+                          cwd=REPO, env=cpu_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    stamps = [json.loads(x.split(" ", 1)[1]) for x in proc.stderr.splitlines() if x.startswith("SHARDBENCH_START ")]
+    assert len(stamps) == 1 and stamps[0]["rank"] == 0
+    assert before - 0.05 <= stamps[0]["t"] <= time.time()  # the process's start, not a later moment's
+    refused = subprocess.run([sys.executable, "-m", "shardbench.trainer", "--strategy", "ddp", "--micro-batch", "0"],
+                             cwd=REPO, env=cpu_env(), capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "SHARDBENCH_START" not in refused.stderr  # bad input stays one line
 
 
 def test_closed_stdout_does_not_lose_the_result(tmp_path):

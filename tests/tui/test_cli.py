@@ -24,6 +24,15 @@ def test_benchtui_help_runs_without_starting_the_app():
 def test_arguments_reach_the_app_options():
     args = parse_args(["--results", "r", "--backend", "kubernetes", "--namespace", "bench", "--keep-failed"])
     assert (args.results, args.backend, args.namespace, args.keep_failed) == ("r", "kubernetes", "bench", True)
+    # ray_cluster is the matrix's (MatrixSpec.ray_cluster), not a cluster option: benchtui still
+    # takes it as a flag, and the app runs backend ray where the loaded matrix says.
+    assert parse_args(["--backend", "ray", "--ray-cluster"]).ray_cluster is True
+    from dataclasses import replace
+
+    from shardbench.suite.matrix import default_matrix
+
+    app = BenchApp(matrix=replace(default_matrix(), backend="ray", ray_cluster=True), availability=FIXED_AVAILABILITY)
+    assert app.ray_cluster is True and BenchApp(availability=FIXED_AVAILABILITY).ray_cluster is False
 
 
 async def test_command_palette_offers_the_app_actions(tmp_path):

@@ -7,6 +7,7 @@ operator ends the wait with its reason."""
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from dataclasses import replace
 from pathlib import Path
@@ -17,8 +18,11 @@ import pytest
 from shardbench.suite.backends import ClusterOptions, get_backend
 from shardbench.suite.backends.kube.rayjob import KubeRayBackend
 
-from .kube_emulator import NAMESPACE, Emulator, install_shims, serve_log, write_kubeconfig
-from .test_kube_backend import launcher_log, requests, spec
+from shardbench.trainer.ray_launcher import EVENT_PREFIX
+from shardbench.trainer.record import END_MARKER, START_MARKER
+
+from .kube_emulator import NAMESPACE, Emulator, PodLog, install_shims, serve_log, write_kubeconfig
+from .test_kube_backend import launcher_log, pod_gone, progress_line, record_for, requests, spec
 
 HELM = Path(__file__).resolve().parents[2] / ".tools" / "helm3" / "helm"
 
@@ -124,11 +128,80 @@ def test_a_rayjob_kuberay_would_refuse_is_never_installed(tmp_path, monkeypatch)
     values["ray"]["submissionMode"] = "InteractiveMode"
     refused = attempt.precheck(values)
     assert refused["status"] == "failed" and "submissionMode" in refused["error"]
-    faulty = replace(ray_spec(), fault="kill-rank:1@3")
-    attempt.spec = faulty
-    assert "local ray backend only" in attempt.precheck(attempt.values())["error"]
+    attempt.spec = replace(ray_spec(), fault="stop-rank:1@3")  # needs the rank's process: not on a cluster
+    assert attempt.precheck(attempt.values())["error"].startswith("fault stop-rank:1@3 cannot be injected on a cluster")
 
 
 def test_ray_cluster_option_picks_the_rayjob_backend():
-    assert type(get_backend("ray", ClusterOptions(ray_cluster=True))).__name__ == "KubeRayBackend"
+    assert type(get_backend("ray", ClusterOptions(), ray_cluster=True)).__name__ == "KubeRayBackend"
     assert type(get_backend("ray")).__name__ == "RayBackend"
+
+
+def ray_event(kind: str, attempt: int, **extra) -> str:
+    return EVENT_PREFIX + json.dumps({"event": kind, "attempt": attempt, "t": 0, **extra})
+
+
+def add_worker(emu, release: str, name: str, ip: str) -> str:
+    """A Ray worker pod as KubeRay makes it from the chart's template (the release's labels)."""
+    emu.objects["v1/pods", NAMESPACE, name] = {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NAMESPACE, "labels": {
+            "app.kubernetes.io/instance": release, "app.kubernetes.io/component": "ray-worker"}},
+        "status": {"phase": "Running", "podIP": ip}}
+    return name
+
+
+async def test_kill_rank_deletes_the_pod_ray_put_the_rank_on_and_the_driver_relaunches(cluster, tmp_path):
+    """kill-rank:1@3 on a RayJob of 2 worker pods x 1 rank. Only the Kubernetes API is emulated
+    (kmock); the test plays KubeRay and the driver's output: the driver says which node each rank
+    runs on (its `rank` events; rank 1's hostname is not its pod's name, its IP is the pod's), at
+    step 3 the backend deletes exactly that pod through the API, then the driver reports the
+    failure, relaunches the group (resumed after the step-2 checkpoint) and prints the record.
+    One record comes back with the fault fields a local ray run gets."""
+    emu, kubeconfig = cluster
+    s = replace(ray_spec(), nodes=2, procs_per_node=1, fault="kill-rank:1@3", max_restarts=2,
+                options=(("checkpoint_every", 2),))
+    final = record_for(s, 321.0)
+    final["checkpoint"] = {"resumed_from_step": 2, "restarts": 1}
+    driver = lambda line: line.split(":", 1)[1] if line.startswith("[1,") else line  # noqa: E731 - unprefixed
+
+    async def kuberay():
+        job = await wait_for_rayjob(emu)
+        name, release = job["metadata"]["name"], job["metadata"]["labels"]["app.kubernetes.io/instance"]
+        await set_status(emu, name, jobDeploymentStatus="Running", jobStatus="RUNNING")
+        pods = [add_worker(emu, release, f"{name}-ranks-worker-{x}", f"10.0.0.{i + 1}") for i, x in enumerate("ab")]
+        log = PodLog(emu, add_submitter(emu, name))
+        first = [ray_event("launch", 0, world_size=2, max_restarts=2),
+                 ray_event("rank", 0, rank=0, host=pods[0], ip="10.0.0.1", pid=11),
+                 ray_event("rank", 0, rank=1, host="ray-node-7", ip="10.0.0.2", pid=12),
+                 *(driver(progress_line(i, s.steps)) for i in range(1, 4))]
+        for line in first:
+            log.write(line)
+            await asyncio.sleep(0.05)
+        for _ in range(200):  # the backend deletes rank 1's pod once it has read step 3
+            if pod_gone(emu, pods[1]):
+                break
+            await asyncio.sleep(0.05)
+        add_worker(emu, release, f"{name}-ranks-worker-c", "10.0.0.3")  # KubeRay replaces it
+        await log.play([ray_event("failed", 0, reason="rank 1 lost its actor (ActorDiedError: )"),
+                        ray_event("launch", 1, world_size=2, max_restarts=2),
+                        *(driver(progress_line(i, s.steps)) for i in range(3, s.steps + 1)),
+                        START_MARKER, json.dumps(final), END_MARKER, ray_event("done", 1)], 0.05, 0)
+        await set_status(emu, name, jobDeploymentStatus="Complete", jobStatus="SUCCEEDED")
+        return job, pods
+
+    op = asyncio.create_task(kuberay())
+    record = await asyncio.to_thread(backend(kubeconfig).run, s, tmp_path / "run", lambda e: None,
+                                     threading.Event(), 60)
+    job, pods = await op
+    # The RayJob checkpoints on the results volume and the driver may relaunch max_restarts times.
+    entry = job["spec"]["entrypoint"]
+    assert "'--max-restarts' '2'" in entry and "'--checkpoint-dir'" in entry, entry
+    deleted = [r.url.path.rsplit("/", 1)[1] for r in requests(emu, "DELETE", "/pods/")]
+    assert deleted == [pods[1]]  # exactly the pod of rank 1's node, once
+    assert record["status"] == "ok" and record["tokens_per_s"] == 321.0, record.get("error")
+    fault = record["fault"]
+    assert fault["fault"] == "kill-rank:1@3" and fault["attempts"] == 2 and fault["injected_at_step"] == 3
+    assert fault["steps_redone"] == 1  # step 3 again, after the step-2 checkpoint
+    assert fault["detection_s"] >= 0 and fault["restart_s"] >= 0 and fault["goodput_tokens_per_s"] > 0
+    log = (tmp_path / "run" / "log.txt").read_text()
+    assert f"deleted worker pod {pods[1]} (it holds rank 1)" in log

@@ -60,6 +60,8 @@ class BenchApp(App):
         `results` directory and shows that one."""
         self.matrix_path = matrix_path
         self.cluster = cluster or ClusterOptions()
+        self.ray_cluster = matrix.ray_cluster is True
+        """Backend ray as KubeRay RayJobs (the loaded matrix's ray_cluster): which ray to check at start."""
         self.fixed_availability = availability
         """Backend availability given by the caller (tests, snapshots) instead of checked."""
         self.backend_status: dict[str, tuple[bool, str]] = dict(availability or {})
@@ -125,7 +127,7 @@ class BenchApp(App):
     @work(thread=True, group="backends")
     def check_backends(self) -> None:
         for name in BACKENDS:
-            self.post_message(msg.BackendChecked(name, *availability(name, self.cluster)))
+            self.post_message(msg.BackendChecked(name, *availability(name, self.cluster, self.ray_cluster)))
 
     def on_backend_checked(self, message: msg.BackendChecked) -> None:
         self.backend_status[message.name] = (message.ok, message.why)
@@ -153,6 +155,7 @@ class BenchApp(App):
             self.runs_screen.redraw()
         self.logs_screen.run_id = None
         self.results_dir = self.results_screen.results_dir = Path(spec.results)
+        self.ray_cluster = spec.ray_cluster is True  # a rerun of a result goes where this matrix went
         self.matrix_worker = self.run_specs(list(screen.specs), spec.backend, self.results_dir, force)
         self.switch_mode("runs")
 
@@ -161,7 +164,7 @@ class BenchApp(App):
         from shardbench.suite.runner import Runner
 
         try:
-            backend = get_backend(backend_name, self.cluster)
+            backend = get_backend(backend_name, self.cluster, self.ray_cluster)
             ok, why = backend.availability()  # the start-up check may be stale or not done
             if not ok:
                 self.post_message(msg.MatrixDone([], f"backend {backend_name} unavailable: {why}"))

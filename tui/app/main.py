@@ -20,6 +20,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--matrix", metavar="FILE",
                         help="matrix YAML file to start from (default: suite/matrices/default.yaml)")
     parser.add_argument("--backend", choices=BACKENDS, help="backend to preselect (overrides the matrix file's)")
+    parser.add_argument("--ray-cluster", action="store_true", default=None,
+                        help="backend ray as KubeRay RayJobs on the cluster (the matrix's ray_cluster: true)")
     add_cluster_flags(parser)
     return parser.parse_args(argv)
 
@@ -35,6 +37,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.backend:
         matrix.backend = args.backend
+    if args.ray_cluster:
+        matrix.ray_cluster = True
     from shardbench.tui.app.app import BenchApp
     from shardbench.tui.app.matrix_plan import BENCHTUI_RESULTS
 

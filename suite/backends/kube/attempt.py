@@ -30,6 +30,7 @@ from shardbench.suite.collect import extract, failed_record
 from shardbench.suite.events import Emit, RunStateChanged
 from shardbench.suite.faults import merge, parse_fault
 from shardbench.suite.matrix import RunSpec
+from shardbench.suite.startup import StampClock
 
 if TYPE_CHECKING:  # annotations only: backend.py imports this module for its attempt_class
     from shardbench.suite.backends.kube.backend import KubeBackend, RunLog
@@ -66,6 +67,7 @@ class Attempt:
         self.kill: tuple[LaunchWatch, str] | None = None  # kill-rank's watch and the pod it deletes
         self.workers_waiting = False  # the launcher's entrypoint said it waits for a worker's ssh
         self.workers_ready_at: float | None = None  # ... and then that every worker answers
+        self.stamps = StampClock(spec.world_size)  # launcher_startup_s from the first launch's start stamps
 
     def execute(self) -> dict[str, Any]:
         self.emit(RunStateChanged(self.spec.run_id, "installing", f"helm release {self.release}"))
@@ -236,7 +238,7 @@ class Attempt:
         deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
         launches: list[tuple[dict, LaunchWatch, float]] = []
         followed: list[str] = []
-        target = worker_pod(self.job_name, self.fault.rank or 0, self.spec.procs_per_node) if self.fault else ""
+        target = self._fault_target() if self.fault else ""
         while launcher is not None:
             name = dx.name_of(launcher)
             followed.append(name)
@@ -259,7 +261,10 @@ class Attempt:
         self._wait_final_phase()
         self.emit(RunStateChanged(self.spec.run_id, "collecting", "reading the record from the launcher log"))
         record = ended or self._collect()
-        return self._with_fault(record, launches) if self.fault else record
+        record = self._with_fault(record, launches) if self.fault else record
+        if record.get("launcher_startup_s") is None:  # as the local backend: the suite measures it
+            record["launcher_startup_s"] = self.stamps.seconds()
+        return record
 
     def _stream(self, name: str, watch: LaunchWatch, deadline: float | None, retry: int) -> dict | None:
         """Follow one launcher pod's log to its end: None, or the record of a cancel or timeout."""
@@ -271,6 +276,9 @@ class Attempt:
         def line(text: str) -> None:
             self.log.line(text)
             watch(text)
+            if not retry:  # a relaunch's ranks start later: the fault's restart time covers them
+                self.stamps.feed(text)
+            self._on_line(text)
             if text.startswith(WORKERS_WAITING):
                 self.workers_waiting = True
             if WORKERS_READY in text and self.workers_ready_at is None:
@@ -294,6 +302,13 @@ class Attempt:
                 return failed_record(self.spec, replaced)
             stream.join(self.b.poll_s)
         return None
+
+    def _fault_target(self):
+        """The pod kill-rank deletes: the MPIJob worker that holds the rank (kube/faults.py)."""
+        return worker_pod(self.job_name, self.fault.rank or 0, self.spec.procs_per_node)
+
+    def _on_line(self, text: str) -> None:
+        """Each line of the launcher's log, after it is logged (rayjob.py reads the driver's events)."""
 
     def _replacement_failure(self) -> str | None:
         """After kill-rank deleted a worker pod: why its replacement failed, or None (kube/faults.py)."""

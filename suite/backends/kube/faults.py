@@ -27,7 +27,9 @@ class LaunchWatch:
     """One launcher pod's progress: injects the fault at its step (first launch only) and notes
     what shardbench.suite.faults.merge reads (injected_at, injected_step, last_step, first_step_at)."""
 
-    def __init__(self, fault: Fault | None, api, namespace: str, pod: str, say):
+    def __init__(self, fault: Fault | None, api, namespace: str, pod, say):
+        # pod: its name, or a callable that names it when the fault fires (a RayJob learns where
+        # its ranks run from the driver's output).
         self.fault, self.api, self.namespace, self.pod, self.say = fault, api, namespace, pod, say
         self.injected_at: float | None = None
         self.injected_step: int | None = None
@@ -49,12 +51,15 @@ class LaunchWatch:
 
     def _inject(self) -> str:
         try:
-            found = kapi.delete_pod(self.api, self.namespace, self.pod)
+            pod = self.pod() if callable(self.pod) else self.pod
+            if not pod:
+                return f"fault {self.fault}: no pod is known to hold rank {self.fault.rank}; nothing deleted"
+            found = kapi.delete_pod(self.api, self.namespace, pod)
         except Exception as exc:  # noqa: BLE001 - a failed injection is said, the run goes on
-            return f"fault {self.fault}: deleting worker pod {self.pod} failed: {kapi.short(exc)}"
+            return f"fault {self.fault}: deleting the worker pod of rank {self.fault.rank} failed: {kapi.short(exc)}"
         if not found:
-            return f"fault {self.fault}: worker pod {self.pod} not found (it already ended?)"
-        return f"fault {self.fault}: deleted worker pod {self.pod} (it holds rank {self.fault.rank})"
+            return f"fault {self.fault}: worker pod {pod} not found (it already ended?)"
+        return f"fault {self.fault}: deleted worker pod {pod} (it holds rank {self.fault.rank})"
 
     def resumed_from(self) -> int:
         """The step this launch resumed after: its first reported step less one."""

@@ -11,21 +11,32 @@ would mark ValidationFailed is refused with one line instead. While waiting for 
 a RayJob whose jobDeploymentStatus is Failed or ValidationFailed ends the run with KubeRay's
 reason; no status within no_status_s means no KubeRay operator.
 
-Restarts are the driver's (ray.maxRestarts = the run's max_restarts); fault injection on the
-cluster (deleting a Ray worker pod) is not done yet: a faulty spec is refused with one line.
+Restarts are the driver's (ray.maxRestarts = the run's max_restarts), from the trainer's
+checkpoints on the results volume (a fresh directory per attempt, as for an MPIJob). kill-rank:R@S
+is injected as on an MPIJob, by deleting the worker pod that holds rank R once rank 0 reported
+step S (a lost node): which pod that is, Ray decides, so the driver says where each rank runs (its
+`rank` event: the node's IP and hostname) and the pod is the release's pod with that IP (else
+that name, a pod's default hostname). KubeRay replaces the pod; the driver sees the rank's actor
+die and relaunches the group. The record's `fault` is computed from the driver's events as for a
+local ray run (suite/backends/ray_backend.py): the submitter's one log holds every relaunch.
 """
 from __future__ import annotations
 
+import json
 import time
+from dataclasses import asdict
 from typing import Any
 
 from shardbench.suite.backends.kube import api as kapi
 from shardbench.suite.backends.kube import diagnosis as dx
 from shardbench.suite.backends.kube.attempt import Attempt
 from shardbench.suite.backends.kube.backend import KubeBackend
-from shardbench.suite.backends.kube.values import deep_merge, release_values
+from shardbench.suite.backends.kube.values import deep_merge
+from shardbench.suite.backends.ray_backend import fault_info, RayEvents
 from shardbench.suite.backends.rayjob import RUNNABLE_MODES, rayjob_errors
 from shardbench.suite.collect import failed_record
+from shardbench.suite.fault_grammar import kube_fault_errors
+from shardbench.trainer.ray_launcher import EVENT_PREFIX
 
 RAYJOB = ("ray.io", "v1", "rayjobs")
 SUBMITTER_LABEL = "job-name"
@@ -57,23 +68,25 @@ class RayJobAttempt(Attempt):
     KIND = "RayJob"
     RESOURCE = RAYJOB
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # The driver's events (launch, failed) as every logged line passes, read as the local
+        # ray backend reads them, for the record's fault timings.
+        self.events = RayEvents(self.log.reader.emit)
+        self.log.reader.emit = self.events
+        self.rank_nodes: dict[int, tuple[str, str]] = {}
+        """Rank -> (hostname, IP) of its node in the driver's first group (its `rank` events)."""
+
     def values(self) -> dict[str, Any]:
-        values = release_values(self.spec, self.b.values_directory)
-        extra: dict[str, Any] = {"launcher": "mpirun",  # the chart's MPI launcher; a RayJob's trainer is told ray
-                                 "ray": {"enabled": True, "maxRestarts": self.spec.max_restarts}}
-        gpn = values.get("gpusPerWorker") if values.get("gpuResource") else None
-        shape_gpn = ((values.get("shape") or {}).get("gpusPerNode")) if values.get("gpuResource") else None
-        if shape_gpn and self.spec.world_size > shape_gpn and self.spec.world_size % shape_gpn == 0:
-            # The matrix lays a ray run out on one machine; on a GPU cluster it spans nodes.
-            extra.update(workers=self.spec.world_size // shape_gpn, gpusPerWorker=shape_gpn)
-        elif gpn:
-            extra.update(workers=1, gpusPerWorker=self.spec.world_size)
-        return deep_merge(values, extra)
+        # The MPIJob's values (run, image, this attempt's checkpoint directory; the matrix lays the
+        # run out over the shape's nodes: MatrixSpec.ray_cluster) with the RayJob switched on.
+        return deep_merge(super().values(), {"launcher": "mpirun",  # the chart's; a RayJob's trainer is told ray
+                                             "ray": {"enabled": True, "maxRestarts": self.spec.max_restarts}})
 
     def precheck(self, values: dict[str, Any]) -> dict[str, Any] | None:
-        if self.spec.fault != "none":
-            return failed_record(self.spec, f"fault {self.spec.fault} is injected on the local ray backend only "
-                                            "(drop --ray-cluster), not yet into a RayJob")
+        refused = kube_fault_errors(self.spec.fault)
+        if refused:
+            return failed_record(self.spec, refused[0])
         mode = (values.get("ray") or {}).get("submissionMode", "K8sJobMode")
         if mode not in RUNNABLE_MODES:
             return failed_record(self.spec, f"ray.submissionMode {mode!r}: use one of {', '.join(RUNNABLE_MODES)}")
@@ -118,6 +131,36 @@ class RayJobAttempt(Attempt):
 
     def _failure_note(self) -> str | None:
         return why_failed(self.watch.job) if deployment(self.watch.job) in FAILED else None
+
+    # -- kill-rank: the pod Ray put the rank on --------------------------------------------
+    def _on_line(self, text: str) -> None:
+        if not text.startswith(EVENT_PREFIX):
+            return
+        try:
+            info = json.loads(text[len(EVENT_PREFIX):])
+            if info.get("event") == "rank" and info.get("attempt") == 0:
+                self.rank_nodes[int(info["rank"])] = (str(info.get("host") or ""), str(info.get("ip") or ""))
+        except (ValueError, TypeError, KeyError):
+            pass  # not an event of ours: the run goes on
+
+    def _fault_target(self):
+        return self._rank_pod
+
+    def _rank_pod(self) -> str:
+        """The release's pod on the node of the fault's rank: by IP, else by name (hostname)."""
+        host, ip = self.rank_nodes.get(self.fault.rank, ("", ""))
+        pods = kapi.list_pods(self.api, self.namespace, {dx.INSTANCE_LABEL: self.release})
+        by_ip = [dx.name_of(p) for p in pods if ip and (p.get("status") or {}).get("podIP") == ip]
+        by_name = [dx.name_of(p) for p in pods if host and dx.name_of(p) == host]
+        return (by_ip or by_name or [""])[0]
+
+    def _replacement_failure(self) -> str | None:
+        return None  # KubeRay replaces a deleted worker pod; the driver judges the relaunch
+
+    def _with_fault(self, record: dict[str, Any], launches: list) -> dict[str, Any]:
+        if launches:
+            record["fault"] = asdict(fault_info(self.spec, record, launches[0][1], self.events, self.began))
+        return record
 
 
 class KubeRayBackend(KubeBackend):
