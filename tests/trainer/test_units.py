@@ -116,8 +116,13 @@ def test_comm_counter_counts_the_outermost_call_per_operation():
     counter.active = True
     outer([torch.zeros(2, dtype=torch.float64)])
     inner(tensor=torch.zeros(4, dtype=torch.bfloat16))
-    assert counter.per_step(2) == {"all_gather": {"calls": 0.5, "bytes": 8.0},
-                                   "all_reduce": {"calls": 0.5, "bytes": 4.0}}
+    per_step = counter.per_step(2)
+    assert {op: (v["calls"], v["bytes"]) for op, v in per_step.items()} == {"all_gather": (0.5, 8.0),
+                                                                          "all_reduce": (0.5, 4.0)}
+    # Synchronous calls: each op was in flight for some time (the outer one around the inner).
+    assert all(v["seconds"] > 0 for v in per_step.values())
+    assert counter._in_flight == {"all_gather": (0, counter._in_flight["all_gather"][1]),
+                                  "all_reduce": (0, counter._in_flight["all_reduce"][1])}
 
 
 @pytest.fixture
