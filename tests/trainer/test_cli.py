@@ -146,3 +146,16 @@ def test_closed_stdout_does_not_lose_the_result(tmp_path):
     assert len(proc.stdout) == 50
     saved = json.loads((out / "result.json").read_text())
     assert saved["status"] == "ok" and saved["measured_steps"] == 10
+
+
+def test_ranks_import_deepspeed_without_mlflow():
+    """DeepSpeed's autotuner imports mlflow whenever it is installed (the tracking extra): most
+    of a second of every DeepSpeed rank's start-up. The trainer's import leaves it out."""
+    code = ("import sys; from shardbench.trainer.strategies.zero import import_deepspeed; "
+            "ds = import_deepspeed(); import importlib.util; "
+            "print(ds.__name__, 'mlflow' in sys.modules, importlib.util.find_spec('mlflow') is not None)")
+    proc = subprocess.run([sys.executable, "-W", "ignore", "-c", code], cwd=REPO, env=cpu_env(),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    # mlflow is installed here (make setup's tracking extra), yet never imported by the rank.
+    assert proc.stdout.splitlines()[-1].split() == ["deepspeed", "False", "True"]  # after DeepSpeed's log lines
