@@ -28,10 +28,14 @@ def _trace(inp: PlanInput):
 
 def _plain_key(inp: PlanInput) -> PlanInput:
     """The plain model's trace serves every world size (activations are per rank). FSDP
-    reduce-scatters every micro-step: its gradients between micro-steps are in its state, so its
-    activations are those of one micro-step."""
+    reduce-scatters every micro-step, and ZeRO-2/3 reduce every micro-step into their partitions
+    (measured: the peak at grad-accum 2 equals grad-accum 1's): gradients between micro-steps are
+    in their state, so their activations are those of one micro-step (the plain trace at
+    grad-accum > 1 holds whole gradients across micro-steps, which ZeRO-1 does)."""
     if inp.strategy == "fsdp" and inp.world_size > 1:  # DDP's trace at any N > 1 holds the same activations
         return replace(inp, world_size=2, grad_accum=1, strategy="ddp", fsdp_grad_sync="every_micro_step")
+    if inp.strategy in ("zero2", "zero3"):
+        return replace(inp, world_size=1, grad_accum=1, strategy="zero1")
     return replace(inp, world_size=1, strategy="zero1" if inp.strategy.startswith("zero") else "ddp")
 
 
@@ -95,9 +99,12 @@ def predict(inp: PlanInput, device_memory_bytes: int | None = None, links: dict 
             "DeepSpeed: trainer/ds_configs buckets and persistence threshold (closed forms, 0.19)",
         ],
     }
-    if inp.strategy == "zero3" and inp.world_size > 1 and inp.reshard_after_forward:
-        out["assumptions"].append("ZeRO-3 re-sharding after forward: its extra all-gathers and gathered-parameter "
-                                  "peak are not modeled (predicted as if parameters were kept): comm is low")
+    if inp.strategy == "zero3" and inp.world_size > 1:
+        out["assumptions"].append(
+            "ZeRO-3 " + ("re-sharded after forward: each module's parameters gathered when it runs, in forward "
+                         "and again in backward, freed when it ends (no prefetch)" if inp.reshard_after_forward else
+                         "parameters kept gathered from forward until the step") + "; persistent ones re-gathered "
+            "after the step")
     out["links"] = links or {}
     out["step_time"] = timing.step_time(inp, comm, links or {}, calibration)
     return out
