@@ -76,25 +76,26 @@ def _padded(numel: int, world: int) -> int:
     return math.ceil(numel / world) * world
 
 
-def _persistent(inp: PlanInput, numel: int) -> bool:
-    """DeepSpeed keeps a parameter whole on every rank when numel <= the persistence threshold."""
-    return numel <= int(zero_config(inp)["stage3_param_persistence_threshold"])
+def _zero3_split(inp: PlanInput, shapes) -> tuple[list[int], list[int]]:
+    """(gathered, persistent) padded elements of `shapes`: DeepSpeed keeps a parameter whole on
+    every rank when numel <= stage3_param_persistence_threshold, and gathers the others."""
+    threshold = int(zero_config(inp)["stage3_param_persistence_threshold"])
+    sizes = [Params.numel(s) for s in shapes]
+    N = inp.world_size
+    return [_padded(n, N) for n in sizes if n > threshold], [_padded(n, N) for n in sizes if n <= threshold]
 
 
-def zero3_resharded(inp: PlanInput, params: Params) -> bool:
+def zero3_resharded(inp: PlanInput, gathered: int) -> bool:
     """Whether ZeRO-3 frees each module's gathered parameters after its forward and backward:
     a live-parameter budget (stage3_max_live_parameters, 0 under --reshard-after-forward)
-    smaller than the gathered parameters. The knob gives 0 or 1e9 (ds_knobs); a budget between
+    smaller than the `gathered` elements. The knob gives 0 or 1e9 (ds_knobs); a budget between
     would keep some (not modeled: either regime is predicted whole)."""
-    live = int(zero_config(inp).get("stage3_max_live_parameters", ds_knobs.KEEP_GATHERED))
-    return live < sum(Params.numel(s) for _, s in params.shapes if not _persistent(inp, Params.numel(s)))
+    return int(zero_config(inp).get("stage3_max_live_parameters", ds_knobs.KEEP_GATHERED)) < gathered
 
 
 def zero3_uses(inp: PlanInput, params: Params) -> list[int]:
     """Elements gathered per module use of a forward (the tied embedding twice: wte and lm_head)."""
-    N = inp.world_size
-    uses = [sum(_padded(Params.numel(s), N) for s in shapes if not _persistent(inp, Params.numel(s)))
-            for _, shapes in params.module_uses()]
+    uses = [sum(_zero3_split(inp, shapes)[0]) for _, shapes in params.module_uses()]
     return [u for u in uses if u]
 
 
@@ -106,11 +107,10 @@ def zero3_gathered(inp: PlanInput) -> int:
     if inp.strategy != "zero3" or inp.world_size == 1:
         return 0
     params, wb = Params.of(inp.model_config()), 2 if _half(inp) else 4
-    uses = zero3_uses(inp, params)
-    if zero3_resharded(inp, params):
-        return wb * max(uses, default=0)
-    return wb * sum(_padded(Params.numel(s), inp.world_size) for _, s in params.shapes
-                    if not _persistent(inp, Params.numel(s)))
+    gathered = sum(_zero3_split(inp, [s for _, s in params.shapes])[0])
+    if zero3_resharded(inp, gathered):
+        return wb * max(zero3_uses(inp, params), default=0)
+    return wb * gathered
 
 
 def zero3_all_gather(inp: PlanInput, params: Params) -> dict[str, float]:
@@ -119,14 +119,14 @@ def zero3_all_gather(inp: PlanInput, params: Params) -> dict[str, float]:
     call each; kept, each micro-step gathers every parameter once, coalesced by the prefetcher
     into calls of up to stage3_prefetch_bucket_size elements. After the optimizer step each
     persistent parameter is gathered back, one call each."""
-    N, A, wb = inp.world_size, inp.grad_accum, 2 if _half(inp) else 4
-    uses = zero3_uses(inp, params)
-    if zero3_resharded(inp, params):
+    A, wb = inp.grad_accum, 2 if _half(inp) else 4
+    gathered, kept = _zero3_split(inp, [s for _, s in params.shapes])
+    if zero3_resharded(inp, sum(gathered)):
+        uses = zero3_uses(inp, params)
         calls, numel = 2 * len(uses), 2 * sum(uses)
     else:
-        numel = sum(_padded(Params.numel(s), N) for _, s in params.shapes if not _persistent(inp, Params.numel(s)))
+        numel = sum(gathered)
         calls = math.ceil(numel / max(1, int(zero_config(inp)["stage3_prefetch_bucket_size"])))
-    kept = [_padded(Params.numel(s), N) for _, s in params.shapes if _persistent(inp, Params.numel(s))]
     return {"calls": float(A * calls + len(kept)), "bytes": float(wb * (A * numel + sum(kept)))}
 
 
