@@ -59,25 +59,35 @@ def shape_context(shape: str | None) -> tuple[dict, int | None, dict]:
     return (v.get("run") or {}), mem, {
         "gpus_per_node": s.get("gpusPerNode") or v.get("gpusPerWorker") or 1, "peak_tflops": s.get("peakTflopsBf16"),
         "intra_node_GBps": links.get("intraNodeGBps"), "inter_node_GBps": links.get("interNodeGBps"),
-        "alpha_us": links.get("alphaUs")}
+        "alpha_us": links.get("alphaUs"), "cpu_shared_slowdown": links.get("cpuSharedSlowdown"),
+        "op_busbw_GBps": links.get("opBusbwGBps")}
 
 
 def preflight_links(text: str, links: dict) -> dict:
-    """The shape's links with the pre-flight's measured busbw (largest message) in place of the
-    assumed bandwidth: across nodes the per-GPU share of the inter-node link, else intra-node.
-    ValueError when the log has no pre-flight table (chart/files/preflight.py prints it)."""
+    """The shape's links with the pre-flight's measurements in place of the assumed ones: the
+    busbw of the largest message (across nodes the per-GPU share of the inter-node link, else
+    intra-node) and alpha, the smallest message's time less its bandwidth term (per log2 N, the
+    timing model's latency per call; chart/files/preflight.py or benchmarks/gloo_links.py print
+    the table). ValueError when the log has no pre-flight table."""
+    import math
     import re
 
     head = re.search(r"preflight: all-reduce over (\d+) ranks on (\d+) node", text)
-    rows = re.findall(r"^\s*(\d+)\s+[\d.]+\s+[\d.]+\s+([\d.]+)\s*$", text, flags=re.M)
+    rows = re.findall(r"^\s*(\d+)\s+([\d.]+)\s+[\d.]+\s+([\d.]+)\s*$", text, flags=re.M)
     if not head or not rows:
         raise ValueError("no pre-flight table in the log (expected chart/files/preflight.py's output)")
-    busbw = float(max(rows, key=lambda r: int(r[0]))[1])
-    nodes = int(head.group(2))
+    busbw = float(max(rows, key=lambda r: int(r[0]))[2])
+    world, nodes = int(head.group(1)), int(head.group(2))
+    size, time_us, _ = min(rows, key=lambda r: int(r[0]))
+    wire = int(size) * 2 * (world - 1) / world / (busbw * 1e9) * 1e6 if busbw else 0.0
+    alpha_us = max(0.0, float(time_us) - wire) / max(1.0, math.log2(world))
+    where = f"across {nodes} nodes" if nodes > 1 else "within a node"
+    measured = {"alpha_us": round(alpha_us, 1),
+                "busbw_source": f"pre-flight: {busbw:g} GB/s busbw per GPU {where}, alpha {alpha_us:.0f} us "
+                                f"(the {int(size)}-byte all-reduce's {float(time_us):g} us)"}
     if nodes > 1:
-        return {**links, "inter_node_GBps": busbw * (links.get("gpus_per_node") or 1),
-                "busbw_source": f"pre-flight: {busbw:g} GB/s busbw per GPU across {nodes} nodes"}
-    return {**links, "intra_node_GBps": busbw, "busbw_source": f"pre-flight: {busbw:g} GB/s busbw within a node"}
+        return {**links, **measured, "inter_node_GBps": busbw * (links.get("gpus_per_node") or 1)}
+    return {**links, **measured, "intra_node_GBps": busbw}
 
 
 def calibration(results: Path | None, device: str) -> dict | None:
@@ -155,7 +165,10 @@ def assumptions(preds: list[dict], links: dict) -> list[str]:
         out.append(f"links measured: {links['busbw_source']}")
     if links:
         out.append(f"links: intra-node {links.get('intra_node_GBps')} GB/s, inter-node {links.get('inter_node_GBps')} "
-                   f"GB/s per node / {links.get('gpus_per_node')} GPUs, alpha {links.get('alpha_us')} us")
+                   f"GB/s per node / {links.get('gpus_per_node')} GPUs, alpha {links.get('alpha_us')} us"
+                   + "".join(f", {op} {bw} GB/s" for op, bw in (links.get("op_busbw_GBps") or {}).items())
+                   + (f"; CPU compute x{links['cpu_shared_slowdown']} when ranks share the machine"
+                      if links.get("cpu_shared_slowdown") else ""))
     return out
 
 

@@ -87,7 +87,8 @@ def test_strict_refuses_a_matrix_with_a_run_predicted_over_memory(tmp_path, caps
 @pytest.mark.slow
 def test_preflight_busbw_replaces_the_assumed_link_bandwidth(tmp_path, capsys):
     """The chart's pre-flight (chart/files/preflight.py) run for real on 2 gloo ranks; its
-    measured busbw becomes the link the step-time model uses, and the plan says so."""
+    measured busbw and latency (the smallest message's time less its bandwidth term) become the
+    link the step-time model uses, and the plan says so."""
     import subprocess
     import sys
     from pathlib import Path
@@ -105,10 +106,12 @@ def test_preflight_busbw_replaces_the_assumed_link_bandwidth(tmp_path, capsys):
     log.write_text(proc.stdout)
     rows = [line.split() for line in proc.stdout.splitlines() if line.split() and line.split()[0].isdigit()]
     busbw = float(rows[-1][-1])  # the largest size's row (the table is followed by transport and verdict lines)
+    size, time_us = int(rows[0][0]), float(rows[0][1])
     assert main(["plan", "--shape", "cpu", "--strategy", "ddp", "--world-size", "2", "--preflight-log", str(log),
                  "--json"]) == 0
     step = json.loads(capsys.readouterr().out)[0]["step_time"]
     assert step["link_GBps"] == pytest.approx(busbw)
+    assert step["alpha_us"] == pytest.approx(max(0.0, time_us - size / (busbw * 1e9) * 1e6), abs=0.1)
     (tmp_path / "empty.log").write_text("no table here\n")
     assert main(["plan", "--preflight-log", str(tmp_path / "empty.log")]) == 2
     assert "no pre-flight table" in capsys.readouterr().err

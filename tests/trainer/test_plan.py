@@ -149,3 +149,23 @@ def test_extrapolation_covers_every_gpu_shape_at_8_to_1024_gpus():
         rows = [line for line in section.splitlines() if line.startswith("zero3 | ")]
         assert [int(r.split(" | ")[1]) for r in rows] == list(EXTRAPOLATE_WORLDS), shape
         assert "Assumptions:" in section and "links: intra-node" in section and "allocator overhead" in section
+
+
+def test_cpu_step_time_takes_gloos_measured_links_and_the_shared_machine():
+    """values/cpu.yaml's measured figures reach the model: per-op busbw for gloo's all-gather
+    (slower than its all-reduce), the measured alpha, and compute slowed when 2 ranks share the
+    machine (not at 1 rank, not on a GPU)."""
+    from shardbench.suite.plan_cmd import shape_context
+    from shardbench.trainer.plan.timing import step_time
+
+    _, _, links = shape_context("cpu")
+    op_bw, slow = links["op_busbw_GBps"]["all_gather"], links["cpu_shared_slowdown"]
+    assert op_bw < links["intra_node_GBps"] and slow > 1
+    cal = {"achieved_flops": 1e9}
+    gather = {"all_gather": {"calls": 3.0, "bytes": 1e8}}
+    two = step_time(PlanInput("fsdp", world_size=2), gather, links, cal)
+    one = step_time(PlanInput("fsdp", world_size=1), {}, links, cal)
+    assert two["comm_s"] == pytest.approx(3 * links["alpha_us"] * 1e-6 + 1e8 * 0.5 / (op_bw * 1e9))
+    assert two["compute_s"] == pytest.approx(one["compute_s"] * slow)
+    gpu = step_time(PlanInput("fsdp", world_size=2, device="cuda"), gather, links, cal)
+    assert gpu["compute_s"] == pytest.approx(one["compute_s"])

@@ -71,18 +71,63 @@ def buckets(inp: PlanInput) -> int:
     return copies * int(z["reduce_bucket_size"]) * reduce_bytes(inp)
 
 
+def _padded(numel: int, world: int) -> int:
+    """A ZeRO-3 parameter gathered whole: its partition (ceil(numel / N)) times N."""
+    return math.ceil(numel / world) * world
+
+
+def _zero3_split(inp: PlanInput, shapes) -> tuple[list[int], list[int]]:
+    """(gathered, persistent) padded elements of `shapes`: DeepSpeed keeps a parameter whole on
+    every rank when numel <= stage3_param_persistence_threshold, and gathers the others."""
+    threshold = int(zero_config(inp)["stage3_param_persistence_threshold"])
+    sizes = [Params.numel(s) for s in shapes]
+    N = inp.world_size
+    return [_padded(n, N) for n in sizes if n > threshold], [_padded(n, N) for n in sizes if n <= threshold]
+
+
+def zero3_resharded(inp: PlanInput, gathered: int) -> bool:
+    """Whether ZeRO-3 frees each module's gathered parameters after its forward and backward:
+    a live-parameter budget (stage3_max_live_parameters, 0 under --reshard-after-forward)
+    smaller than the `gathered` elements. The knob gives 0 or 1e9 (ds_knobs); a budget between
+    would keep some (not modeled: either regime is predicted whole)."""
+    return int(zero_config(inp).get("stage3_max_live_parameters", ds_knobs.KEEP_GATHERED)) < gathered
+
+
+def zero3_uses(inp: PlanInput, params: Params) -> list[int]:
+    """Elements gathered per module use of a forward (the tied embedding twice: wte and lm_head)."""
+    uses = [sum(_zero3_split(inp, shapes)[0]) for _, shapes in params.module_uses()]
+    return [u for u in uses if u]
+
+
 def zero3_gathered(inp: PlanInput) -> int:
-    """ZeRO-3 at world size > 1: every parameter at or above stage3_param_persistence_threshold
-    is gathered whole (model dtype) and, with the config's max live parameters (1e9), all stay
-    gathered until backward has used them: their full size at the peak."""
+    """ZeRO-3 at world size > 1, parameters gathered whole (model dtype) at the peak. Kept
+    (--no-reshard-after-forward): every non-persistent parameter stays gathered until the step.
+    Re-sharded: DeepSpeed fetches a module's parameters when it runs and frees them when it ends,
+    with no prefetch (the live budget, 0, leaves none): the largest module use's parameters."""
     if inp.strategy != "zero3" or inp.world_size == 1:
         return 0
-    z = zero_config(inp)
-    threshold = int(z["stage3_param_persistence_threshold"])
-    live = int(z.get("stage3_max_live_parameters", 10 ** 9))
-    gathered = sum(Params.numel(s) for _, s in Params.of(inp.model_config()).shapes
-                   if Params.numel(s) >= threshold)
-    return (2 if _half(inp) else 4) * min(gathered, live)
+    params, wb = Params.of(inp.model_config()), 2 if _half(inp) else 4
+    gathered = sum(_zero3_split(inp, [s for _, s in params.shapes])[0])
+    if zero3_resharded(inp, gathered):
+        return wb * max(zero3_uses(inp, params), default=0)
+    return wb * gathered
+
+
+def zero3_all_gather(inp: PlanInput, params: Params) -> dict[str, float]:
+    """ZeRO-3's all-gathers per optimizer step (DeepSpeed 0.19's partitioned_param_coordinator):
+    re-sharded, every module use gathers its parameters in forward and again in backward, one
+    call each; kept, each micro-step gathers every parameter once, coalesced by the prefetcher
+    into calls of up to stage3_prefetch_bucket_size elements. After the optimizer step each
+    persistent parameter is gathered back, one call each."""
+    A, wb = inp.grad_accum, 2 if _half(inp) else 4
+    gathered, kept = _zero3_split(inp, [s for _, s in params.shapes])
+    if zero3_resharded(inp, sum(gathered)):
+        uses = zero3_uses(inp, params)
+        calls, numel = 2 * len(uses), 2 * sum(uses)
+    else:
+        numel = sum(gathered)
+        calls = math.ceil(numel / max(1, int(zero_config(inp)["stage3_prefetch_bucket_size"])))
+    return {"calls": float(A * calls + len(kept)), "bytes": float(wb * (A * numel + sum(kept)))}
 
 
 def fsdp_gathered(inp: PlanInput) -> int:
@@ -135,12 +180,10 @@ def comm(inp: PlanInput) -> dict[str, dict[str, float]]:
         if N > 1:  # updated partitions gathered back: one all-gather per parameter group
             out["all_gather"] = {"calls": 2.0, "bytes": float(wb * P)}
         return out
-    threshold = int(z["stage3_param_persistence_threshold"])
-    gathered = [Params.numel(sh) for _, sh in params.shapes if Params.numel(sh) >= threshold]
     out["reduce_scatter"] = {"calls": float(A), "bytes": float(A * rb * P)}
     out["all_reduce"] = {"calls": 2.0, "bytes": 16.0}
     if N > 1:
-        out["all_gather"] = {"calls": float(A * len(gathered)), "bytes": float(A * wb * sum(gathered))}
+        out["all_gather"] = zero3_all_gather(inp, params)
     return out
 
 

@@ -7,7 +7,7 @@ import functools
 from dataclasses import replace
 
 from shardbench.trainer.plan import formulas
-from shardbench.trainer.plan.inputs import PlanInput
+from shardbench.trainer.plan.inputs import Params, PlanInput
 
 # GPU only: what the caching allocator reserves beyond the tensors (fragmentation, rounding to
 # 512 B / 2 MiB blocks, the CUDA context is not counted). An assumption, stated in every plan.
@@ -28,10 +28,14 @@ def _trace(inp: PlanInput):
 
 def _plain_key(inp: PlanInput) -> PlanInput:
     """The plain model's trace serves every world size (activations are per rank). FSDP
-    reduce-scatters every micro-step: its gradients between micro-steps are in its state, so its
-    activations are those of one micro-step."""
+    reduce-scatters every micro-step, and ZeRO-2/3 reduce every micro-step into their partitions
+    (measured: the peak at grad-accum 2 equals grad-accum 1's): gradients between micro-steps are
+    in their state, so their activations are those of one micro-step (the plain trace at
+    grad-accum > 1 holds whole gradients across micro-steps, which ZeRO-1 does)."""
     if inp.strategy == "fsdp" and inp.world_size > 1:  # DDP's trace at any N > 1 holds the same activations
         return replace(inp, world_size=2, grad_accum=1, strategy="ddp", fsdp_grad_sync="every_micro_step")
+    if inp.strategy in ("zero2", "zero3"):
+        return replace(inp, world_size=1, grad_accum=1, strategy="zero1")
     return replace(inp, world_size=1, strategy="zero1" if inp.strategy.startswith("zero") else "ddp")
 
 
@@ -40,6 +44,18 @@ def _trace_key(inp: PlanInput) -> PlanInput:
     if inp.strategy == "ddp" and inp.world_size > 1:
         return replace(inp, world_size=2, fsdp_grad_sync="every_micro_step")
     return inp
+
+
+def _grads_not_yet_held(inp: PlanInput, state: dict[str, int]) -> int:
+    """ZeRO-1/2 during backward: each gradient is copied into the reduce bucket (held: the
+    buckets category) as autograd finishes it and freed (the trace's peak less accumulated
+    gradients); the gradient partition is made when a bucket is first reduced, so within the
+    first micro-step it does not exist yet when the bucket holds the whole model (DeepSpeed 0.19
+    stage_1_and_2; within 2.2% on the 24 ZeRO-1/2 runs of docs/planner.md, all of whose models
+    fit one bucket: a model larger than the bucket is counted with its partition, unmeasured)."""
+    bucket = int(formulas.zero_config(inp)["reduce_bucket_size"])
+    whole = Params.of(inp.model_config()).total <= bucket
+    return state["grads"] if inp.grad_accum == 1 and whole else 0
 
 
 def memory(inp: PlanInput, trace_fsdp: bool = True) -> tuple[dict[str, int], int, str, dict | None]:
@@ -64,7 +80,10 @@ def memory(inp: PlanInput, trace_fsdp: bool = True) -> tuple[dict[str, int], int
         cats["gathered_params"] = formulas.zero3_gathered(inp) + formulas.fsdp_gathered(inp)
         share = state["optimizer"] / max(1, t.optimizer_bytes) if t.optimizer_bytes else 1.0
         opt_peak = held + share * (t.peak_opt_bytes - t.before_opt_bytes)
-        total = int(max(held + cats["gathered_params"] + act_fb, opt_peak))
+        fwd_bwd = held + cats["gathered_params"] + act_fb
+        if s in ("zero1", "zero2"):
+            fwd_bwd = held - _grads_not_yet_held(inp, state) + t.peak_fwd_bwd_less_grads_bytes - t.state_before_bytes
+        total = int(max(fwd_bwd, opt_peak))
         method = "closed form state + traced activations (plain model, 1 fake rank)"
         comm = None
     cats["activations"] = max(0, total - sum(v for k, v in cats.items() if k != "activations"))
@@ -95,9 +114,12 @@ def predict(inp: PlanInput, device_memory_bytes: int | None = None, links: dict 
             "DeepSpeed: trainer/ds_configs buckets and persistence threshold (closed forms, 0.19)",
         ],
     }
-    if inp.strategy == "zero3" and inp.world_size > 1 and inp.reshard_after_forward:
-        out["assumptions"].append("ZeRO-3 re-sharding after forward: its extra all-gathers and gathered-parameter "
-                                  "peak are not modeled (predicted as if parameters were kept): comm is low")
+    if inp.strategy == "zero3" and inp.world_size > 1:
+        out["assumptions"].append(
+            "ZeRO-3 " + ("re-sharded after forward: each module's parameters gathered when it runs, in forward "
+                         "and again in backward, freed when it ends (no prefetch)" if inp.reshard_after_forward else
+                         "parameters kept gathered from forward until the step") + "; persistent ones re-gathered "
+            "after the step")
     out["links"] = links or {}
     out["step_time"] = timing.step_time(inp, comm, links or {}, calibration)
     return out

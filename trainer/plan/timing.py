@@ -2,11 +2,19 @@
 
 Compute: training FLOPs of one rank's tokens (6N + 12LdT per token, trainer/model.py) at the
 FLOP/s one rank achieves, calibrated from a measured run of the same shape (achieved FLOP/s of
-a world-size-1 run), else the device's peak times an assumed efficiency.
+a world-size-1 run), else the device's peak times an assumed efficiency. On CPU, ranks of one
+machine share its memory bandwidth, caches and whatever else runs there, which a world-size-1
+calibration does not see: compute at world size > 1 is slowed by the shape's
+`links.cpuSharedSlowdown` (values/cpu.yaml: measured by benchmarks/steptime_breakdown.py, two
+one-rank runs at once on their own cores against one alone; 1 where not given, e.g. GPUs).
 Communication: alpha-beta per collective, ring algorithm: an all-reduce moves 2(N-1)/N of its
 buffer over each rank's link, an all-gather or reduce-scatter (N-1)/N of the full buffer; each
-call costs alpha x log2(N) of latency (tree-like start-up). The link is the intra-node one
-(NVLink) while the ranks fit one node, else the inter-node bandwidth per GPU.
+call costs alpha x log2(N) of latency (tree-like start-up; on CPU alpha also holds the Python
+and gloo dispatch of a call and the wait for the other rank to be scheduled). The link is the
+intra-node one (NVLink; gloo over loopback on CPU) while the ranks fit one node, else the
+inter-node bandwidth per GPU; an op with a busbw of its own (`links.opBusbwGBps`: gloo's all-gather
+and reduce-scatter reach a fraction of its all-reduce's) uses that instead. Link figures: values/<shape>.yaml, or measured (busbw and alpha
+of a pre-flight log: `shardbench plan --preflight-log`; benchmarks/gloo_links.py on CPU).
 Overlap (stated per strategy in OVERLAP): the part of communication that can hide behind
 backward (2/3 of compute) does, the rest is exposed; on CPU nothing overlaps (gloo's
 collectives run on the cores that compute).
@@ -52,6 +60,13 @@ def link(links: dict, world: int) -> tuple[float, float, str]:
     return bw, float(links.get("alpha_us") or 10) * 1e-6 * 2, "inter-node (per GPU share)"
 
 
+def shared_slowdown(inp: PlanInput, links: dict) -> float:
+    """Compute slowdown on CPU when more than one rank runs on the machine (see above)."""
+    if inp.device != "cpu" or inp.world_size <= 1:
+        return 1.0
+    return float(links.get("cpu_shared_slowdown") or 1.0)
+
+
 def step_time(inp: PlanInput, comm: dict, links: dict, calibration: dict | None) -> dict:
     cfg, T = inp.model_config(), inp.effective_seq_len()
     bw, alpha, which = link(links, inp.world_size)
@@ -59,14 +74,16 @@ def step_time(inp: PlanInput, comm: dict, links: dict, calibration: dict | None)
     if inp.device == "cpu":  # gloo's collectives run on the cores that compute: nothing hides
         ops, why = set(), "none on CPU: gloo's collectives use the cores that compute"
     overlappable, exposed_ops = 0.0, 0.0
+    per_op = links.get("op_busbw_GBps") or {}
     for op, v in (comm or {}).items():
-        t = collective_seconds(op, v["calls"], v["bytes"], inp.world_size, bw, alpha)
+        op_bw = float(per_op[op]) * 1e9 if per_op.get(op) else bw
+        t = collective_seconds(op, v["calls"], v["bytes"], inp.world_size, op_bw, alpha)
         if op in ops:
             overlappable += t
         else:
             exposed_ops += t
     out = {"seconds": None, "comm_s": overlappable + exposed_ops, "link": which, "link_GBps": bw / 1e9,
-           "alpha_us": alpha * 1e6, "overlap": why}
+           "alpha_us": alpha * 1e6, "op_busbw_GBps": dict(per_op), "overlap": why}
     if calibration and calibration.get("achieved_flops"):
         rate, source = float(calibration["achieved_flops"]), calibration.get("source", "calibrated")
     elif links.get("peak_tflops"):
@@ -75,6 +92,10 @@ def step_time(inp: PlanInput, comm: dict, links: dict, calibration: dict | None)
     else:
         return {**out, "why": "no calibration run and no peak FLOP/s for this device"}
     compute = flops_per_token(cfg, T) * inp.micro_batch * inp.grad_accum * T / rate
+    slowdown = shared_slowdown(inp, links)
+    if slowdown != 1.0:
+        compute *= slowdown
+        source += f"; x{slowdown:g}: {inp.world_size} ranks share the machine (cpuSharedSlowdown)"
     exposed = exposed_ops + max(0.0, overlappable - (2 / 3) * compute)
     return {**out, "seconds": compute + exposed, "compute_s": compute, "exposed_comm_s": exposed,
-            "compute_rate_flops": rate, "compute_source": source}
+            "compute_rate_flops": rate / slowdown, "compute_source": source}

@@ -36,6 +36,9 @@ class Trace:
     """Most live tensor bytes during the measured step."""
     peak_fwd_bwd_bytes: int = 0
     """The same, over the micro-steps only (forward + backward)."""
+    peak_fwd_bwd_less_grads_bytes: int = 0
+    """The same, less every parameter gradient once autograd has accumulated it (ZeRO-1/2 copy
+    each into their reduce bucket then and free it)."""
     before_opt_bytes: int = 0
     """Live bytes after the last backward, when the optimizer step starts."""
     peak_opt_bytes: int = 0
@@ -168,6 +171,9 @@ class _Step:
 
     def run(self, trace: Trace | None = None, tracker: LiveTensors | None = None) -> None:
         accum = self.inp.grad_accum
+        hooks = [] if tracker is None else [
+            p.register_post_accumulate_grad_hook(lambda q: tracker.retag([q.grad], "grads"))
+            for p in self.model.parameters()]
         for micro in range(accum):
             if self.engine == "fsdp" and self.inp.fsdp_grad_sync == "last_micro_step":
                 self.model.set_requires_gradient_sync(micro == accum - 1)
@@ -180,8 +186,11 @@ class _Step:
                     p.grad = b
             if trace is not None:
                 self.sample(trace)
+        for h in hooks:
+            h.remove()
         if tracker is not None and trace is not None:
             trace.peak_fwd_bwd_bytes = tracker.peak
+            trace.peak_fwd_bwd_less_grads_bytes = tracker.peak_less_grads
             trace.before_opt_bytes = tracker.live
             tracker.peak = tracker.live
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
