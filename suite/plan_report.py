@@ -3,7 +3,7 @@
 (predicted / measured - 1; trainer/plan/accuracy.py), and the assumptions the plans rest on."""
 from __future__ import annotations
 
-from shardbench.trainer.plan.accuracy import errors, measured_state
+from shardbench.trainer.plan.accuracy import errors, measured_comm_seconds, measured_state
 
 MiB = 2 ** 20
 
@@ -14,6 +14,10 @@ def _mib(x) -> str:
 
 def _pct(x) -> str:
     return "-" if x is None else f"{x:+.1%}"
+
+
+def _pair(pred, meas) -> str:
+    return "-" if pred is None else f"{pred:.3g} / " + ("-" if meas is None else f"{meas:.3g}")
 
 
 _SAME = ("strategy", "seq_len", "micro_batch", "grad_accum", "precision", "device", "gpu_shape")
@@ -54,10 +58,10 @@ def rows(records: list[dict]) -> list[list[str]]:
         peak_meas = r.get("peak_memory_bytes") if gpu else r.get("tensor_peak_bytes")
         peak_err = (peak_pred / peak_meas - 1) if peak_pred and peak_meas else None
         fits = {True: "yes", False: "NO", None: "?"}[p.get("fits")]
+        comm_s = _pair((p.get("step_time") or {}).get("comm_s"), measured_comm_seconds(r))
         out.append([r.get("run_id", ""), f"{_mib(p.get('model_state_bytes'))} / {_mib(measured_state(r))}",
                     _pct(e["state"]), f"{_mib(peak_pred)} / {_mib(peak_meas)}", _pct(peak_err), _pct(e["comm"]),
-                    "-" if step is None else f"{step:.3g} / {measured_step:.3g}" if measured_step else f"{step:.3g} / -",
-                    _pct(e["step"]), fits])
+                    comm_s, _pct(e["comm_time"]), _pair(step, measured_step), _pct(e["step"]), fits])
     return out
 
 
@@ -68,13 +72,15 @@ def markdown(records: list[dict]) -> str:
         return head + ("No ok record carries a prediction (runs made with `shardbench run --no-plan`, or "
                        "before the planner): `shardbench plan` predicts them (docs/planner.md).")
     cols = ["run", "model state MiB pred / meas", "err", "peak MiB pred / meas", "err", "comm bytes err (worst op)",
-            "step s pred / meas", "err", "fits"]
+            "comm s pred / meas", "err", "step s pred / meas", "err", "fits"]
     lines = ["| " + " | ".join(cols) + " |", "| " + " | ".join("---" for _ in cols) + " |"]
     lines += ["| " + " | ".join(row) + " |" for row in table]
     assumptions = sorted({a for r in records if isinstance(r.get("prediction"), dict)
                           for a in r["prediction"].get("assumptions", [])})
     note = ("Step time: compute calibrated on the fastest world-size-1 run of the same configuration in "
             "this result set, plus exposed alpha-beta communication (docs/planner.md). "
+            "Comm s: the modeled collective time against the time collectives were in flight, summed "
+            "over ops (trainer/comm.py), which also holds waiting for slower ranks. "
             "Peak: on GPU the predicted peak with allocator overhead against max allocated; on CPU the "
             "predicted tensor peak against the live-tensor peak of the untimed memory step. err = "
             "predicted / measured - 1.\n\n")

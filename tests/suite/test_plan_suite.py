@@ -41,8 +41,19 @@ def test_plan_section_calibrates_step_time_on_the_world_size_1_run():
     base = measured(run_id="ddp-w1", world_size=1, prediction=None, tokens_per_s=2000.0)
     text = plan_report.markdown([measured(), base])
     row = next(line for line in text.splitlines() if line.startswith("| ddp-w2"))
-    step = [c.strip() for c in row.strip("|").split("|")][6]
+    step = [c.strip() for c in row.strip("|").split("|")][8]
     assert step.endswith("/ 0.2") and step != "-"
+
+
+def test_plan_section_compares_modeled_and_in_flight_collective_seconds():
+    pred = {**PRED, "step_time": {"seconds": None, "comm_s": 0.02}}
+    rec = measured(prediction=pred, comm_per_step={"all_reduce": {"calls": 2.0, "bytes": 10e6, "seconds": 0.05}})
+    row = next(line for line in plan_report.markdown([rec]).splitlines() if line.startswith("| ddp-w2"))
+    assert [c.strip() for c in row.strip("|").split("|")][6:8] == ["0.02 / 0.05", "-60.0%"]
+    # A record from before the counter timed collectives: the prediction alone.
+    old = measured(prediction=pred)
+    row = next(line for line in plan_report.markdown([old]).splitlines() if line.startswith("| ddp-w2"))
+    assert [c.strip() for c in row.strip("|").split("|")][6:8] == ["0.02 / -", "-"]
 
 
 def test_plan_section_says_when_no_record_has_a_prediction():

@@ -16,8 +16,17 @@ def measured_state(record: dict) -> int | None:
     return max((m["total_bytes"] - m.get("comm_buffer_bytes", 0) for m in ranks), default=None)
 
 
+def measured_comm_seconds(record: dict) -> float | None:
+    """Seconds per step collectives were in flight, summed over ops (trainer/comm.py; records
+    before it have none). It includes waiting for the other ranks: the alpha-beta model does not."""
+    ops = (record.get("comm_per_step") or {}).values()
+    seconds = [v.get("seconds") for v in ops]
+    return sum(seconds) if seconds and all(isinstance(x, (int, float)) for x in seconds) else None
+
+
 def errors(prediction: dict, record: dict) -> dict[str, float | None]:
-    """state, peak, comm (the worst op among those carrying >= 1% of the step's bytes), step."""
+    """state, peak, comm (the worst op among those carrying >= 1% of the step's bytes), comm_time
+    (modeled collective seconds against measured in-flight seconds), step."""
     out = {"state": _rel(prediction.get("model_state_bytes"), measured_state(record)),
            "peak": _rel(prediction.get("tensor_peak_bytes"), record.get("tensor_peak_bytes"))}
     measured, predicted = record.get("comm_per_step") or {}, prediction.get("comm_per_step") or {}
@@ -29,6 +38,7 @@ def errors(prediction: dict, record: dict) -> dict[str, float | None]:
             if worst is None or abs(e) > abs(worst):
                 worst = e
     out["comm"] = worst
+    out["comm_time"] = _rel((prediction.get("step_time") or {}).get("comm_s"), measured_comm_seconds(record))
     step = (prediction.get("step_time") or {}).get("seconds")
     out["step"] = _rel(step, (record.get("step_time_s") or {}).get("mean"))
     return out
