@@ -12,9 +12,10 @@ buffer over each rank's link, an all-gather or reduce-scatter (N-1)/N of the ful
 call costs alpha x log2(N) of latency (tree-like start-up; on CPU alpha also holds the Python
 and gloo dispatch of a call and the wait for the other rank to be scheduled). The link is the
 intra-node one (NVLink; gloo over loopback on CPU) while the ranks fit one node, else the
-inter-node bandwidth per GPU; an op with a busbw of its own (`links.opBusbwGBps`: gloo's all-gather
-and reduce-scatter reach a fraction of its all-reduce's) uses that instead. Link figures: values/<shape>.yaml, or measured (busbw and alpha
-of a pre-flight log: `shardbench plan --preflight-log`; benchmarks/gloo_links.py on CPU).
+inter-node bandwidth per GPU; an op with a busbw of its own (`links.opBusbwGBps`: gloo's
+all-gather and reduce-scatter reach a fraction of its all-reduce's) uses that instead. Link
+figures: values/<shape>.yaml, or measured (busbw and alpha of a pre-flight log: `shardbench plan
+--preflight-log`; benchmarks/gloo_links.py on CPU).
 Overlap (stated per strategy in OVERLAP): the part of communication that can hide behind
 backward (2/3 of compute) does, the rest is exposed; on CPU nothing overlaps (gloo's
 collectives run on the cores that compute).
