@@ -118,10 +118,12 @@ def test_timeout_with_a_hung_rank_under_torchrun(tmp_path):
     spec = one_spec("fsdp", 2, "torchrun")
     run_dir = run_dir_for(tmp_path, spec)
     emit, stopped = stop_a_rank_at_step_2(run_dir)
-    # The timeout counts from the launch: long enough for a slow start on a loaded machine.
-    record = LocalBackend(kill_grace_s=3).run(spec, run_dir, emit, threading.Event(), timeout_s=45)
+    # The timeout counts from the launch: long enough for a slow start on a loaded machine (step 2
+    # comes ~5 s after the launch here, 2.7x that under the worst load seen), and all of it is
+    # waited out, so no longer.
+    record = LocalBackend(kill_grace_s=3).run(spec, run_dir, emit, threading.Event(), timeout_s=25)
     assert stopped, f"never saw step 2: {(run_dir / 'log.txt').read_text()[-2000:]}"
-    assert record["status"] == "timeout" and "45 s" in record["error"] and " at step " in record["error"]
+    assert record["status"] == "timeout" and "25 s" in record["error"] and " at step " in record["error"]
     assert processes_mentioning(str(run_dir)) == []
 
 
