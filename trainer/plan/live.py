@@ -42,8 +42,11 @@ class LiveTensors(TorchDispatchMode):
         self.by_tag: dict[str, int] = {}
         self.peak_by_tag: dict[str, int] = {}
         self.tag = "state"
-        self.peak_less_grads = 0
-        """Most live bytes less those tagged "grads" (what ZeRO-1/2 hold apart from gradients)."""
+        self.phase = "forward"
+        """forward or backward (the caller switches it at a micro-step's first gradient hook)."""
+        self.peak_less_grads: dict[str, int] = {"forward": 0, "backward": 0}
+        """Per phase, most live bytes less those tagged "grads" (what ZeRO-1/2 hold apart from
+        gradients: DeepSpeed copies each into its reduce buckets, allocated at backward's start)."""
         self._sizes = WeakIdKeyDictionary()  # storage -> [bytes, tag]
         self._patched: list[tuple[object, str, object]] = []
 
@@ -54,7 +57,9 @@ class LiveTensors(TorchDispatchMode):
         if self.live > self.peak:
             self.peak = self.live
             self.peak_by_tag = {k: v for k, v in self.by_tag.items() if v}
-        self.peak_less_grads = max(self.peak_less_grads, self.live - self.by_tag.get("grads", 0))
+        less = self.live - self.by_tag.get("grads", 0)
+        if less > self.peak_less_grads[self.phase]:
+            self.peak_less_grads[self.phase] = less
 
     def _add(self, t: torch.Tensor, tag: str) -> None:
         if self.device is not None and t.device.type != self.device:

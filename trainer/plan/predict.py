@@ -82,7 +82,13 @@ def memory(inp: PlanInput, trace_fsdp: bool = True) -> tuple[dict[str, int], int
         opt_peak = held + share * (t.peak_opt_bytes - t.before_opt_bytes)
         fwd_bwd = held + cats["gathered_params"] + act_fb
         if s in ("zero1", "zero2"):
-            fwd_bwd = held - _grads_not_yet_held(inp, state) + t.peak_fwd_bwd_less_grads_bytes - t.state_before_bytes
+            # Buckets exist from backward's first gradient on, not at forward's activation peak;
+            # the gradient partition from a micro-step's first reduction on (so in forward only
+            # when an earlier micro-step of the same step made it).
+            base = held - cats["buckets"] - state["grads"] - t.state_before_bytes
+            fwd = (state["grads"] if inp.grad_accum > 1 else 0) + t.peak_fwd_less_grads_bytes
+            bwd = state["grads"] - _grads_not_yet_held(inp, state) + t.peak_bwd_less_grads_bytes + cats["buckets"]
+            fwd_bwd = base + max(fwd, bwd)
         total = int(max(fwd_bwd, opt_peak))
         method = "closed form state + traced activations (plain model, 1 fake rank)"
         comm = None

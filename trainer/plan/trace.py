@@ -36,9 +36,11 @@ class Trace:
     """Most live tensor bytes during the measured step."""
     peak_fwd_bwd_bytes: int = 0
     """The same, over the micro-steps only (forward + backward)."""
-    peak_fwd_bwd_less_grads_bytes: int = 0
-    """The same, less every parameter gradient once autograd has accumulated it (ZeRO-1/2 copy
-    each into their reduce bucket then and free it)."""
+    peak_fwd_less_grads_bytes: int = 0
+    """Most live bytes in forward (before a micro-step's first gradient), less gradients."""
+    peak_bwd_less_grads_bytes: int = 0
+    """Most live bytes in backward, less every parameter gradient once autograd has accumulated
+    it (ZeRO-1/2 copy each into their reduce buckets, allocated at the first one, and free it)."""
     before_opt_bytes: int = 0
     """Live bytes after the last backward, when the optimizer step starts."""
     peak_opt_bytes: int = 0
@@ -172,9 +174,11 @@ class _Step:
     def run(self, trace: Trace | None = None, tracker: LiveTensors | None = None) -> None:
         accum = self.inp.grad_accum
         hooks = [] if tracker is None else [
-            p.register_post_accumulate_grad_hook(lambda q: tracker.retag([q.grad], "grads"))
+            p.register_post_accumulate_grad_hook(lambda q: _in_backward(tracker, q))
             for p in self.model.parameters()]
         for micro in range(accum):
+            if tracker is not None:
+                tracker.phase = "forward"
             if self.engine == "fsdp" and self.inp.fsdp_grad_sync == "last_micro_step":
                 self.model.set_requires_gradient_sync(micro == accum - 1)
             with self.autocast():
@@ -190,7 +194,9 @@ class _Step:
             h.remove()
         if tracker is not None and trace is not None:
             trace.peak_fwd_bwd_bytes = tracker.peak
-            trace.peak_fwd_bwd_less_grads_bytes = tracker.peak_less_grads
+            trace.peak_fwd_less_grads_bytes = tracker.peak_less_grads["forward"]
+            trace.peak_bwd_less_grads_bytes = tracker.peak_less_grads["backward"]
+            tracker.phase = "forward"
             trace.before_opt_bytes = tracker.live
             tracker.peak = tracker.live
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
@@ -206,6 +212,13 @@ def engine_for(inp: PlanInput) -> str:
     if inp.strategy == "ddp" and inp.world_size > 1:
         return "ddp"
     return "zero" if inp.strategy.startswith("zero") else "plain"
+
+
+def _in_backward(tracker: LiveTensors, param) -> None:
+    """A gradient is accumulated: backward has begun (ZeRO-1/2 allocate their buckets now), and
+    this gradient counts as one (DeepSpeed copies it into a bucket and frees it)."""
+    tracker.phase = "backward"
+    tracker.retag([param.grad], "grads")
 
 
 def trace_step(inp: PlanInput) -> Trace:
