@@ -46,7 +46,9 @@ def attempt_processes(marker: str) -> dict[int, list[str]]:
 
 def _is_rank(argv: list[str]) -> bool:
     """`python [-u] -m shardbench.trainer ...`: a rank, not a launcher (mpirun, deepspeed, torchrun, whose
-    own command lines also hold the trainer's arguments)."""
+    own command lines also hold the trainer's arguments). A zombie's command line is empty."""
+    if not argv or not argv[0]:
+        return False
     args = argv[1:4]
     return os.path.basename(argv[0]).startswith("python") and args[:2] == ["-m", "shardbench.trainer"] or args == ["-u", "-m", "shardbench.trainer"]
 

@@ -36,6 +36,8 @@ class StartupClock:
         self.world_size = world_size
         self.seen: set[int] = set()
         self.rank_starts: list[int] = []
+        self.broken = False
+        """A poll failed: the start-up time is unknown (None), the run goes on."""
 
     def poll(self, tree: ProcessTree) -> None:
         """Look at the processes the tree learnt since the last call (cheap: new pids only)."""
@@ -46,7 +48,7 @@ class StartupClock:
                     self.rank_starts.append(int(start))
 
     def seconds(self) -> float | None:
-        if self.t0 is None or len(self.rank_starts) < self.world_size:
+        if self.broken or self.t0 is None or len(self.rank_starts) < self.world_size:
             return None
         last = sorted(self.rank_starts)[self.world_size - 1]
         return round((last - self.t0) / _TICKS, 3)

@@ -223,7 +223,10 @@ class LocalBackend:
         while proc.poll() is None:
             tree.refresh()  # learn every rank while its parent still lives
             if clock is not None:
-                clock.poll(tree)
+                try:
+                    clock.poll(tree)
+                except Exception:  # noqa: BLE001 - a side measurement: losing it must never end the run
+                    clock.broken = True
             if cancel.is_set():
                 tree.kill(self.kill_grace_s)
                 return "cancelled"

@@ -1,0 +1,38 @@
+"""The launcher start-up clock reads the command line of every process of a run's tree while the
+run lives. A process that the tree learnt and that was reaped before the clock read it has no
+/proc entry any more: the empty command line raised IndexError in the local backend's wait loop,
+whose cleanup then sent SIGTERM to every rank of a healthy run (seen in CI: a fault-free zero2 run
+failed with "backend local raised IndexError"; DeepSpeed ranks start short-lived helpers)."""
+import os
+import subprocess
+import time
+from types import SimpleNamespace
+
+from shardbench.suite.fault_procs import _cmdline, _is_rank
+from shardbench.suite.procs import _stat_fields
+from shardbench.suite.startup import StartupClock
+
+
+def test_a_process_gone_before_it_was_read_is_not_a_rank_and_does_not_stop_the_clock():
+    gone = subprocess.Popen(["true"])
+    start = None
+    while start is None:  # its start time, read while it lives or is a zombie
+        start = (_stat_fields(gone.pid) or [None] * 20)[19]
+    gone.wait()  # reaped: /proc/<pid> is gone
+    assert _cmdline(gone.pid) == []
+    assert _is_rank([]) is False
+    clock = StartupClock(os.getpid(), world_size=1)
+    clock.poll(SimpleNamespace(known={gone.pid: start}))
+    assert clock.rank_starts == [] and clock.seconds() is None
+
+
+def test_a_zombie_is_not_a_rank():
+    child = subprocess.Popen(["true"])  # exits at once; not waited on yet, so a zombie
+    try:
+        deadline = time.monotonic() + 10
+        while (_stat_fields(child.pid) or ["?"])[0] != "Z" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert _cmdline(child.pid) == [""]  # what the kernel gives for a zombie
+        assert _is_rank(_cmdline(child.pid)) is False
+    finally:
+        child.wait()
