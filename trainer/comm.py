@@ -150,7 +150,7 @@ class CommCounter:
     def _wrap(self, fn: Callable, op: str, pos: int, key: str, size_of: Callable | None) -> Callable:
         counter = self
 
-        takes_async_op = _takes_async_op(fn)
+        async_at = _async_op_position(fn)
 
         @functools.wraps(fn)
         def counted(*args, **kwargs):
@@ -160,7 +160,8 @@ class CommCounter:
             cuda = counting and _on_cuda(buf)
             # A synchronous NCCL call returns no work to read NCCL's timer from: issue it async
             # and wait on it here, which is what the synchronous path does inside.
-            wait_here = cuda and takes_async_op and not kwargs.get("async_op")
+            wait_here = (cuda and async_at is not None and len(args) <= async_at  # not given positionally
+                         and not kwargs.get("async_op"))
             if counting:
                 nbytes = _nbytes(buf)
                 counter.add(op, size_of(nbytes, args, kwargs) if size_of is not None else nbytes)
@@ -228,11 +229,13 @@ class CommCounter:
                          "seconds": self.seconds.get(op, 0.0) / steps} for op in sorted(self.calls)}
 
 
-def _takes_async_op(fn: Callable) -> bool:
+def _async_op_position(fn: Callable) -> int | None:
+    """Where `fn` takes async_op positionally (None: it has no async_op)."""
     try:
-        return "async_op" in inspect.signature(fn).parameters
+        names = list(inspect.signature(fn).parameters)
     except (TypeError, ValueError):  # a builtin without a signature
-        return False
+        return None
+    return names.index("async_op") if "async_op" in names else None
 
 
 def _on_cuda(value) -> bool:
