@@ -156,7 +156,9 @@ class CommCounter:
         def counted(*args, **kwargs):
             depth = getattr(counter._depth, "n", 0)
             counting = counter.active and depth == 0
-            buf = kwargs.get(key) if key in kwargs else (args[pos] if 0 <= pos < len(args) else None)
+            buf = None
+            if counting:  # nothing more than the two checks above while not counting
+                buf = kwargs.get(key) if key in kwargs else (args[pos] if 0 <= pos < len(args) else None)
             cuda = counting and _on_cuda(buf)
             # A synchronous NCCL call returns no work to read NCCL's timer from: issue it async
             # and wait on it here, which is what the synchronous path does inside.

@@ -56,6 +56,18 @@ def context_namespace(path: str, context: str | None) -> str:
     return "default"
 
 
+def serves(api, resource: tuple[str, str, str]) -> bool:
+    """Whether the cluster serves (group, version, plural): its operator's CRD is installed."""
+    from kubernetes import client
+
+    group, version, plural = resource
+    try:
+        found = client.CustomObjectsApi(api).get_api_resources(group, version, _request_timeout=5)
+    except Exception:  # noqa: BLE001 - 404: the group is not served
+        return False
+    return plural in [r.name for r in (found.resources or [])]
+
+
 def labelled(items: list[dict], selector: dict[str, str]) -> list[dict]:
     return [i for i in items if all(((i.get("metadata") or {}).get("labels") or {}).get(k) == v
                                     for k, v in selector.items())]

@@ -89,13 +89,7 @@ class KubeBackend:
             client.VersionApi(api).get_code(_request_timeout=5, _preload_content=False).release_conn()
         except Exception as exc:  # noqa: BLE001
             return False, f"cluster at {api.configuration.host} unreachable: {type(exc).__name__}: {kapi.short(exc)}"
-        try:
-            group, version, plural = kapi.MPIJOB
-            found = client.CustomObjectsApi(api).get_api_resources(group, version, _request_timeout=5)
-            names = [r.name for r in (found.resources or [])]
-        except Exception:  # noqa: BLE001 - 404: the group is not served
-            names = []
-        if plural not in names:
+        if not kapi.serves(api, kapi.MPIJOB):
             return False, "MPI Operator not installed: the cluster serves no kubeflow.org/v2beta1 mpijobs"
         return True, ""
 

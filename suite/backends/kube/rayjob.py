@@ -173,14 +173,6 @@ class KubeRayBackend(KubeBackend):
         ok, why = super().availability()
         if not ok and not why.startswith("MPI Operator"):
             return ok, why
-        from kubernetes import client
-
-        try:
-            group, version, plural = RAYJOB
-            found = client.CustomObjectsApi(self.api()).get_api_resources(group, version, _request_timeout=5)
-            names = [r.name for r in (found.resources or [])]
-        except Exception:  # noqa: BLE001 - 404: the group is not served
-            names = []
-        if plural not in names:
+        if not kapi.serves(self.api(), RAYJOB):
             return False, "KubeRay not installed: the cluster serves no ray.io/v1 rayjobs"
         return True, ""
