@@ -15,6 +15,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from shardbench.suite import summary
 from shardbench.suite.analysis import Analysis
 from shardbench.suite.stats import Estimate, finite
 
@@ -124,9 +125,9 @@ def verdicts_table(an: Analysis) -> str:
     for v in an.verdicts:
         kind = f'<td data-v="{esc(v.kind)}" class="{"winner" if v.kind == "winner" else ""}">{esc(v.kind)}</td>'
         rows.append(f"<tr>{cell(v.category.name)}{cell(v.group)}{kind}"
-                    f"{cell(v.best.label)}{cell(v.category.show(v.best.get(v.category.metric)))}"
+                    f"{cell(summary.answer(v).replace('**', ''))}{cell(v.category.show(v.best.get(v.category.metric)))}"
                     f"{cell(v.text.replace('**', ''))}</tr>")
-    return table(["category", "group", "verdict", "best", "its value [95%]", "why"], rows)
+    return table(["category", "group", "verdict", "answer (vs the best)", "best value [95%]", "why"], rows)
 
 
 def not_ok_table(an: Analysis) -> str:

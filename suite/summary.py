@@ -2,24 +2,55 @@
 memory (the top of BENCHMARK_REPORT.md; the method and the details follow it)."""
 from __future__ import annotations
 
+import re
 from typing import Any
 
-from shardbench.suite.verdicts import Verdict
+from shardbench.suite.verdicts import Verdict, pct
 
 THROUGHPUT = "throughput"
 MEMORY = ("memory: GPU training peak", "memory: model state per rank")
 
 
-def _pick(v: Verdict | None) -> str:
+def answer(v: Verdict | None) -> str:
+    """The answer of one category, exactly: 'ddp = fsdp; zero1/2 +25%, zero3 +90%' (equal values),
+    'ddp ≈ fsdp (not separated); zero3 -20%' (timed, intervals not separated),
+    '**zero3**; ddp/fsdp +60%' (a winner). Percentages are relative to the best."""
     if v is None:
         return "-"
+    if v.kind == "flagged":
+        return f"none named ({v.best.strategy} flagged)"
+    if v.kind == "one repeat" or not v.tied:
+        return "none named (one repeat): " + ", ".join(str(c.strategy) for c in v.candidates)
     if v.kind == "winner":
-        return f"**{v.best.strategy}** ({v.margin_pct:.0f}% ahead of {v.second.strategy})"
-    if v.kind == "equal":
-        return "equal: " + ", ".join(str(c.strategy) for c in v.candidates)
-    names = ", ".join(str(c.strategy) for c in v.candidates)
-    return {"flagged": f"none named ({v.best.strategy} flagged)", "one repeat": f"none named (one repeat): {names}"}.get(
-        v.kind, f"no significant difference: {names}")
+        top = f"**{v.best.strategy}**"
+    elif v.kind == "equal":
+        top = " = ".join(str(c.strategy) for c in v.tied)
+    else:
+        top = " ≈ ".join(str(c.strategy) for c in v.tied) + " (not separated)"
+    rest = [c for c in v.candidates if c not in v.tied]
+    return top + ("; " + others(v, rest) if rest else "")
+
+
+def others(v: Verdict, rest: list[Any]) -> str:
+    """'zero1/2 +25%, zero3 +90%': the rest by their difference from the best, equal ones merged."""
+    by_pct: dict[str, list[str]] = {}
+    for c in rest:
+        by_pct.setdefault(pct(v.rel(c)), []).append(str(c.strategy))
+    return ", ".join(f"{merge_names(names)} {p}" for p, names in by_pct.items())
+
+
+def merge_names(names: list[str]) -> str:
+    """['zero1', 'zero2'] -> 'zero1/2'; ['ddp', 'fsdp'] -> 'ddp/fsdp'."""
+    out: list[str] = []
+    prefix = None
+    for name in names:
+        m = re.fullmatch(r"(\D+)(\d+)", name)
+        if m and prefix == m.group(1):
+            out[-1] += "/" + m.group(2)
+        else:
+            out.append(name)
+        prefix = m.group(1) if m else None
+    return "/".join(out)
 
 
 def _value(v: Verdict | None) -> str:
@@ -39,7 +70,7 @@ def rows(verdicts: list[Verdict]) -> list[list[Any]]:
         memory = next((cats[m] for m in MEMORY if m in cats), None)
         if speed is None and memory is None:
             continue
-        out.append([group, _pick(speed), _value(speed), _pick(memory),
+        out.append([group, answer(speed), _value(speed), answer(memory),
                     (f"{memory.category.name.split(': ')[1]}: " + _value(memory)) if memory else "-"])
     return out
 

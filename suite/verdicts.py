@@ -24,7 +24,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardbench.suite.stats import Estimate, holm, t_quantile, welch
+from shardbench.suite.stats import Estimate, t_quantile, welch
 
 ALPHA = 0.05
 POWER = 0.80
@@ -51,6 +51,14 @@ class Verdict:
     pvalues: list[float | None] = field(default_factory=list)
     """Welch p of the best against each other candidate, in candidates' order (after the best)."""
     repeats_hint: int | None = None
+    tied: list[Any] = field(default_factory=list)
+    """The candidates the data does not separate from the best, the best first: equal values when
+    counted, Welch/Holm not rejecting when timed; [best] for a winner, [] when undecided."""
+
+    def rel(self, c: Any) -> float:
+        """c's value relative to the best's: (c - best) / best (0.25 = 25% more)."""
+        b = self.best.get(self.category.metric).mean
+        return (c.get(self.category.metric).mean - b) / abs(b) if b else math.nan
 
 
 def _normal_sf(x: float) -> float:
@@ -123,7 +131,9 @@ def decide(cat: Any, group: list[Any], label: str, cv: float | None) -> Verdict 
         v.kind, v.text = "one repeat", f"no winner from one repeat: {describe(best, cat)} vs {others}; {_hint(v, b, s, cv_here)}"
         return v
     v.pvalues = [welch(b, c.get(cat.metric)) for c in cands[1:]]
-    if all(p is not None for p in v.pvalues) and holm(v.pvalues, ALPHA):  # type: ignore[arg-type]
+    separated = holm_rejected(v.pvalues, ALPHA)
+    v.tied = [best] + [c for c, sep in zip(cands[1:], separated) if not sep]
+    if all(separated):
         word = "higher" if b.mean > s.mean else "lower"
         v.kind = "winner"
         v.text = (f"**{best.strategy}** `{best.name}` {cat.show(b)}, {margin:.1f}% {word} than "
@@ -139,14 +149,43 @@ def decide(cat: Any, group: list[Any], label: str, cv: float | None) -> Verdict 
 
 def _counted(v: Verdict, cat: Any, others: str) -> Verdict:
     b, s = v.best.get(cat.metric), v.second.get(cat.metric)
-    if b.mean == s.mean:
-        v.kind, v.text = "equal", f"equal: {describe(v.best, cat)} and {others} (counted, not timed)"
+    v.tied = [c for c in v.candidates if c.get(cat.metric).mean == b.mean]
+    if len(v.tied) > 1:
+        rest = v.candidates[len(v.tied):]
+        v.kind = "equal"
+        v.text = (f"equal: {' = '.join(str(c.strategy) for c in v.tied)} at {cat.show(b)}"
+                  + (f"; then {'; '.join(f'{describe(c, cat)} ({pct(v.rel(c))})' for c in rest)}" if rest else "")
+                  + " (counted, not timed)")
         return v
     word = "higher" if b.mean > s.mean else "lower"
     v.kind = "winner"
     v.text = (f"**{v.best.strategy}** `{v.best.name}` {cat.show(b)}, {v.margin_pct:.1f}% {word} than "
               f"{describe(v.second, cat)}{_rest(v.candidates, cat)} (counted, not timed: one repeat decides)")
     return v
+
+
+def holm_rejected(pvalues: list[float | None], alpha: float) -> list[bool]:
+    """Holm's step-down per hypothesis: True where it rejects "equal" at family-wise level alpha
+    (the i-th smallest p must be <= alpha / (m - i), and every smaller p rejected first). A missing
+    p rejects nothing."""
+    if any(p is None for p in pvalues):
+        return [False] * len(pvalues)
+    order = sorted(range(len(pvalues)), key=lambda i: pvalues[i])  # type: ignore[index]
+    out, m = [False] * len(pvalues), len(pvalues)
+    for rank, i in enumerate(order):
+        if pvalues[i] > alpha / (m - rank):  # type: ignore[operator]
+            break
+        out[i] = True
+    return out
+
+
+def pct(x: float) -> str:
+    """'+25%', '-3.2%', '+0.04%': a relative difference never rounded to a false zero."""
+    if not math.isfinite(x):
+        return "?"
+    a = abs(x) * 100
+    digits = 0 if a >= 9.5 else 1 if a >= 0.95 else 2
+    return f"{x * 100:+.{digits}f}%"
 
 
 def _cv(b: Estimate, s: Estimate, pooled: float | None) -> float | None:

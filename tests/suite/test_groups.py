@@ -98,7 +98,7 @@ def test_report_opens_with_the_summary_table(tmp_path: Path):
     assert headings.index("## How this report decides") > headings.index("## Verdicts")
     summary = md.split("## Summary\n", 1)[1].split("\n## ", 1)[0]
     row = [line for line in summary.splitlines() if line.startswith("| 2 dev")][0]
-    assert "**ddp** (25% ahead of zero3)" in row and "ddp 1,000 [975, 1,025] tok/s" in row
+    assert "**ddp**; zero3 -20%" in row and "ddp 1,000 [975, 1,025] tok/s" in row
     assert "**zero3**" in row and "zero3 0.02441 GiB" in row
 
 

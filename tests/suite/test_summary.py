@@ -1,0 +1,68 @@
+"""The Summary states the answer exactly (issue 32): "equal" only for equal counted values or
+timed values whose intervals the test does not separate, the rest by their difference from the
+best ("ddp = fsdp; zero1/2 +25%, zero3 +90%"), in BENCHMARK_REPORT.md, report.html and the terminal."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from shardbench.suite import analysis, summary
+from shardbench.suite.report import build_report
+from shardbench.suite.synthetic import record
+
+MIB = 2 ** 20
+
+
+def runs(strategy: str, world: int, values: list[float], **kw) -> list[dict]:
+    return [record(strategy, world, v, repeat=i, **kw) for i, v in enumerate(values)]
+
+
+def one_device() -> list[dict]:
+    """Memory at one device as measured: ddp = fsdp, zero1/2 25% more, zero3 90% more; ddp and fsdp
+    not separated in throughput, zero3 clearly slower."""
+    state = {"ddp": 40, "fsdp": 40, "zero1": 50, "zero2": 50, "zero3": 76}
+    tps = {"ddp": [1000.0, 1010.0, 990.0], "fsdp": [1004.0, 996.0, 1012.0], "zero1": [700.0, 702.0, 698.0],
+           "zero2": [700.0, 701.0, 699.0], "zero3": [500.0, 501.0, 499.0]}
+    return [r for s in state for r in runs(s, 1, tps[s], model_state_bytes_per_rank=state[s] * MIB)]
+
+
+def write(tmp_path: Path, records: list[dict]) -> Path:
+    results = tmp_path / "results"
+    for r in records:
+        (results / r["run_id"]).mkdir(parents=True)
+        (results / r["run_id"] / "result.json").write_text(json.dumps(r))
+    return results
+
+
+def test_memory_ties_are_stated_exactly_not_as_all_equal():
+    an = analysis.analyze(one_device())
+    (row,) = summary.rows(an.verdicts)
+    assert row[3] == "ddp = fsdp; zero1/2 +25%, zero3 +90%", row[3]
+    mem = next(v for v in an.verdicts if v.category.name.startswith("memory"))
+    assert mem.kind == "equal" and [c.strategy for c in mem.tied] == ["ddp", "fsdp"]
+    assert "equal: ddp = fsdp at" in mem.text and "zero3" in mem.text and "+90%" in mem.text
+
+
+def test_timed_tie_names_only_the_candidates_not_separated():
+    an = analysis.analyze(one_device())
+    (row,) = summary.rows(an.verdicts)
+    top = row[1]
+    assert top.split(" (not separated)")[0] in ("ddp ≈ fsdp", "fsdp ≈ ddp"), top
+    assert "zero1/2 -30%" in top and "zero3 -50%" in top, top
+
+
+def test_a_true_winner_and_an_all_equal_group():
+    recs = (runs("ddp", 2, [1000.0, 1010.0, 990.0], model_state_bytes_per_rank=40 * MIB)
+            + runs("zero3", 2, [800.0, 805.0, 795.0], model_state_bytes_per_rank=40 * MIB))
+    (row,) = summary.rows(analysis.analyze(recs).verdicts)
+    assert row[1] == "**ddp**; zero3 -20%" and row[3] == "ddp = zero3"
+    assert summary.merge_names(["zero1", "zero2", "zero3"]) == "zero1/2/3"
+
+
+def test_report_and_html_state_the_same_tie(tmp_path):
+    rep = build_report(write(tmp_path, one_device()), tmp_path / "out")
+    md = rep.markdown.read_text()
+    assert "ddp = fsdp; zero1/2 +25%, zero3 +90%" in md.split("## Summary\n", 1)[1].split("\n## ", 1)[0]
+    assert "equal: ddp, fsdp, zero1" not in md
+    page = rep.html.read_text()
+    assert "ddp = fsdp; zero1/2 +25%, zero3 +90%" in page
