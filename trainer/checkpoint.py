@@ -271,7 +271,8 @@ class Checkpointer:
             return False
         done = self._pending[0].done()
         if self._group() and self.world > 1:
-            flag = torch.tensor([1 if done else 0])
+            # On the run's device: the default group is NCCL on GPUs, which refuses CPU tensors.
+            flag = torch.tensor([1 if done else 0], device=self.strategy.ctx.device)
             dist.all_reduce(flag, op=dist.ReduceOp.MIN)
             done = bool(flag.item())
         if done:

@@ -58,8 +58,10 @@ def time_all_reduce(tensor: torch.Tensor, iters: int, warmup: int, device: torch
         dist.all_reduce(tensor)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    mean = torch.tensor([(time.perf_counter() - start) / iters], dtype=torch.float64)
-    dist.all_reduce(mean, op=dist.ReduceOp.MAX)  # gloo and NCCL both take a CPU/GPU float64
+    # On the run's device: NCCL serves CUDA tensors only (torch's Backend.backend_capability
+    # ["nccl"] == ["cuda"]); a CPU tensor there raises "No backend type associated with device type cpu".
+    mean = torch.tensor([(time.perf_counter() - start) / iters], dtype=torch.float64, device=device)
+    dist.all_reduce(mean, op=dist.ReduceOp.MAX)
     return float(mean.item())
 
 
