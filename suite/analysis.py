@@ -315,7 +315,7 @@ def group_label(c: Config, settings: dict[str, Any], varying: list[str]) -> str:
     if isinstance(c.gpu_shape, str):
         parts.append(c.gpu_shape)
     shown = {"world_size", "model", "seq_len", "precision", "shape", "nodes"}
-    parts += [f"{k}={settings.get(k)}" for k in varying if k not in shown]
+    parts += [text for k in varying if k not in shown and (text := groups.shown(k, settings.get(k)))]
     return ", ".join(parts)
 
 

@@ -108,6 +108,7 @@ def cmd_report(args: argparse.Namespace) -> int:
             continue
         print(f"{results}: {rep.runs} runs ({rep.failed} not ok) -> {rep.csv}, {len(rep.plots)} plots, {rep.markdown}, "
               f"{rep.html}")
+        print("\n" + rep.summary + "\n")
     return code
 
 

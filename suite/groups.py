@@ -173,6 +173,16 @@ def merged(settings_list: list[dict[str, Any]]) -> dict[str, Any]:
     return {n: next((s[n] for s in settings_list if s.get(n) is not None), None) for n in names}
 
 
+def shown(name: str, value: Any) -> str | None:
+    """A setting as a label shows it, in the flag's words: 'bucket-mib 25', 'reshard-after-forward off';
+    None where it does not apply (a strategy-specific knob of a group without that strategy)."""
+    if value is None:
+        return None
+    text = ("on" if value else "off") if isinstance(value, bool) else \
+        str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
+    return f"{name.replace('_', '-')} {text}"
+
+
 def differences(settings_list: list[dict[str, Any]], except_: frozenset[str] = frozenset()) -> list[str]:
     """The setting names whose values differ between these runs (what a group label must show)."""
     names = sorted({k for s in settings_list for k in s} - except_)

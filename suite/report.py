@@ -32,6 +32,8 @@ class Report:
     failed: int
     html: Path | None = None
     """report.html: the same report, self-contained (suite/html_report.py)."""
+    summary: str = ""
+    """The Summary as terminal text (suite/summary.text), what the CLI prints last."""
 
 
 RULES = f"""\
@@ -320,4 +322,5 @@ def report_from_records(records: list[dict], out_dir: Path, results_dir: Path) -
     md.write_text(build_markdown(an, results_dir, plot_files, skipped, out_dir) + ("\n" + fault_section if fault_section else "")
                   + "\n" + plan_report.markdown(records) + "\n")
     html = html_report.write_html(an, results_dir, plot_files, out_dir, RULES)
-    return Report(md, csv, summary_csv, plot_files, skipped, len(an.runs), len(an.not_ok), html)
+    return Report(md, csv, summary_csv, plot_files, skipped, len(an.runs), len(an.not_ok), html,
+                  summary.text(an.verdicts, str(md)))

@@ -118,8 +118,9 @@ def _execute(args: argparse.Namespace, matrix, runner, view) -> int:
     """Run the opened matrix, print the summary (and the report), and say how it ended."""
     records, crash = _run_with_progress(runner, view)
     _print_summary(records)
-    if args.report and records:
-        _report(matrix.results, args.report)
+    report = _report(matrix.results, args.report) if args.report and records else None
+    if records:
+        _print_answer(records, report)
     if runner.cancelled:
         print(f"interrupted: kept {sum(r.get('status') == 'ok' for r in records)} ok run(s) under "
               f"{matrix.results}", file=sys.stderr)
@@ -130,15 +131,29 @@ def _execute(args: argparse.Namespace, matrix, runner, view) -> int:
     return 0 if all(r.get("status") == "ok" for r in records) else 1
 
 
-def _report(results, out) -> None:
+def _report(results, out):
     from shardbench.suite.report import build_report
 
     try:
         rep = build_report(results, out)
     except Exception as exc:  # noqa: BLE001 - the runs are done and kept; say why there is no report
         print(f"shardbench: report not written: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return
+        return None
     print(f"report: {rep.markdown} (shareable: {rep.html})")
+    return rep
+
+
+def _print_answer(records: list[dict], report) -> None:
+    """The Summary table last, where a person reads first (the answer, not only file paths)."""
+    if report is not None:
+        print("\n" + report.summary)
+        return
+    from shardbench.suite import analysis, summary
+
+    try:
+        print("\n" + summary.text(analysis.analyze(records).verdicts))
+    except Exception as exc:  # noqa: BLE001 - the runs are done and kept; say why there is no summary
+        print(f"shardbench: summary not computed: {type(exc).__name__}: {exc}", file=sys.stderr)
 
 
 def _run_with_progress(runner, view) -> tuple[list[dict], str | None]:

@@ -76,3 +76,20 @@ def rows(verdicts: list[Verdict]) -> list[list[Any]]:
 
 
 HEADER = ["comparison (same settings except strategy)", "fastest", "throughput", "least memory", "memory"]
+
+
+def text(verdicts: list[Verdict], where: str = "") -> str:
+    """The Summary for a terminal: per comparison group the answer of each category, then its
+    numbers (what `shardbench run` and `shardbench report` end with)."""
+    groups = rows(verdicts)
+    if not groups:
+        return "Summary: fewer than two strategies finished ok in any comparison group: nothing to compare."
+    lines = ["Summary (percentages relative to the best; 95% intervals"
+             + (f"; full report: {where})" if where else ")")]
+    for group, fastest, speed, least, memory in groups:
+        lines.append(group)
+        lines.append(f"  fastest:      {fastest.replace('**', '')}")
+        lines.append(f"                {speed}")
+        lines.append(f"  least memory: {least.replace('**', '')}")
+        lines.append(f"                {memory}")
+    return "\n".join(lines)

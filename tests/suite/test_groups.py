@@ -42,10 +42,10 @@ def test_verdicts_compare_only_configurations_that_differ_in_strategy():
     assert len(throughput) == 2
     for v in throughput:
         dtypes = {c.settings["grad_reduce_dtype"] for c in v.candidates}
-        assert len(dtypes) == 1 and f"grad_reduce_dtype={dtypes.pop()}" in v.group
+        assert len(dtypes) == 1 and f"grad-reduce-dtype {dtypes.pop()}" in v.group
         for c in v.candidates:  # every configuration compared is named
             assert f"`{c.name}`" in v.text
-    fp32 = next(v for v in throughput if "grad_reduce_dtype=fp32" in v.group)
+    fp32 = next(v for v in throughput if "grad-reduce-dtype fp32" in v.group)
     assert fp32.best.strategy == "fsdp"
 
 
@@ -113,8 +113,8 @@ def test_strategy_specific_settings_do_not_split_other_strategies():
     assert sorted(c.strategy for c in v.candidates) == ["ddp", "fsdp", "zero3"]
     sweep = default + cfg("ddp", 1100.0, 10.0, None) + cfg("zero3", 850.0, 10.0, True)
     found = [v for v in analysis.analyze(sweep).verdicts if v.category.name == "throughput"]
-    assert sorted((v.group.split("bucket_mib=")[1], sorted(c.strategy for c in v.candidates)) for v in found) == [
-        ("10.0", ["ddp", "fsdp", "zero3"]), ("25.0", ["ddp", "fsdp", "zero3"])]
+    assert sorted((v.group.split("bucket-mib ")[1], sorted(c.strategy for c in v.candidates)) for v in found) == [
+        ("10", ["ddp", "fsdp", "zero3"]), ("25", ["ddp", "fsdp", "zero3"])]
 
 
 def test_groupings_follow_the_knobs_roles_and_the_records_settings():

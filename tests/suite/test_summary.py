@@ -66,3 +66,57 @@ def test_report_and_html_state_the_same_tie(tmp_path):
     assert "equal: ddp, fsdp, zero1" not in md
     page = rep.html.read_text()
     assert "ddp = fsdp; zero1/2 +25%, zero3 +90%" in page
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_report_cli_ends_by_printing_the_summary(tmp_path):
+    import subprocess
+    import sys
+
+    results = write(tmp_path, one_device())
+    proc = subprocess.run([sys.executable, "-m", "shardbench.suite.cli", "report", str(results), "--out",
+                           str(tmp_path / "out")], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    tail = proc.stdout.split("Summary (", 1)[1]
+    assert "least memory: ddp = fsdp; zero1/2 +25%, zero3 +90%" in tail
+    assert "fastest:" in tail and "tok/s" in tail and "BENCHMARK_REPORT.md" in tail
+
+
+def test_run_cli_ends_by_printing_the_summary(tmp_path):
+    """Every run already finished (resumed): `shardbench run` still ends with the answer."""
+    import subprocess
+    import sys
+
+    from shardbench.suite.cli import build_parser, effective_matrix
+    from shardbench.suite.matrix import expand
+    from tests.suite.test_runner import finish, ok_record_for
+
+    args = ["--strategies", "ddp,zero3", "--world-sizes", "1", "--repeats", "2", "--device", "cpu",
+            "--precision", "fp32"]
+    specs, errors = expand(effective_matrix(build_parser().parse_args(["run", "--results", str(tmp_path), *args])))
+    assert not errors and len(specs) == 4
+    for s in specs:
+        rec = ok_record_for(s)
+        tps = (1000.0 if s.strategy == "ddp" else 500.0) + 5 * s.repeat
+        rec.update(tokens_per_s=tps, tokens_per_s_per_device=tps,
+                   model_state_bytes_per_rank=(40 if s.strategy == "ddp" else 76) * MIB)
+        finish(tmp_path, s, rec)
+    proc = subprocess.run([sys.executable, "-m", "shardbench.suite.cli", "run", "--results", str(tmp_path), *args,
+                           "--quiet", "--no-plan"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    tail = proc.stdout.split("Summary (", 1)[1]
+    assert "least memory: ddp; zero3 +90%" in tail, tail
+    assert "fastest:      ddp; zero3 -50%" in tail, tail
+
+
+def test_group_labels_show_readable_values():
+    from shardbench.suite import groups
+
+    an = analysis.analyze(one_device())
+    c = an.configs[0]
+    label = analysis.group_label(c, {"bucket_mib": 25.0, "fsdp_grad_sync": None, "reshard_after_forward": False},
+                                 ["bucket_mib", "fsdp_grad_sync", "reshard_after_forward"])
+    assert label.endswith("bucket-mib 25, reshard-after-forward off"), label
+    assert "None" not in label and groups.shown("fsdp_grad_sync", None) is None
