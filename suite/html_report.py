@@ -1,11 +1,14 @@
 """report.html: the report as one self-contained file to share (mail it, attach it to a ticket).
 
-The same analysis as BENCHMARK_REPORT.md (suite/analysis.py): verdicts, flags,
-recommendations, one row per configuration with 95% intervals, the runs that did not finish ok,
-and every plot. Self-contained: the plots are PNGs embedded as data: URIs, the style and the
-table sorting are inline, and a Content-Security-Policy forbids any other source, so the file
-opens offline and never reaches the network. Click a column header to sort (again: reverse);
-empty cells sort last either way.
+Everything BENCHMARK_REPORT.md says, in its order (Summary first; setup and versions, memory
+breakdown, scaling, loss check, faults, tuning, plan vs measurement), rendered from that very
+markdown (markdown-it, raw HTML escaped) so the two cannot drift; three sections are richer here:
+Verdicts and the configurations (sortable tables; intervals under the mean and flags folded in
+<details>, so the page fits 1,280 px without horizontal scroll) and the plots (embedded PNGs).
+Self-contained: the plots are data: URIs, links become plain text, the style and the table
+sorting are inline, and a Content-Security-Policy forbids any other source, so the file opens
+offline and never reaches the network. Click a column header to sort (again: reverse); empty
+cells sort last either way.
 """
 from __future__ import annotations
 
@@ -15,8 +18,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from shardbench.suite import summary
-from shardbench.suite.analysis import Analysis
+from markdown_it import MarkdownIt
+
+from shardbench.suite import groups, summary
+from shardbench.suite.analysis import Analysis, Config
 from shardbench.suite.stats import Estimate, finite
 
 FILENAME = "report.html"
@@ -37,21 +42,24 @@ CONFIG_COLUMNS: list[tuple[str, Any, str]] = [
     ("scaling eff. [95%]", lambda c: c.efficiency, "{:.2f}"),
     ("speedup [95%]", lambda c: c.speedup, "{:.2f}"),
     ("$/Mtok", lambda c: c.get("cost_usd_per_mtok"), "{:.4g}"),
-    ("flags", lambda c: "; ".join(c.flags) or c.efficiency_note, "{}"),
 ]
+"""A column no configuration has a value for (GPU peak and MFU on CPU, $ without a price) is left out."""
 
 STYLE = """
-body{font:14px/1.45 system-ui,sans-serif;margin:1.5em auto;max-width:1400px;padding:0 1em;color:#222}
+body{font:14px/1.45 system-ui,sans-serif;margin:1.5em auto;max-width:1240px;padding:0 1em;color:#222}
 h1{font-size:1.6em}h2{font-size:1.25em;margin-top:1.6em;border-bottom:1px solid #ddd}
-table{border-collapse:collapse;margin:.5em 0;font-size:13px}
-th,td{border:1px solid #ddd;padding:3px 7px;text-align:left;vertical-align:top}
-td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+table{border-collapse:collapse;margin:.5em 0;font-size:13px;max-width:100%}
+th,td{border:1px solid #ddd;padding:3px 6px;text-align:left;vertical-align:top;overflow-wrap:anywhere}
+td.num{text-align:right;font-variant-numeric:tabular-nums}
+th{overflow-wrap:normal}
+.ci{display:block;color:#666;font-size:11.5px;white-space:nowrap}
 table.sortable th{cursor:pointer;background:#f3f3f3;user-select:none}
 th[aria-sort=ascending]::after{content:" \\25B2"}th[aria-sort=descending]::after{content:" \\25BC"}
 tr.flagged td{background:#fff6d5}tr.broken td{background:#ffd9d9}tr.notok td{color:#a00}
 .winner{color:#060;font-weight:600}.muted{color:#777}
-figure{display:inline-block;margin:.5em;vertical-align:top}figure img{max-width:640px;border:1px solid #eee}
-.rules{white-space:pre-wrap;font-size:12.5px;background:#fafafa;padding:.6em;border:1px solid #eee}
+details summary{cursor:pointer;color:#555}
+code{font-size:12px;overflow-wrap:anywhere}
+figure{display:inline-block;margin:.5em;vertical-align:top}figure img{max-width:600px;width:100%;border:1px solid #eee}
 """
 
 SCRIPT = """
@@ -72,6 +80,9 @@ document.addEventListener('DOMContentLoaded',function(){
     th.addEventListener('click',function(){sortTable(th);});});
 """
 
+COLLAPSED = ("Host load", "Columns of metrics.csv", "How this report decides")
+"""Sections a reader opens on demand (long, for checking rather than for the answer)."""
+
 
 def esc(x: Any) -> str:
     return html.escape(str(x), quote=True)
@@ -84,15 +95,18 @@ def _number(value: Any) -> float | None:
 
 
 def _text(value: Any, spec: str) -> str:
+    """The cell's HTML: an estimate's mean with its interval on a line of its own below."""
     if value is None or (isinstance(value, float) and not finite(value)):
         return ""
     if isinstance(value, Estimate):
-        text = spec.format(value.mean)
-        return f"{text} [{spec.format(value.lo)}, {spec.format(value.hi)}]" if value.has_interval else text
+        text = esc(spec.format(value.mean))
+        if value.has_interval and value.lo != value.hi:
+            text += f'<span class="ci">[{esc(spec.format(value.lo))}, {esc(spec.format(value.hi))}]</span>'
+        return text
     try:
-        return spec.format(value)
+        return esc(spec.format(value))
     except (TypeError, ValueError):
-        return str(value)
+        return esc(value)
 
 
 def cell(value: Any, spec: str = "{}") -> str:
@@ -100,22 +114,37 @@ def cell(value: Any, spec: str = "{}") -> str:
     number = _number(value)
     sort = number if number is not None else ("" if value is None else str(value))
     cls = ' class="num"' if number is not None else ""
-    return f'<td{cls} data-v="{esc(sort)}">{esc(_text(value, spec))}</td>'
+    return f'<td{cls} data-v="{esc(sort)}">{_text(value, spec)}</td>'
 
 
-def table(headers: list[str], rows: list[str], sortable: bool = True) -> str:
+def table(headers: list[str], rows: list[str], sortable: bool = True, ident: str = "") -> str:
     head = "".join(f"<th>{esc(h)}</th>" for h in headers)
     cls = ' class="sortable"' if sortable else ""
-    return f"<table{cls}><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+    idattr = f' id="{ident}"' if ident else ""
+    return f"<table{idattr}{cls}><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+
+
+def _flags_cell(c: Config) -> str:
+    text = "; ".join(c.flags)
+    if not text:
+        return f'<td data-v="">{esc(c.efficiency_note)}</td>'
+    return (f'<td data-v="{esc(text)}"><details><summary>{len(c.flags)} flag{"s" if len(c.flags) > 1 else ""}'
+            f"</summary>{esc(text)}</details></td>")
 
 
 def configs_table(an: Analysis) -> str:
+    columns = [col for col in CONFIG_COLUMNS if any(_number(col[1](c)) is not None or isinstance(col[1](c), str)
+                                                      for c in an.configs)]
+    varying = groups.differences([c.settings for c in an.configs],
+                                 groups.VERDICT_EXCEPT | groups.LAYOUT | {"seq_len", "resolved_global_batch"})
     rows = []
     for c in an.configs:
         cls = "broken" if c.broken else "flagged" if c.flags else ""
-        cells = "".join(cell(get(c), spec) for _, get, spec in CONFIG_COLUMNS)
-        rows.append(f'<tr class="{cls}">{cells}</tr>')
-    return table([h for h, _, _ in CONFIG_COLUMNS], rows)
+        cells = "".join(cell(get(c), spec) for _, get, spec in columns)
+        knobs = ", ".join(t for k in varying if (t := groups.shown(k, c.settings.get(k))))
+        rows.append(f'<tr class="{cls}">{cells}{cell(knobs) if varying else ""}{_flags_cell(c)}</tr>')
+    return table([h for h, _, _ in columns] + (["settings"] if varying else []) + ["flags"], rows,
+                 ident="configurations")
 
 
 def verdicts_table(an: Analysis) -> str:
@@ -124,10 +153,11 @@ def verdicts_table(an: Analysis) -> str:
     rows = []
     for v in an.verdicts:
         kind = f'<td data-v="{esc(v.kind)}" class="{"winner" if v.kind == "winner" else ""}">{esc(v.kind)}</td>'
+        why = v.text.replace("**", "")
         rows.append(f"<tr>{cell(v.category.name)}{cell(v.group)}{kind}"
-                    f"{cell(summary.answer(v).replace('**', ''))}{cell(v.category.show(v.best.get(v.category.metric)))}"
-                    f"{cell(v.text.replace('**', ''))}</tr>")
-    return table(["category", "group", "verdict", "answer (vs the best)", "best value [95%]", "why"], rows)
+                    f"{cell(summary.answer(v).replace('**', ''))}"
+                    f'<td data-v="{esc(why)}"><details><summary>numbers, test</summary>{esc(why)}</details></td></tr>')
+    return table(["category", "group", "verdict", "answer (vs the best)", "why"], rows, ident="verdicts")
 
 
 def not_ok_table(an: Analysis) -> str:
@@ -142,14 +172,6 @@ def not_ok_table(an: Analysis) -> str:
 
 def _one_line(error: Any) -> str:
     return " ".join(error.split())[:400] if isinstance(error, str) else ""
-
-
-def flags_list(an: Analysis) -> str:
-    flagged = [c for c in an.configs if c.flags]
-    if not flagged:
-        return '<p class="muted">No configuration flagged.</p>'
-    return "<ul>" + "".join(f"<li><b>{esc(c.label)}</b> ({esc(c.name)}): {esc('; '.join(c.flags))}</li>"
-                            for c in flagged) + "</ul>"
 
 
 def data_uri(path: Path) -> str:
@@ -168,10 +190,39 @@ def figures(plot_files: list[Path]) -> str:
     return "".join(out) or '<p class="muted">No plot had data.</p>'
 
 
-def render(an: Analysis, results_dir: Path, plot_files: list[Path], rules: str = "") -> str:
-    runs, not_ok = len(an.runs), len(an.not_ok)
-    generated = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    recs = "".join(f"<li>{esc(r.replace('**', ''))}</li>" for r in an.recommendations)
+def _markdown() -> MarkdownIt:
+    md = MarkdownIt("commonmark", {"html": False}).enable("table")
+    # Self-contained: a link (to metrics.csv, ...) would break once the file is mailed; keep its text.
+    md.add_render_rule("link_open", lambda *_: "")
+    md.add_render_rule("link_close", lambda *_: "")
+    md.add_render_rule("image", lambda tokens, idx, *_: esc(tokens[idx].content))
+    return md
+
+
+def sections(markdown: str) -> list[tuple[str, str]]:
+    """BENCHMARK_REPORT.md as (heading, body) per '## ' section; the text before the first is ('', ...)."""
+    out: list[tuple[str, str]] = []
+    heading, body = "", []
+    for line in markdown.splitlines():
+        if line.startswith("## "):
+            out.append((heading, "\n".join(body)))
+            heading, body = line[3:].strip(), []
+        elif not line.startswith("# "):
+            body.append(line)
+    out.append((heading, "\n".join(body)))
+    return out
+
+
+def render(an: Analysis, results_dir: Path, plot_files: list[Path], markdown: str) -> str:
+    md = _markdown()
+    special = {
+        "Verdicts": lambda: verdicts_table(an),
+        "Results": lambda: ("<p>Per configuration: mean with its 95% interval below (n = ok repeats); click a "
+                            "header to sort, a flag count to read the flags.</p>" + configs_table(an)),
+        "Plots": lambda: "<p>Error bars are 95% intervals (clipped where wider than the plot; see the plot).</p>"
+                         + figures(plot_files),
+        "Failed and unreadable runs": lambda: not_ok_table(an),
+    }
     parts = [
         "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
         f'<meta http-equiv="Content-Security-Policy" content="{CSP}">',
@@ -179,25 +230,18 @@ def render(an: Analysis, results_dir: Path, plot_files: list[Path], rules: str =
         f"<title>shardbench report: {esc(results_dir)}</title><style>{STYLE}</style>",
         f"<script>{SCRIPT}</script></head><body>",
         "<h1>shardbench benchmark report</h1>",
-        f'<p>Generated {esc(generated)} from <code>{esc(results_dir)}</code>: {runs} runs, '
-        f"{len(an.configs)} configurations with ok runs, {not_ok} runs not ok. Values are means over "
-        "a configuration's ok repeats with 95% Student-t intervals [low, high]; click a column header "
-        "to sort.</p>",
-        "<h2>Verdicts</h2>", verdicts_table(an),
-        "<h2>Recommendations</h2>", f"<ul>{recs}</ul>" if recs else '<p class="muted">None.</p>',
-        "<h2>Flagged (never crowned)</h2>", flags_list(an),
-        "<h2>Configurations</h2>", configs_table(an),
-        "<h2>Runs not ok</h2>", not_ok_table(an),
-        "<h2>Plots</h2><p>Error bars are 95% intervals.</p>", figures(plot_files),
     ]
-    if rules:
-        parts += ["<h2>How this report decides</h2>", f'<div class="rules">{esc(rules)}</div>']
+    for heading, body in sections(markdown):
+        content = special[heading]() if heading in special else md.render(body)
+        if heading in COLLAPSED:
+            parts.append(f"<details><summary><h2 style=\"display:inline\">{esc(heading)}</h2></summary>{content}</details>")
+        else:
+            parts.append((f"<h2>{esc(heading)}</h2>" if heading else "") + content)
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
 
 
-def write_html(an: Analysis, results_dir: Path, plot_files: list[Path], out_dir: Path, rules: str = "") -> Path:
+def write_html(an: Analysis, results_dir: Path, plot_files: list[Path], out_dir: Path, markdown: str) -> Path:
     path = Path(out_dir) / FILENAME
-    path.write_text(render(an, results_dir, plot_files, rules), encoding="utf-8")
+    path.write_text(render(an, results_dir, plot_files, markdown), encoding="utf-8")
     return path
-

@@ -319,8 +319,9 @@ def report_from_records(records: list[dict], out_dir: Path, results_dir: Path) -
     from shardbench.suite import plan_report  # predicted vs measured (trainer/plan)
 
     fault_section = "\n\n".join(p for p in (fault_section, tune_report.markdown(records, results_dir)) if p)
-    md.write_text(build_markdown(an, results_dir, plot_files, skipped, out_dir) + ("\n" + fault_section if fault_section else "")
-                  + "\n" + plan_report.markdown(records) + "\n")
-    html = html_report.write_html(an, results_dir, plot_files, out_dir, RULES)
+    text = (build_markdown(an, results_dir, plot_files, skipped, out_dir) + ("\n" + fault_section if fault_section else "")
+            + "\n" + plan_report.markdown(records) + "\n")
+    md.write_text(text)
+    html = html_report.write_html(an, results_dir, plot_files, out_dir, text)  # the same sections
     return Report(md, csv, summary_csv, plot_files, skipped, len(an.runs), len(an.not_ok), html,
                   summary.text(an.verdicts, str(md)))
