@@ -193,11 +193,19 @@ def main(argv: list[str] | None = None) -> int:
     args, trainer_args = parse_args(sys.argv[1:] if argv is None else argv)
     say(f'{START_STAMP}{{"launcher": {process_start_time():.3f}}}')
     stopping = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
-    signal.signal(signal.SIGINT, lambda *_: stopping.set())
+
+    def on_signal(*_):
+        stopping.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
     import ray
 
     _init(ray, args)
+    # ray.init installs its own SIGTERM handler (it exits at once): ours again, so a timeout or
+    # cancel stops the ranks gracefully and they report what they measured.
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
     actor_cls = ray.remote(num_cpus=1, num_gpus=args.gpus_per_rank, max_concurrency=2)(RankActor)
     code = 1
     try:
