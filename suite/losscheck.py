@@ -71,13 +71,16 @@ def check(df: pd.DataFrame) -> list[LossGroup]:
         return out
     # Strategy-specific settings (buckets, resharding, sync schedule) must not change the trajectory.
     ignore = groups.specific(list(ok["settings"]))
-    for _, group in ok.groupby(ok["settings"].map(lambda s: groups.loss_key(s, ignore)), sort=True):
-        if len(group) >= 2:
-            out.append(_group(df, group))
+    found = [g for _, g in ok.groupby(ok["settings"].map(lambda s: groups.loss_key(s, ignore)), sort=True)
+             if len(g) >= 2]
+    # What tells two groups apart goes into their labels (a swept knob made two identical lines).
+    varying = groups.differences([groups.merged(list(g["settings"])) for g in found], groups.LOSS_EXCEPT | ignore)
+    for group in found:
+        out.append(_group(df, group, varying))
     return out
 
 
-def _group(df: pd.DataFrame, group: pd.DataFrame) -> LossGroup:
+def _group(df: pd.DataFrame, group: pd.DataFrame, varying: list[str] = []) -> LossGroup:  # noqa: B006 - read only
     first = group.iloc[0]
     tol = loss_tolerance(first["precision"], first["grad_reduce_dtype"])
     gtol = grad_norm_tolerance(first["precision"], first["grad_reduce_dtype"])
@@ -104,15 +107,19 @@ def _group(df: pd.DataFrame, group: pd.DataFrame) -> LossGroup:
         df.at[idx, "loss_check"] = "broken" if why else "ok"
         if why:
             broken.append((str(row["run_id"]), "; ".join(why)))
-    return LossGroup(_label(first), tol, len(group), sorted(set(map(str, group["strategy"]))), worst, broken,
+    return LossGroup(_label(first, varying, groups.merged(list(group["settings"]))), tol, len(group), sorted(set(map(str, group["strategy"]))), worst, broken,
                      gtol if gref is not None else None, gworst)
 
 
-def _label(first: Any) -> str:
-    if not finite(first["lr"]):
-        return f"{first['model']}, seq {_int(first['seq_len'])}"
-    return (f"{first['model']}, seq {_int(first['seq_len'])}, {first['precision']}, global batch "
-            f"{_int(first['global_batch'])}, {_int(first['steps'])} steps, lr {first['lr']:g}, seed {_int(first['seed'])}")
+_IN_LABEL = {"model", "seq_len", "precision", "resolved_global_batch", "steps", "lr", "seed"}
+
+
+def _label(first: Any, varying: list[str], settings: dict[str, Any]) -> str:
+    text = f"{first['model']}, seq {_int(first['seq_len'])}, {first['precision']}, global batch {_int(first['global_batch'])}"
+    if finite(first["lr"]):
+        text += f", {_int(first['steps'])} steps, lr {first['lr']:g}, seed {_int(first['seed'])}"
+    extra = [shown for k in varying if k not in _IN_LABEL and (shown := groups.shown(k, settings.get(k)))]
+    return ", ".join([text, *extra])
 
 
 def _reference(curves: list[tuple[float, ...]]) -> list[float]:

@@ -13,8 +13,8 @@ from typing import Any
 import pandas as pd
 
 from shardbench.suite import analysis as an_mod
-from shardbench.suite import (faults_report, html_report, losscheck, metrics, plots, plots_runs, summary, tune_report,
-                       verdicts)
+from shardbench.suite import (faults_report, groups, html_report, losscheck, metrics, plots, plots_runs, summary,
+                              tune_report, verdicts)
 from shardbench.suite.analysis import Analysis, Config, show
 from shardbench.suite.stats import finite
 
@@ -205,12 +205,14 @@ def scaling_section(an: Analysis) -> str:
     if not have:
         return text + "No ok runs."
     worlds = sorted({int(c.world_size) for c in have})
-    rows = []
-    for strategy in sorted({str(c.strategy) for c in have}):
-        cells = {int(c.world_size): _eff(c) for c in have if c.strategy == strategy}
-        rows.append([strategy] + [cells.get(w, "-") for w in worlds])
+    varying = sweep(have, groups.BASE_EXCEPT | {"strategy", "resolved_global_batch"})
+    lines: dict[tuple[str, ...], dict[int, str]] = {}  # one line per configuration but its world size
+    for c in have:
+        key = (str(c.strategy), *[groups.shown(k, c.settings.get(k)) or "-" for k in varying])
+        lines.setdefault(key, {})[int(c.world_size)] = _eff(c)
+    rows = [[*key, *[cells.get(w, "-") for w in worlds]] for key, cells in sorted(lines.items())]
     notes = sorted({str(n) for n in an.runs["scaling_note"].dropna() if n})
-    return (text + md_table(["strategy"] + [f"{w} dev" for w in worlds], rows)
+    return (text + md_table(["strategy", *[k.replace("_", "-") for k in varying], *[f"{w} dev" for w in worlds]], rows)
             + ("\n\n" + "\n".join(f"- {n}" for n in notes) if notes else ""))
 
 
@@ -279,11 +281,19 @@ def build_markdown(an: Analysis, results_dir: Path, plot_files: list[Path], skip
     return "\n\n".join(parts) + "\n"
 
 
+def sweep(configs: list[Config], except_: frozenset[str]) -> list[str]:
+    """The settings that differ between these configurations besides `except_` (a swept knob)."""
+    return groups.differences([c.settings for c in configs], except_)
+
+
 def summary_frame(an: Analysis) -> pd.DataFrame:
-    """summary.csv: per configuration n, mean, sd, ci_low, ci_high of every summary value."""
+    """summary.csv: per configuration n, mean, sd, ci_low, ci_high of every summary value, keyed by
+    its columns plus every setting that differs between configurations (a swept knob)."""
     rows = []
+    varying = [k for k in sweep(an.configs, frozenset({"resolved_global_batch"})) if k not in an_mod.CONFIG_KEYS]
     for c in an.configs:
         row: dict[str, Any] = dict(c.key)
+        row.update({k: c.settings.get(k) for k in varying})
         row["n"] = c.n
         for name in [*an_mod.SUMMARY_METRICS, "scaling_efficiency", "speedup"]:
             e = c.get(name)

@@ -120,3 +120,34 @@ def test_group_labels_show_readable_values():
                                  ["bucket_mib", "fsdp_grad_sync", "reshard_after_forward"])
     assert label.endswith("bucket-mib 25, reshard-after-forward off"), label
     assert "None" not in label and groups.shown("fsdp_grad_sync", None) is None
+
+
+def swept() -> list[dict]:
+    """ddp and zero3 at 1 and 2 devices, bucket size swept (10 and 25 MiB): eight configurations."""
+    out = []
+    for strategy in ("ddp", "zero3"):
+        for world in (1, 2):
+            for bucket in (10.0, 25.0):
+                for r in runs(strategy, world, [1000.0 * world, 1010.0 * world, 990.0 * world], bucket_mib=bucket):
+                    r["config_id"] = f"{r['config_id'][:6]}{int(bucket):02d}"
+                    r["run_id"] = f"{strategy}-w{world}-b{int(bucket)}-{r['config_id']}-r{r['repeat']}"
+                    out.append(r)
+    return out
+
+
+def test_a_sweep_keeps_every_configuration_in_scaling_summary_csv_and_loss_labels(tmp_path):
+    """Issue 27 item 5: the scaling table keyed rows by strategy only (a sweep dropped
+    configurations); summary.csv and the loss-check labels left out the swept knob (identical lines)."""
+    import pandas as pd
+
+    rep = build_report(write(tmp_path, swept()), tmp_path / "out")
+    md = rep.markdown.read_text()
+    scaling = md.split("## Scaling efficiency\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in scaling.splitlines() if line.startswith("| ddp") or line.startswith("| zero3")]
+    assert len(rows) == 4 and "bucket-mib" in scaling, scaling
+    assert {r.split("|")[2].strip() for r in rows} == {"bucket-mib 10", "bucket-mib 25"}
+    csv = pd.read_csv(rep.summary_csv)
+    assert len(csv) == 8 and "bucket_mib" in csv.columns
+    assert not csv.drop(columns=[c for c in csv.columns if c.startswith("config_id")]).duplicated().any()
+    loss = [line for line in md.split("## Loss check\n", 1)[1].split("\n## ", 1)[0].splitlines() if line.startswith("- ")]
+    assert len(loss) == len(set(loss)) >= 2, loss
