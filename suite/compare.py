@@ -10,7 +10,8 @@ of suite/analysis.py, the report's), and the change B / A - 1 with a 95% interva
 from both spreads (delta method, Welch-Satterthwaite degrees of freedom: stats.ratio, as the
 report's scaling efficiency). A change is *significant* only when that interval excludes zero
 and neither side is flagged (spread, overloaded host, efficiency above 1.05, broken loss); one
-repeat on either side tests nothing. Configurations found on one side only are listed.
+repeat on either side tests nothing. Configurations found on one side only are listed; two sets
+with no configuration in common are a CompareError (exit 2), never an empty, passing comparison.
 """
 from __future__ import annotations
 
@@ -90,6 +91,10 @@ def compare_dirs(a: str | Path, b: str | Path) -> Comparison:
         cb = by_b.get(cid)
         if cb is not None:
             changes += _changes(ca, cb)
+    if not set(by_a) & set(by_b):
+        # A comparison of nothing must not pass a CI gate (--fail-on-worse) vacuously.
+        raise CompareError(f"no configuration is in both {a} and {b}: compare result sets run with the same "
+                           "knobs (ids written before config id version 2 match nothing newer: re-run one side)")
     only_a = [c.name for cid, c in by_a.items() if cid not in by_b]
     only_b = [c.name for cid, c in by_b.items() if cid not in by_a]
     return Comparison(a, b, changes, only_a, only_b, version_changes(rec_a, rec_b))
@@ -182,8 +187,6 @@ def text(cmp: Comparison) -> str:
         widths = {h: max(len(h), *(len(str(r[h])) for r in table)) for h in headers}
         lines.append("  ".join(h.ljust(widths[h]) for h in headers))
         lines += ["  ".join(str(r[h]).ljust(widths[h]) for h in headers) for r in table]
-    else:
-        lines.append("no configuration is in both sets (same matrix? compare sets run with the same knobs)")
     for side, names in (("A", cmp.only_a), ("B", cmp.only_b)):
         if names:
             lines.append(f"only in {side}: {', '.join(names)}")

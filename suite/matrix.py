@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 
 from shardbench.trainer import contract, rules
-from shardbench.trainer.config import RunConfig, measured_fields
+from shardbench.trainer.config import RunConfig, id_fields
 from shardbench.suite import safe_yaml
 from shardbench.suite.fault_grammar import fault_errors, kube_fault_errors
 from shardbench.suite.specs import (_SUITE_OWNED, KNOB_KEYS, SHAPE_RUN_KEYS, STANDARD_ARGS,  # noqa: F401 (re-exported)
@@ -304,7 +304,7 @@ def _configuration(m: MatrixSpec, shape: Shape | None, strategy: str, world: int
     ga = cfg.effective_grad_accum(world)
     cfg = replace(cfg, shape=m.shape, peak_tflops=_given(cfg.peak_tflops, shape and shape.peak_tflops),
                   usd_per_gpu_hour=_given(cfg.usd_per_gpu_hour, shape and shape.usd_per_gpu_hour))
-    measured = measured_fields(cfg, world, nodes, launcher)
+    measured = id_fields(cfg, world, nodes, launcher)
     # A fault and the restarts allowed change the outcome; fault-free ids stay as they were.
     cid = contract.config_id(measured if fault == "none" else {**measured, "fault": fault,
                                                                 "max_restarts": m.max_restarts})

@@ -29,7 +29,7 @@ from shardbench.suite.collect import failed_record, validate
 from shardbench.suite.events import (Emit, MatrixProgress, RunFinished, RunQueued, RunStateChanged, guarded,
                               ignore)
 from shardbench.suite.matrix import RunSpec
-from shardbench.suite.store import ResultsDir
+from shardbench.suite.store import ResultsDir, ResultsDirError
 
 
 def interleaved(specs: list[RunSpec], seed: int) -> list[RunSpec]:
@@ -77,8 +77,16 @@ class Runner:
 
     # -- the matrix -----------------------------------------------------------------------------
     def open(self) -> None:
-        """Lock the results directory (ResultsDirError: unusable or in use); `run` calls it too."""
+        """Lock the results directory (ResultsDirError: unusable, in use, or keyed by an older
+        config id version, whose runs resume would silently run again); `run` calls it too."""
         self.store.open()
+        older = self.store.older_ids()
+        if older:
+            self.store.close()
+            raise ResultsDirError(
+                f"results directory {self.store.path} holds {len(older)} run(s) keyed by an older config id "
+                f"version (e.g. {older[0]}): resume would not recognise them and would measure again; "
+                "give a new --results directory (report and compare still read this one)")
 
     def run(self) -> list[dict[str, Any]]:
         """One record per spec, in run order: kept (resume), measured, failed or cancelled."""

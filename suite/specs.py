@@ -200,4 +200,5 @@ class RunSpec:
         for name in knobs.SUITE_SET + ("launcher",):
             settings.pop(name, None)
         settings.update(seq_len=self.seq_len, grad_accum=self.grad_accum)
-        return {**data, **settings, "options": dict(self.options)}
+        return {**data, **settings, "options": dict(self.options),
+                "config_id_version": contract.CONFIG_ID_VERSION}

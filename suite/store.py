@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from shardbench.trainer import contract, knobs
 from shardbench.trainer.record import write_atomic
 from shardbench.suite.collect import validate
 from shardbench.suite.matrix import RunSpec
@@ -135,9 +136,22 @@ class ResultsDir:
             saved = read_json(run_dir / "spec.json")
         except ValueError as exc:
             return None, f"spec.json unreadable: {exc}"
-        if _measured(saved) != _measured(json.loads(json.dumps(spec.to_dict()))):
+        if _differs(saved, json.loads(json.dumps(spec.to_dict()))):
             return None, "spec.json differs from this run's spec"
         return record, ""
+
+    def older_ids(self) -> list[str]:
+        """Run directories whose spec.json was keyed by another config id version (a run id
+        made by an older shardbench): resume would not find them under this version's ids."""
+        out = []
+        for path in sorted(self.path.glob("*/spec.json")):
+            try:
+                saved = read_json(path)
+            except ValueError:
+                continue  # unreadable: trusted() reports it when its run comes up
+            if isinstance(saved, dict) and saved.get("config_id_version") != contract.CONFIG_ID_VERSION:
+                out.append(path.parent.name)
+        return out
 
     def begin(self, spec: RunSpec) -> Path:
         """The run's directory, emptied of any earlier attempt (moved to attempts/<n>/), with
@@ -168,9 +182,24 @@ class ResultsDir:
             fh.write(line + "\n")
 
 
-def _measured(spec: Any) -> dict:
-    """The spec fields that change what is measured (a new timeout does not)."""
-    return {k: v for k, v in spec.items() if k != "timeout_s"} if isinstance(spec, dict) else {}
+def _differs(saved: Any, now: dict) -> bool:
+    """Whether a saved spec.json is another run than `now` (a new timeout is the same run). A
+    knob the saved spec lacks (added to RunConfig since) is the same run when `now` has it at
+    its default, as its config id says."""
+    if not isinstance(saved, dict):
+        return True
+    for key in set(saved) | set(now):
+        if key == "timeout_s":
+            continue
+        if key not in saved and key in _KNOBS and now[key] == knobs.default(key):
+            continue
+        if saved.get(key, _ABSENT) != now.get(key, _ABSENT):
+            return True
+    return False
+
+
+_ABSENT = object()
+_KNOBS = {f.name for f in knobs.knob_fields()}
 
 
 def _read_owner(fd: int) -> str:

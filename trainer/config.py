@@ -21,7 +21,7 @@ from shardbench.trainer.contract import DEVICES, PRECISIONS, STRATEGIES, ConfigE
 from shardbench.trainer.flags import add_flags
 from shardbench.trainer.presets import PRESETS, ModelConfig
 
-__all__ = ["ConfigError", "RunConfig", "build_parser", "parse_args", "to_argv", "measured_fields"]
+__all__ = ["ConfigError", "RunConfig", "build_parser", "id_fields", "measured_fields", "parse_args", "to_argv"]
 
 StrategyName = Literal[tuple(STRATEGIES)]  # type: ignore[valid-type]
 PresetName = Literal[tuple(PRESETS)]  # type: ignore[valid-type]
@@ -198,6 +198,23 @@ def measured_fields(cfg: RunConfig, world_size: int, nodes: int, launcher: str |
     out.update(seq_len=cfg.effective_seq_len(), grad_accum=cfg.effective_grad_accum(world_size),
                global_batch=None, world_size=world_size, nodes=nodes, launcher=launcher)
     return out
+
+
+def id_fields(cfg: RunConfig, world_size: int, nodes: int, launcher: str | None) -> dict[str, Any]:
+    """What the config id hashes (trainer.contract.config_id): the measured fields that differ
+    from their declared defaults, plus the run's shape (seq len, grad-accum, world size, nodes,
+    launcher, always). A knob added at its default therefore keeps every existing id."""
+    out = measured_fields(cfg, world_size, nodes, launcher)
+    for f in fields(cfg):
+        if f.name in out and f.name not in _SHAPE and f.default is not MISSING:
+            default = _as_declared(f.name, f.default)
+            if type(out[f.name]) is type(default) and out[f.name] == default:
+                del out[f.name]
+    return out
+
+
+_SHAPE = ("seq_len", "grad_accum", "world_size", "nodes", "launcher")
+"""Resolved per run (not the knob as given): always hashed."""
 
 
 # --- the command line, generated from the fields ------------------------------------------

@@ -7,7 +7,7 @@ argument checks, the matrix expander and the TUI read it for free at start-up.
 - STRATEGIES: each strategy as data (engine, ZeRO stage, default launcher, whether it needs a
   process group alone, how many bytes of model state per parameter it holds).
 - PRECISIONS, DEVICES, LAUNCHERS, CLUSTER_LAUNCHERS, BACKENDS, STATUSES: the allowed names.
-- run ids: `config_id()` hashes every field that changes what is measured; `run_id()` puts a
+- run ids: `config_id()` hashes the measured fields off their defaults (+ a version); `run_id()` puts a
   readable prefix before it and the repeat after; `parse_run_id()` reads one back.
 The run's knobs and their defaults are the fields of `trainer.config.RunConfig` (which reads these
 tables); the rules a RunConfig must pass are `trainer.rules.validate()`. This module reads no
@@ -108,9 +108,18 @@ _RUN_ID = re.compile(r"^(?P<strategy>[a-z0-9]+)-w(?P<world_size>\d+)-s(?P<seq_le
                      r"-ga(?P<grad_accum>\d+)-(?P<config_id>[0-9a-f]{%d})-r(?P<repeat>\d+)$" % CONFIG_ID_LEN)
 
 
+CONFIG_ID_VERSION = 2
+"""How config ids are made, hashed with them and written into every spec.json. 1 (until
+2026-11): every measured field, defaults included, so each new knob changed every id. 2: only
+the measured fields off their defaults (trainer.config.id_fields). A results directory holding
+spec.json files of another version is refused by `shardbench run` (suite/store.py)."""
+
+
 def config_id(measured: dict[str, Any]) -> str:
-    """Short hash of every field that changes what a run measures (not its repeat, timeout or
-    output paths): two runs share it exactly when they are repeats of one configuration."""
+    """Short hash of the fields that change what a run measures and differ from their defaults
+    (trainer.config.id_fields; not its repeat, timeout or output paths) and CONFIG_ID_VERSION:
+    two runs share it exactly when they are repeats of one configuration."""
+    measured = {**measured, "config_id_version": CONFIG_ID_VERSION}
     canonical = json.dumps(measured, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()[:CONFIG_ID_LEN]
 

@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 import torch
 
 from shardbench.trainer import contract, env_info, knobs
-from shardbench.trainer.config import RunConfig, measured_fields
+from shardbench.trainer.config import RunConfig, id_fields
 from shardbench.trainer.devices import device_name
 from shardbench.trainer.dist_env import DistEnv
 from shardbench.trainer.metrics import peak_flops_for, rank_memory, step_time_stats
@@ -30,7 +30,7 @@ def base_record(cfg: RunConfig, d: DistEnv, device: torch.device, precision: str
     peak = peak_flops_for(device_name(device) if device.type == "cuda" else "",
                           precision, cfg.peak_tflops, tf32=torch.backends.cuda.matmul.allow_tf32)
     launcher, nodes = cfg.launcher or d.launcher, max(1, d.world_size // d.local_world_size)
-    config = contract.config_id(measured_fields(cfg, d.world_size, nodes, launcher))
+    config = contract.config_id(id_fields(cfg, d.world_size, nodes, launcher))
     return ResultRecord(
         run_id=cfg.run_id or contract.run_id(cfg.strategy, d.world_size, seq_len, cfg.micro_batch,
                                              grad_accum, config, cfg.repeat),

@@ -49,10 +49,10 @@ def test_trainer_args_parse_back_into_the_config_the_id_was_made_from(tmp_path):
     (spec,), errors = expand(m)
     assert errors == []
     cfg = parse_args(spec.trainer_args(tmp_path))
-    from shardbench.trainer.config import measured_fields
+    from shardbench.trainer.config import id_fields
 
     assert cfg.activation_checkpointing is True and cfg.lr == 3e-4
-    assert contract.config_id(measured_fields(cfg, 2, 1, spec.launcher)) == spec.config_id
+    assert contract.config_id(id_fields(cfg, 2, 1, spec.launcher)) == spec.config_id
 
 
 @pytest.mark.parametrize("change", [
