@@ -282,8 +282,13 @@ def build_markdown(an: Analysis, results_dir: Path, plot_files: list[Path], skip
 
 
 def sweep(configs: list[Config], except_: frozenset[str]) -> list[str]:
-    """The settings that differ between these configurations besides `except_` (a swept knob)."""
-    return groups.differences([c.settings for c in configs], except_)
+    """The settings that differ between configurations of one strategy besides `except_` (a swept
+    knob; not the launcher that comes with each strategy)."""
+    by_strategy: dict[str, list[dict[str, Any]]] = {}
+    for c in configs:
+        by_strategy.setdefault(str(c.strategy), []).append(c.settings)
+    found = {k for settings in by_strategy.values() for k in groups.differences(settings, except_)}
+    return sorted(found)
 
 
 def summary_frame(an: Analysis) -> pd.DataFrame:
