@@ -4,7 +4,8 @@ The trainer, the suite (matrix, runner, report), benchtui and the chart (through
 scripts/gen_chart_contract.py) all read these tables; none keeps its own copy. Torch-free, so
 argument checks, the matrix expander and the TUI read it for free at start-up.
 
-- STRATEGIES: each strategy as data (engine, ZeRO stage, default launcher, whether it needs a
+- STRATEGIES: each strategy as data (engine, ZeRO stage, which state is sharded and which lives
+  on the host, default launcher, whether it needs a
   process group alone, how many bytes of model state per parameter it holds).
 - PRECISIONS, DEVICES, LAUNCHERS, CLUSTER_LAUNCHERS, BACKENDS, STATUSES: the allowed names.
 - run ids: `config_id()` hashes the measured fields off their defaults (+ a version); `run_id()` puts a
@@ -44,6 +45,11 @@ class StrategyInfo:
     sharded_bytes_per_param: tuple[float, float]
     """Model-state bytes split across the N ranks, (fp32 run, bf16/fp16 run), AdamW."""
     summary: str
+    sharded: tuple[str, ...] = ()
+    """Which model state is split across the data-parallel ranks ("params", "grads",
+    "optimizer"); the rest is replicated. The planner reads the layout from these attributes."""
+    on_host: tuple[str, ...] = ()
+    """Which model state lives in host memory (offload); the rest is on the device."""
 
     def model_state_bytes_per_param(self, precision: str, world_size: int, grad_accum: int = 1,
                                     fsdp_grad_sync: str = "every_micro_step") -> float:
@@ -61,8 +67,13 @@ class StrategyInfo:
         return replicated + sharded / world_size
 
 
+ZERO_SHARDED = {1: ("optimizer",), 2: ("grads", "optimizer"), 3: ("params", "grads", "optimizer")}
+"""What each DeepSpeed ZeRO stage splits across the ranks."""
+
+
 def _zero(stage: int, replicated: tuple[float, float], sharded: tuple[float, float], summary: str) -> StrategyInfo:
-    return StrategyInfo(f"zero{stage}", "deepspeed", stage, "deepspeed", True, replicated, sharded, summary)
+    return StrategyInfo(f"zero{stage}", "deepspeed", stage, "deepspeed", True, replicated, sharded, summary,
+                        ZERO_SHARDED[stage])
 
 
 # Bytes per parameter: ddp keeps fp32 weights 4 + grads 4 + moments 8 on every rank (autocast
@@ -73,7 +84,8 @@ STRATEGIES: dict[str, StrategyInfo] = {s.name: s for s in (
     StrategyInfo("ddp", "ddp", None, "mpirun", False, (16, 16), (0, 0),
                  "DistributedDataParallel: everything replicated, gradients all-reduced"),
     StrategyInfo("fsdp", "fsdp", None, "mpirun", False, (0, 0), (16, 16),
-                 "FSDP2 fully_shard per block and root: parameters, gradients, optimizer sharded"),
+                 "FSDP2 fully_shard per block and root: parameters, gradients, optimizer sharded",
+                 ("params", "grads", "optimizer")),
     _zero(1, (4, 2), (16, 14), "DeepSpeed ZeRO-1: optimizer state partitioned"),
     _zero(2, (4, 2), (16, 14), "DeepSpeed ZeRO-2: optimizer state and gradients partitioned"),
     _zero(3, (0, 0), (20, 16), "DeepSpeed ZeRO-3: parameters, gradients, optimizer partitioned"),
