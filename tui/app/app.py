@@ -27,7 +27,7 @@ from shardbench.tui.app.screens.matrix import MatrixScreen
 from shardbench.tui.app.screens.results import ResultsScreen
 from shardbench.tui.app.screens.runs import RunsScreen
 from shardbench.suite.backends import ClusterOptions, availability, get_backend
-from shardbench.tui.app.matrix_plan import BENCHTUI_RESULTS
+from shardbench.tui.app.matrix_plan import BENCHTUI_RESULTS, benchtui_results
 from shardbench.suite.matrix import MatrixSpec, default_matrix, load_matrix, save_matrix
 
 MODES = ("matrix", "runs", "logs", "results")
@@ -340,7 +340,7 @@ class BenchApp(App):
             self.notify(str(exc), severity="error", timeout=10)
             return
         self.matrix_path = self.matrix_screen.path = path
-        self.matrix_screen.show(spec)
+        self.matrix_screen.show(replace(spec, results=benchtui_results(spec.results, path)))
         self.notify(f"loaded {path}")
 
     def save_matrix(self, path: str) -> None:

@@ -40,10 +40,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.ray_cluster:
         matrix.ray_cluster = True
     from shardbench.tui.app.app import BenchApp
-    from shardbench.tui.app.matrix_plan import BENCHTUI_RESULTS
+    from shardbench.tui.app.matrix_plan import benchtui_results
 
-    if not args.matrix:  # results/default is `make bench`'s: benchtui's runs must not change its report
-        matrix.results = BENCHTUI_RESULTS
+    # results/default is `make bench`'s: benchtui's runs must not change its report
+    matrix.results = benchtui_results(matrix.results, args.matrix)
     try:
         cluster = cluster_options(args)
     except ValueError as exc:

@@ -11,8 +11,23 @@ from pathlib import Path
 BENCHTUI_RESULTS = "results/benchtui"
 """benchtui's results directory when the matrix names none of its own: not `make bench`'s
 results/default, whose report a benchtui run (other steps, other knobs) would otherwise change."""
+MAKE_BENCH_RESULTS = "results/default"
+"""`make bench`'s results directory (the default matrix's `results`, MatrixSpec's default)."""
 MAX_CHECKED = 2000
 """Beyond this many runs the screen does not read every result.json on each keystroke."""
+
+
+def benchtui_results(results: str, path: str | Path | None) -> str:
+    """Where benchtui writes the runs of a matrix read from `path`: the file's own `results`,
+    unless that is make bench's results/default (the default matrix's, a copy of it, or the key left
+    out); then results/benchtui for the default matrix and results/benchtui-<file name> for another."""
+    from shardbench.suite.matrix import DEFAULT_MATRIX
+
+    if results and Path(results) != Path(MAKE_BENCH_RESULTS):
+        return results
+    if path is None or Path(path).resolve() == DEFAULT_MATRIX.resolve():
+        return BENCHTUI_RESULTS
+    return f"{BENCHTUI_RESULTS}-{Path(path).stem}"
 
 
 def count_done(specs: list, results: str | Path) -> int:
