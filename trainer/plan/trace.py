@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from shardbench.trainer.config import RunConfig
 from shardbench.trainer.plan.inputs import PlanInput
 from shardbench.trainer.plan.live import LiveTensors
 
@@ -114,8 +115,10 @@ class _Step:
                 for p, b in zip(model.parameters(), self.buckets):
                     p.grad = b
         fused = inp.device == "cuda"
-        self.opt = torch.optim.AdamW(param_groups(model, inp.weight_decay), lr=1e-4, betas=(0.9, 0.95),
-                                     eps=1e-8, fused=fused, foreach=None if fused else True)
+        # The hyperparameters move no byte: RunConfig's declared defaults, not literals of our own.
+        adam = RunConfig(strategy="ddp")
+        self.opt = torch.optim.AdamW(param_groups(model, inp.weight_decay), lr=adam.lr, betas=adam.adam_betas(),
+                                     eps=adam.adam_eps, fused=fused, foreach=None if fused else True)
         T = inp.effective_seq_len()
         self.x = torch.zeros((inp.micro_batch, T), dtype=torch.long)
         self.y = torch.zeros((inp.micro_batch, T), dtype=torch.long)
