@@ -20,8 +20,12 @@ sum: DDP's buckets queue behind each other on gloo's thread, and summing each bu
 call-to-completion time would count the queueing many times. So no operation exceeds the step it
 ran in. On CUDA a future completes when the kernel is enqueued, not done, so there the time is
 NCCL's own per-work timer (TORCH_NCCL_ENABLE_TIMING, set by trainer/process.py) summed per op,
-read after the step; functional collectives (DTensor's) count their call only: their wait is
-inside the tensor.
+delivered by the group's completion hook (`ProcessGroup._register_on_completion_hook`: NCCL's
+watchdog hands it a copy of each finished work without its outputs). The counter never keeps a
+Work: a CUDA work holds its output tensors (ProcessGroupNCCL's "reference to NCCL collective's
+outputs"), so keeping it until the step ended kept every all-gathered buffer alive and raised
+the peak memory of fsdp and zero3 by about a model's size. Functional collectives (DTensor's)
+count their call only: their wait is inside the tensor.
 """
 from __future__ import annotations
 
@@ -102,7 +106,10 @@ class CommCounter:
         self.bytes: dict[str, int] = {}
         self.seconds: dict[str, float] = {}
         self._in_flight: dict[str, tuple[int, float]] = {}  # op -> (calls in flight, since when)
-        self._cuda_works: list[tuple[str, object]] = []
+        # NCCL-timed works expected from a group's completion hook: (group, seq) -> op. Only
+        # numbers: a Work holds its outputs. Groups -> whether their hook is ours (False: untimed).
+        self._expected: dict[tuple[object, int], str] = {}
+        self._hooked: dict[object, bool] = {}
         self._depth = threading.local()
         self._lock = threading.Lock()
         self._installed = False
@@ -124,33 +131,60 @@ class CommCounter:
             if n == 1:
                 self.seconds[op] = self.seconds.get(op, 0.0) + time.perf_counter() - since
 
-    def _ended_by(self, op: str, result, cuda: bool) -> None:
-        """The call returned `result`: its op ends now, when its work completes, or (CUDA) is
-        timed by NCCL and read in settle()."""
+    def _ended_by(self, op: str, result) -> None:
+        """The call returned `result`: its op ends now, or when its work completes."""
         future = result.get_future() if hasattr(result, "get_future") else None
         if future is None:
             self._end(op)
-        elif cuda:
-            self._end(op)  # the host's part is over; NCCL's timer measures the kernel
-            self._cuda_works.append((op, result))
         else:
             future.add_done_callback(lambda _: self._end(op))  # inline if already done
 
-    def settle(self) -> None:
-        """After a step (outside its timer, the device synchronized): add NCCL's timed works."""
-        works, self._cuda_works = self._cuda_works, []
-        for op, work in works:
-            try:
-                ms = work._get_duration()
-            except Exception:  # noqa: BLE001 - timing off or unsupported: no figure, never a failed run
-                continue
-            with self._lock:
-                self.seconds[op] = self.seconds.get(op, 0.0) + ms / 1e3
+    def _timed_group(self, group):
+        """The process group whose completion hook times this CUDA call (the hook registered on
+        first use), or None: a group that takes no hook (gloo, NCCL without timing, a hook of
+        someone else's) leaves CUDA seconds out, never the run."""
+        try:
+            import torch.distributed as dist
 
-    def _wrap(self, fn: Callable, op: str, pos: int, key: str, size_of: Callable | None) -> Callable:
+            pg = group if group is not None else dist.distributed_c10d._get_default_group()
+            if pg not in self._hooked:
+                try:
+                    pg._register_on_completion_hook(functools.partial(self._completed, pg))
+                    self._hooked[pg] = True
+                except Exception:  # noqa: BLE001 - see the docstring
+                    self._hooked[pg] = False
+            return pg if self._hooked[pg] else None
+        except Exception:  # noqa: BLE001 - an unknown group form: untimed
+            return None
+
+    def _expect(self, pg, op: str, before: int) -> None:
+        """The works this call issued on `pg`: the collective sequence numbers it advanced."""
+        after = pg._get_sequence_number_for_group()
+        with self._lock:
+            for seq in range(before + 1, after + 1):
+                self._expected[(pg, seq)] = op
+
+    def _completed(self, pg, info) -> None:
+        """A group's completion hook (NCCL's watchdog thread): a counted work's NCCL-timed seconds."""
+        if info.op_type.name in _P2P_OP_TYPES:  # numbered apart from collectives
+            return
+        with self._lock:
+            op = self._expected.pop((pg, info.seq), None)
+            if op is not None:
+                self.seconds[op] = self.seconds.get(op, 0.0) + info.active_duration.total_seconds()
+
+    def settle(self, timeout_s: float = 0.0) -> None:
+        """Wait up to timeout_s for the completion hooks of counted CUDA works (after the loop,
+        outside any timer; the watchdog reports a work some 100 ms after it finished)."""
+        deadline = time.monotonic() + timeout_s
+        while self._expected and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def _wrap(self, fn: Callable, op: str, pos: int, key: str, size_of: Callable | None,
+              nccl_timed: bool = True) -> Callable:
         counter = self
 
-        async_at = _async_op_position(fn)
+        group_at = _param_position(fn, "group") if nccl_timed else None
 
         @functools.wraps(fn)
         def counted(*args, **kwargs):
@@ -160,28 +194,30 @@ class CommCounter:
             if counting:  # nothing more than the two checks above while not counting
                 buf = kwargs.get(key) if key in kwargs else (args[pos] if 0 <= pos < len(args) else None)
             cuda = counting and _on_cuda(buf)
-            # A synchronous NCCL call returns no work to read NCCL's timer from: issue it async
-            # and wait on it here, which is what the synchronous path does inside.
-            wait_here = (cuda and async_at is not None and len(args) <= async_at  # not given positionally
-                         and not kwargs.get("async_op"))
+            pg = None
+            if cuda and group_at is not None:
+                group = kwargs["group"] if "group" in kwargs else (args[group_at] if group_at < len(args) else None)
+                pg = counter._timed_group(group)
+            before = pg._get_sequence_number_for_group() if pg is not None else 0
             if counting:
                 nbytes = _nbytes(buf)
                 counter.add(op, size_of(nbytes, args, kwargs) if size_of is not None else nbytes)
-                counter._begin(op)
+                if not cuda:  # on CUDA the call only enqueues: NCCL's timer is the time
+                    counter._begin(op)
             counter._depth.n = depth + 1
             try:
-                result = fn(*args, **{**kwargs, "async_op": True} if wait_here else kwargs)
-                if wait_here and result is not None:
-                    result.wait()
+                result = fn(*args, **kwargs)
             except BaseException:
-                if counting:
+                if counting and not cuda:
                     counter._end(op)
                 raise
             finally:
                 counter._depth.n = depth
-            if counting:
-                counter._ended_by(op, result, cuda)
-            return None if wait_here else result
+            if counting and not cuda:
+                counter._ended_by(op, result)
+            if pg is not None:
+                counter._expect(pg, op, before)
+            return result
 
         counted.__shardbench_counted__ = True
         return counted
@@ -212,7 +248,7 @@ class CommCounter:
                 if original is None or getattr(original, "__shardbench_counted__", False):
                     continue
                 size_of = _gathered_bytes if op == "all_gather" else None
-                setattr(funcol, name, self._wrap(original, op, pos, key, size_of))
+                setattr(funcol, name, self._wrap(original, op, pos, key, size_of, nccl_timed=False))
         self._installed = True
 
     def reset(self) -> None:
@@ -220,7 +256,7 @@ class CommCounter:
             self.calls.clear()
             self.bytes.clear()
             self.seconds.clear()
-            self._cuda_works.clear()
+            self._expected.clear()
 
     def per_step(self, steps: int) -> dict[str, dict[str, float]]:
         """{op: {"calls", "bytes", "seconds": means per step}} over `steps` counted steps."""
@@ -231,13 +267,13 @@ class CommCounter:
                          "seconds": self.seconds.get(op, 0.0) / steps} for op in sorted(self.calls)}
 
 
-def _async_op_position(fn: Callable) -> int | None:
-    """Where `fn` takes async_op positionally (None: it has no async_op)."""
+def _param_position(fn: Callable, name: str) -> int | None:
+    """Where `fn` takes `name` positionally (None: it has no such parameter)."""
     try:
         names = list(inspect.signature(fn).parameters)
     except (TypeError, ValueError):  # a builtin without a signature
         return None
-    return names.index("async_op") if "async_op" in names else None
+    return names.index(name) if name in names else None
 
 
 def _on_cuda(value) -> bool:
@@ -251,6 +287,8 @@ def _gathered_bytes(input_bytes: int, args, kwargs) -> int:
     group = kwargs.get("group", args[2] if len(args) > 2 else None)
     return input_bytes * _group_size(group)
 
+
+_P2P_OP_TYPES = frozenset({"SEND", "RECV", "RECVANYSOURCE"})
 
 COUNTER = CommCounter()
 """The process's one counter (collectives are process-wide, so is the count)."""

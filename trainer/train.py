@@ -98,7 +98,6 @@ class Trainer:
             COMM.active = measured
             dt, step_loss = self.steps.timed(next_batches)
             COMM.active = False
-            COMM.settle()  # NCCL's per-work timers, read outside the timer
             # Outside the timer: the next step's tokens, the loss read-back, the bookkeeping.
             next_batches = self.data.step_batches(step + 1)
             loss = (step_loss / self.grad_accum).item()
@@ -117,7 +116,8 @@ class Trainer:
             self._progress(step, dt, loss, time.perf_counter() - loop_start)
             for observer in self.observers:  # e.g. the metrics exporter (trainer/exporter.py)
                 observer.after_step(self, step, dt, loss, measured)
-        if h.measured_here:  # again: a gloo completion callback may land just after its step ended
+        if h.measured_here:  # again: a gloo completion callback may land just after its step ended,
+            COMM.settle(timeout_s=5.0)  # and NCCL's timer reaches the counter after its watchdog saw the work
             h.comm_per_step = COMM.per_step(h.measured_here)
         if self.ckpt:
             self.ckpt.ckpt.wait()
