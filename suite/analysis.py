@@ -83,12 +83,19 @@ CATEGORIES = [
 ]
 
 
+WIDE_SPREAD = 10.0
+"""An interval whose high end is more than this many times its low end is shown as its spread."""
+
+
 def show(e: Estimate | None, spec: str = "{:.4g}", unit: str = "") -> str:
-    """'1,100 [852, 1,348] tok/s (n=3)'; one repeat: '1,100 tok/s (n=1)'."""
+    """'1,100 [852, 1,348] tok/s (n=3)'; one repeat: '1,100 tok/s (n=1)'; an interval wider than
+    WIDE_SPREAD: '1,100 tok/s (wide: n=3, spread x37)'."""
     if e is None:
         return "-"
     unit = f" {unit}" if unit else ""
     if e.has_interval and e.lo != e.hi:  # no spread (a counted value): no interval to show
+        if e.lo > 0 and e.hi / e.lo > WIDE_SPREAD:  # '[69, 25,732]' says only "too noisy to tell"
+            return f"{spec.format(e.mean)}{unit} (wide: n={e.n}, spread x{e.hi / e.lo:.0f})"
         return f"{spec.format(e.mean)} [{spec.format(e.lo)}, {spec.format(e.hi)}]{unit} (n={e.n})"
     return f"{spec.format(e.mean)}{unit} (n={e.n})"
 

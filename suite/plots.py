@@ -1,7 +1,8 @@
 """The report's plots, drawn from the analysis (suite/analysis.py).
 
-One PNG per metric against the number of devices, one line per strategy, error bars = the 95%
-intervals (shown whenever a point has repeats); plus a stacked bar chart of the model-state
+One PNG per metric against the number of devices, one line per strategy (and swept setting), on
+a log axis spanning the means' range CLIP either way, error bars = the 95% intervals cut at that
+edge with an arrow, flagged configurations ringed in red; plus a stacked bar chart of the model-state
 breakdown per strategy and world size. A plot no configuration has data for (MFU without a known
 peak, H2D or GPU peak on CPU) is not drawn, and `write_plots` says why.
 """
@@ -15,6 +16,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only: no display on a server or in CI
 import matplotlib.pyplot as plt  # noqa: E402
 
+from shardbench.suite import groups  # noqa: E402
 from shardbench.suite.analysis import STATE_PARTS, Analysis, Config  # noqa: E402
 from shardbench.suite.stats import finite  # noqa: E402
 
@@ -48,10 +50,16 @@ STATE_PLOT = "model_state.png"
 MAX_LEGEND = 30  # more lines than this make an unreadable legend that takes seconds to lay out
 
 
+CLIP = 4.0
+"""The y axis spans the means /CLIP .. xCLIP (log scale): an interval reaching past it is cut at the
+edge and marked, so one noisy configuration cannot squash every other line flat (issue 32: bars
+to 25k tok/s on means of 230-1,416)."""
+
+
 def series(an: Analysis, metric: str) -> dict[str, list[tuple[int, float, float, float]]]:
     """label -> [(devices, mean, 95% low, 95% high)] sorted by devices (low = high = mean without
     an interval); finite values only. The interval is on a log scale: never below 0, not symmetric."""
-    out: dict[str, list[tuple[int, float, float]]] = {}
+    out: dict[str, list[tuple[int, float, float, float]]] = {}
     varying = _varying(an.configs)
     for c in an.configs:
         e = c.get(metric)
@@ -62,24 +70,48 @@ def series(an: Analysis, metric: str) -> dict[str, list[tuple[int, float, float,
     return {k: sorted(v) for k, v in sorted(out.items())}
 
 
+def flagged(an: Analysis, metric: str) -> list[tuple[int, float, str]]:
+    """(devices, mean, flags) of every flagged configuration that has this metric."""
+    return [(int(c.world_size), e.mean, "; ".join(c.flags)) for c in an.configs
+            if c.flags and (e := c.get(metric)) is not None and finite(e.mean)]
+
+
+def y_limits(data: dict[str, list[tuple[int, float, float, float]]]) -> tuple[float, float] | None:
+    """The y range (log axis) from the means, CLIP either side; None when a mean is not positive."""
+    means = [p[1] for pts in data.values() for p in pts]
+    if not means or min(means) <= 0:
+        return None
+    return min(means) / CLIP, max(means) * CLIP
+
+
+def clipped(lo: float, hi: float, limits: tuple[float, float] | None) -> tuple[float, float, bool]:
+    """An interval cut to the axis' limits, and whether it was cut."""
+    if limits is None:
+        return lo, hi, False
+    a, b = max(lo, limits[0]), min(hi, limits[1])
+    return a, b, (a, b) != (lo, hi)
+
+
 def _varying(configs: list[Config]) -> list[str]:
-    """Besides strategy, what splits lines: whatever differs between configurations of one strategy."""
-    cols = []
-    for col in ("seq_len", "model", "precision", "launcher", "micro_batch"):
-        seen: dict[str, set] = {}
-        for c in configs:
-            seen.setdefault(str(c.strategy), set()).add(str(c.key[col]))
-        if any(len(v) > 1 for v in seen.values()):
-            cols.append(col)
-    return cols
+    """Besides strategy and world size, what splits lines: every setting that differs between
+    configurations of one strategy (a swept knob included: lines with one label would be merged)."""
+    except_ = groups.BASE_EXCEPT | {"strategy", "resolved_global_batch"}
+    by_strategy: dict[str, list[dict]] = {}
+    for c in configs:
+        by_strategy.setdefault(str(c.strategy), []).append(c.settings)
+    return sorted({k for s in by_strategy.values() for k in groups.differences(s, except_)})
 
 
 def _label(c: Config, varying: list[str]) -> str:
     parts = [str(c.strategy)]
     for col in varying:
-        value = c.key[col]
-        parts.append(f"s{int(value)}" if col == "seq_len" and finite(value) else
-                     f"mb{int(value)}" if col == "micro_batch" and finite(value) else str(value))
+        value = c.settings.get(col)
+        if col in ("seq_len", "micro_batch") and finite(value):
+            parts.append(f"{'s' if col == 'seq_len' else 'mb'}{int(value)}")
+        elif col in ("model", "precision", "launcher") and value is not None:
+            parts.append(str(value))
+        elif (text := groups.shown(col, value)) is not None:
+            parts.append(text)
     return " ".join(parts)
 
 
@@ -102,25 +134,51 @@ def draw(an: Analysis, plot: PlotSpec, path: Path) -> bool:
     with_bars = False
     if len(data) > MAX_LEGEND:
         with_bars = _draw_many(ax, data, plot.scale)
+    limits = y_limits(data) if plot.scale > 0 else None
+    cut = False
     for label, points in data.items() if len(data) <= MAX_LEGEND else ():
         xs = [p[0] for p in points]
         ys = [p[1] * plot.scale for p in points]
-        err = [[(p[1] - p[2]) * plot.scale for p in points], [(p[3] - p[1]) * plot.scale for p in points]]
+        shown = [clipped(p[2], p[3], limits) for p in points]
+        cut |= any(c for _, _, c in shown)
+        err = [[(p[1] - lo) * plot.scale for p, (lo, _, _) in zip(points, shown)],
+               [(hi - p[1]) * plot.scale for p, (_, hi, _) in zip(points, shown)]]
         bars = any(err[0]) or any(err[1])
         with_bars |= bars
-        ax.errorbar(xs, ys, yerr=err if bars else None, marker="o", capsize=4, label=label)
+        line = ax.errorbar(xs, ys, yerr=err if bars else None, marker="o", capsize=4, label=label)
+        for p, (lo, hi, c) in zip(points, shown):  # a cut interval ends in an arrow at the edge
+            if c and hi < p[3]:
+                ax.plot([p[0]], [hi * plot.scale], marker="^", color=line[0].get_color(), markersize=7)
+            if c and lo > p[2]:
+                ax.plot([p[0]], [lo * plot.scale], marker="v", color=line[0].get_color(), markersize=7)
+    marks = flagged(an, plot.metric)
+    if marks:
+        ax.scatter([m[0] for m in marks], [m[1] * plot.scale for m in marks], s=180, facecolors="none",
+                   edgecolors="red", linewidths=1.6, zorder=4, label="flagged (see Flags)")
     if plot.ideal_line:
         ax.axhline(1.0, color="grey", linestyle="--", linewidth=1, label="linear" if "scaling" in plot.metric else "1x")
     ax.set_xticks(sorted({p[0] for pts in data.values() for p in pts}))
-    ax.set_ylim(bottom=0)  # from zero: a cropped axis makes a 5% gap look like 5x
+    if limits is not None:
+        # Log axis: equal ratios look equal (a 5% gap stays 5% at any height); y from zero would
+        # flatten everything below one noisy configuration.
+        ax.set_yscale("log")
+        low, high = limits[0] * plot.scale, limits[1] * plot.scale
+        if plot.ideal_line:
+            low, high = min(low, 0.9), max(high, 1.1)
+        ax.set_ylim(low, high)
+    else:
+        ax.set_ylim(bottom=0)
     ax.set_xlabel("devices (world size)")
-    ax.set_ylabel(plot.ylabel)
+    ax.set_ylabel(plot.ylabel + (" (log scale)" if limits is not None else ""))
     ax.set_title(f"{plot.title}\n{_context(an)}", fontsize="medium")
-    ax.grid(True, alpha=0.3)
+    ax.grid(True, alpha=0.3, which="both")
     if len(data) <= MAX_LEGEND:
         ax.legend(title="strategy", fontsize="small")
-    ax.annotate("error bars: 95% intervals" if with_bars else "one repeat per point: no intervals",
-                xy=(0.99, 0.01), xycoords="axes fraction", ha="right", va="bottom", fontsize="x-small", color="grey")
+    note = "error bars: 95% intervals" if with_bars else "one repeat per point: no intervals"
+    if cut:
+        note += f"; arrows: interval cut at {CLIP:g}x the means' range"
+    ax.annotate(note, xy=(0.99, 0.01), xycoords="axes fraction", ha="right", va="bottom", fontsize="x-small",
+                color="grey")
     _save(fig, path)
     return True
 

@@ -151,3 +151,41 @@ def test_a_sweep_keeps_every_configuration_in_scaling_summary_csv_and_loss_label
     assert not csv.drop(columns=[c for c in csv.columns if c.startswith("config_id")]).duplicated().any()
     loss = [line for line in md.split("## Loss check\n", 1)[1].split("\n## ", 1)[0].splitlines() if line.startswith("- ")]
     assert len(loss) == len(set(loss)) >= 2, loss
+
+
+def noisy() -> list[dict]:
+    """Means of 230-1,416 tok/s, one configuration's repeats so spread its interval reaches 25k."""
+    return (runs("ddp", 1, [1400.0, 1416.0, 1430.0]) + runs("zero3", 1, [230.0, 232.0, 229.0])
+            + runs("fsdp", 1, [60.0, 900.0, 200.0]))
+
+
+def test_plots_use_a_log_axis_clip_wide_intervals_and_mark_flagged_points(tmp_path):
+    import matplotlib.pyplot as plt
+
+    from shardbench.suite import plots
+
+    an = analysis.analyze(noisy())
+    fsdp = next(c for c in an.configs if c.strategy == "fsdp")
+    assert fsdp.flags and fsdp.est["tokens_per_s"].hi > 5000  # the interval that swamped the page
+    captured = {}
+    real_save = plots._save
+    plots._save = lambda fig, path: captured.update(ax=fig.axes[0]) or real_save(fig, path)
+    try:
+        assert plots.draw(an, plots.PLOTS[0], tmp_path / "t.png")
+    finally:
+        plots._save = real_save
+    ax = captured["ax"]
+    low, high = ax.get_ylim()
+    assert ax.get_yscale() == "log"
+    means = [c.est["tokens_per_s"].mean for c in an.configs]
+    assert high <= max(means) * plots.CLIP * 1.001 and low >= min(means) / plots.CLIP * 0.999
+    labels = ax.get_legend_handles_labels()[1]
+    assert "flagged (see Flags)" in labels
+    assert any("cut" in t.get_text() for t in ax.texts)
+    plt.close("all")
+
+
+def test_summary_cells_show_a_very_wide_interval_as_its_spread():
+    an = analysis.analyze(noisy())
+    (row,) = summary.rows(an.verdicts)
+    assert "wide: n=3, spread x" in row[2] and "[" not in row[2].split("fsdp")[1].split(";")[0], row[2]

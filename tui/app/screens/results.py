@@ -19,6 +19,7 @@ from textual_plotext import PlotextPlot
 from shardbench.tui.app.messages import OpenResults, Remeasure, ShowLogs
 from shardbench.tui.app.results_model import COLUMNS, PLOTS, ResultsView, Row, fmt_cell
 from shardbench.tui.app.screens.dialogs import ask_path
+from shardbench.suite import plots
 from shardbench.suite.stats import Estimate
 
 ROW_STYLES = {"broken": "bold red", "flagged": "yellow", "not ok": "red dim"}
@@ -139,12 +140,14 @@ class ResultsScreen(Screen):
         plt.title(title)
         plt.xlabel("devices")
         plt.ylabel(unit)
+        limits = plots.y_limits(series)  # intervals cut at the means' range xCLIP, as in the report's plots
         for strategy, points in series.items():
             xs, ys = [p[0] for p in points], [p[1] for p in points]
             plt.plot(xs, ys, label=strategy, marker="braille")
-            widths = [p[3] - p[2] for p in points]
+            cut = [plots.clipped(p[2], p[3], limits)[:2] for p in points]
+            widths = [hi - lo for lo, hi in cut]
             if any(widths):  # plotext draws y +- yerr/2: centred on the (log-scale) interval, [low, high]
-                plt.error(xs, [(p[2] + p[3]) / 2 for p in points], yerr=widths)
+                plt.error(xs, [(lo + hi) / 2 for lo, hi in cut], yerr=widths)
         if series:
             ticks = sorted({p[0] for pts in series.values() for p in pts})
             plt.xticks(ticks, [f"{t:g}" for t in ticks])
