@@ -175,7 +175,6 @@ def assumptions(preds: list[dict], links: dict) -> list[str]:
 def extrapolation(strategies: list[str]) -> list[str]:
     from shardbench.suite.matrix import values_dir
     from shardbench.trainer.plan.inputs import PlanInput
-    from shardbench.trainer.plan.predict import predict
 
     lines = []
     for path in sorted(values_dir().glob("*.yaml")):
@@ -183,19 +182,32 @@ def extrapolation(strategies: list[str]) -> list[str]:
         device = run.get("device") or "cpu"
         if device != "cuda":
             continue
-        preds = [predict(PlanInput(strategy=s, world_size=w, model=run.get("model") or "tiny",
-                                   seq_len=run.get("seqLen"), micro_batch=run.get("microBatch") or 1,
-                                   precision=run.get("precision") or "bf16", device=device), mem, links)
-                 for s in strategies for w in EXTRAPOLATE_WORLDS]
+        preds, refused = _predict_all([PlanInput(strategy=s, world_size=w, model=run.get("model") or "tiny",
+                                                 seq_len=run.get("seqLen"), micro_batch=run.get("microBatch") or 1,
+                                                 precision=run.get("precision") or "bf16", device=device)
+                                       for s in strategies for w in EXTRAPOLATE_WORLDS], mem, links, None)
         lines += ["", f"## {path.stem}: {run.get('model')} seq {run.get('seqLen')} micro-batch {run.get('microBatch')} "
                       f"{run.get('precision')}, {_gib(mem)} GiB per GPU, {links.get('gpus_per_node')} GPUs per node", ""]
-        lines += table(preds)
+        lines += table(preds) + sorted({f"{r['input']['strategy']}: not modelled: {r['not_modelled']}" for r in refused})
         lines += ["", "Assumptions:"] + [f"- {a}" for a in assumptions(preds, links)]
     return lines
 
 
-def cmd_plan(args: argparse.Namespace) -> int:
+def _predict_all(inputs, mem, links, cal) -> tuple[list[dict], list[dict]]:
+    """(predictions, {"input", "not_modelled": why} for each layout the planner has no model of)."""
+    from shardbench.trainer.plan.layout import NotModelled
     from shardbench.trainer.plan.predict import predict
+
+    preds, refused = [], []
+    for i in inputs:
+        try:
+            preds.append(predict(i, mem, links, cal))
+        except NotModelled as exc:
+            refused.append({"input": i.to_dict(), "not_modelled": str(exc)})
+    return preds, refused
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
 
     try:
         run, mem, links = shape_context(args.shape)
@@ -209,15 +221,17 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(f"shardbench plan: {exc}", file=sys.stderr)
         return 2
     cal = calibration(args.calibrate, inputs[0].device)
-    preds = [predict(i, mem, links, cal) for i in inputs]
+    preds, refused = _predict_all(inputs, mem, links, cal)
     if args.json:
-        print(json.dumps(preds, indent=1))
+        print(json.dumps(preds + refused, indent=1))
         return 0
     i0 = inputs[0]
     print(f"# plan: {i0.model} seq {i0.effective_seq_len()} micro-batch {i0.micro_batch} grad-accum {i0.grad_accum} "
           f"{i0.precision} on {i0.device}" + (f", shape {args.shape} ({_gib(mem)} GiB per device)" if args.shape else ""))
     print("\nMemory per rank by category, the peak with allocator overhead, collectives and step time:\n")
     print("\n".join(table(preds)))
+    for r in refused:  # one line each, never a traceback nor a silent drop
+        print(f"{r['input']['strategy']} w{r['input']['world_size']}: not modelled: {r['not_modelled']}")
     print("\nAssumptions:\n" + "\n".join(f"- {a}" for a in assumptions(preds, links)))
     if args.extrapolate:
         print("\n# Extrapolation: every values file's shape at 8, 64, 256, 1024 GPUs")

@@ -49,6 +49,10 @@ def rows(records: list[dict]) -> list[list[str]]:
         p = r.get("prediction")
         if r.get("status") != "ok" or not isinstance(p, dict):
             continue
+        if p.get("not_modelled") or p.get("error"):  # a layout the planner has no model of, or a failed plan
+            why = f"not modelled: {p['not_modelled']}" if p.get("not_modelled") else f"no plan: {p['error']}"
+            out.append([r.get("run_id", ""), why] + ["-"] * 9)
+            continue
         p = _calibrated(p, r, records)
         e = errors(p, r)
         step = (p.get("step_time") or {}).get("seconds")

@@ -46,16 +46,25 @@ def predict_specs(specs, timeout_s: float = 600) -> tuple[dict[str, dict], str |
     """({run id: prediction}, why none were made). One subprocess plans every distinct input."""
     from shardbench.suite.plan_cmd import shape_context
 
-    jobs, keys = {}, {}
+    from shardbench.trainer.plan.layout import NotModelled, layout
+
+    jobs, keys, refused = {}, {}, {}
     try:
         for s in specs:
             inp = plan_input(s)
+            try:
+                layout(inp.strategy)
+            except NotModelled as exc:  # said in one line by run, the report and benchtui
+                refused[s.run_id] = {"input": inp.to_dict(), "not_modelled": str(exc)}
+                continue
             _, mem, links = shape_context(s.shape) if s.shape else ({}, None, {})
             key = json.dumps([inp.to_dict(), mem, links], sort_keys=True, default=str)
             jobs[key] = {"key": key, "input": inp.to_dict(), "device_memory_bytes": mem, "links": links}
             keys[s.run_id] = key
     except (TypeError, ValueError, OSError) as exc:
         return {}, f"no plan: {exc}"
+    if not jobs:
+        return refused, None
     try:
         proc = subprocess.run([sys.executable, "-m", "shardbench.trainer.plan.batch"], input=json.dumps(list(jobs.values())),
                               capture_output=True, text=True, timeout=timeout_s, cwd=REPO)
@@ -63,8 +72,25 @@ def predict_specs(specs, timeout_s: float = 600) -> tuple[dict[str, dict], str |
     except (OSError, subprocess.SubprocessError, ValueError) as exc:
         return {}, f"no plan: the planner failed ({type(exc).__name__}: {exc})"
     if not out:
-        return {}, f"no plan: the planner exited {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}"
-    return {rid: out[k] for rid, k in keys.items() if k in out and "error" not in out[k]}, None
+        return refused, f"no plan: the planner exited {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}"
+    return {**refused, **{rid: out[k] for rid, k in keys.items() if k in out}}, None
+
+
+def planned(prediction: dict | None) -> bool:
+    """A prediction with numbers (not a layout the planner cannot model, nor a failed plan)."""
+    return isinstance(prediction, dict) and "not_modelled" not in prediction and "error" not in prediction
+
+
+def unplanned(specs, predictions: dict[str, dict]) -> list[str]:
+    """One line per run without numbers: "<run id>: not modelled: <why>" or "no plan: <error>"."""
+    lines = []
+    for s in specs:
+        p = predictions.get(s.run_id)
+        if isinstance(p, dict) and p.get("not_modelled"):
+            lines.append(f"{s.run_id}: not modelled: {p['not_modelled']}")
+        elif isinstance(p, dict) and p.get("error"):
+            lines.append(f"{s.run_id}: no plan: {p['error']}")
+    return lines
 
 
 def over_memory(specs, predictions: dict[str, dict]) -> list[str]:
@@ -72,7 +98,7 @@ def over_memory(specs, predictions: dict[str, dict]) -> list[str]:
     lines = []
     for s in specs:
         p = predictions.get(s.run_id)
-        if p and p.get("fits") is False:
+        if planned(p) and p.get("fits") is False:
             lines.append(f"{s.run_id}: predicted peak {p['peak_bytes'] / 2 ** 30:.1f} GiB per rank > "
                          f"{p['device_memory_bytes'] / 2 ** 30:.0f} GiB on {s.shape} (shardbench plan shows why)")
     return lines
@@ -83,8 +109,10 @@ def plan_lines(specs, predictions: dict[str, dict]) -> list[str]:
     lines = []
     for s in specs:
         p = predictions.get(s.run_id)
-        if not p:
-            lines.append(f"{s.strategy} w{s.world_size}: no prediction")
+        if not planned(p):
+            why = (p or {}).get("not_modelled") or (p or {}).get("error")
+            lines.append(f"{s.strategy} w{s.world_size}: " + (f"not modelled: {why}" if (p or {}).get("not_modelled")
+                                                            else f"no prediction ({why})" if why else "no prediction"))
             continue
         fits = {True: "fits", False: "DOES NOT FIT", None: "fit unknown"}[p.get("fits")]
         step = (p.get("step_time") or {}).get("seconds")

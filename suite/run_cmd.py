@@ -73,11 +73,13 @@ def _predict(args: argparse.Namespace, specs) -> dict:
     predicted over its device's memory is a warning, or with --strict a refusal."""
     if args.no_plan:
         return {}
-    from shardbench.suite.planning import over_memory, predict_specs
+    from shardbench.suite.planning import over_memory, predict_specs, unplanned
 
     predictions, why = predict_specs(specs)
     if why:
         print(f"shardbench: {why}", file=sys.stderr)
+    for line in unplanned(specs, predictions):  # never a silent drop
+        print(f"shardbench: {line}", file=sys.stderr)
     over = over_memory(specs, predictions)
     for line in over:
         print(f"shardbench: {'refused' if args.strict else 'warning'}: {line}", file=sys.stderr)

@@ -10,6 +10,7 @@ import math
 
 from shardbench.trainer import ds_knobs
 from shardbench.trainer.plan.inputs import Params, PlanInput
+from shardbench.trainer.plan.layout import deepspeed, sharded, stage
 
 DDP_FIRST_BUCKET = 1 << 20        # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
 DDP_BUCKET = 25 << 20             # DDP's bucket_cap_mb default, 25 MiB (--bucket-mib's default)
@@ -43,31 +44,31 @@ def model_state(inp: PlanInput) -> dict[str, int]:
     """Bytes of params, grads, optimizer state and master copies rank 0 holds at the peak of a
     step (AdamW: two fp32 moments), by category, as trainer.metrics counts them."""
     params = Params.of(inp.model_config())
-    P, N = params.total, inp.world_size
-    s, half = inp.strategy, _half(inp)
-    if s == "ddp" or (s == "fsdp" and N == 1):
-        return {"params": 4 * P, "grads": 4 * P, "optimizer": 8 * P, "master": 0}
-    if s == "fsdp":
+    P, N, lay = params.total, inp.world_size, inp.layout
+    if not deepspeed(lay):  # torch engines: fp32 parameters and gradients (autocast), fp32 moments
+        if N == 1 or not sharded(lay, "params"):
+            return {"params": 4 * P, "grads": 4 * P, "optimizer": 8 * P, "master": 0}
         shard = fsdp_shard_numel(params, N)
         whole = inp.fsdp_grad_sync == "last_micro_step" and inp.grad_accum > 1
         return {"params": 4 * shard, "grads": 4 * P if whole else 4 * shard,
                 "optimizer": 8 * shard, "master": 0}
     part = math.ceil(P / N)
-    weight, grad = (2, 2) if half else (4, 4)
-    if s in ("zero1", "zero2"):
-        grads = grad * P if (s == "zero1" and inp.grad_accum > 1) else grad * part
-        return {"params": weight * P, "grads": grads, "optimizer": 8 * part, "master": 4 * part}
-    return {"params": weight * part, "grads": grad * part, "optimizer": 8 * part, "master": 4 * part}
+    weight, grad = (2, 2) if _half(inp) else (4, 4)
+    # Gradients not sharded (ZeRO-1): whole between micro-steps, reduced into the partition at
+    # the last one; sharded: reduced into the partition at every micro-step.
+    whole_grads = not sharded(lay, "grads") and inp.grad_accum > 1
+    return {"params": weight * (part if sharded(lay, "params") else P), "grads": grad * (P if whole_grads else part),
+            "optimizer": 8 * part, "master": 4 * part}
 
 
 def buckets(inp: PlanInput) -> int:
     """Communication buffers held across steps: DeepSpeed's reduce buckets (reduce_bucket_size
     elements in the communication dtype; stages 1 and 2 double-buffer them with overlap_comm).
     DDP's buckets are its gradients (gradient_as_bucket_view), FSDP's are transient (traced)."""
-    if not inp.strategy.startswith("zero"):
+    if not deepspeed(inp.layout):
         return 0
     z = zero_config(inp)
-    copies = 1 if inp.strategy == "zero3" else (2 if z.get("overlap_comm") else 1)
+    copies = 1 if stage(inp.layout) == 3 else (2 if z.get("overlap_comm") else 1)
     return copies * int(z["reduce_bucket_size"]) * reduce_bytes(inp)
 
 
@@ -104,7 +105,7 @@ def zero3_gathered(inp: PlanInput) -> int:
     (--no-reshard-after-forward): every non-persistent parameter stays gathered until the step.
     Re-sharded: DeepSpeed fetches a module's parameters when it runs and frees them when it ends,
     with no prefetch (the live budget, 0, leaves none): the largest module use's parameters."""
-    if inp.strategy != "zero3" or inp.world_size == 1:
+    if stage(inp.layout) != 3 or inp.world_size == 1:
         return 0
     params, wb = Params.of(inp.model_config()), 2 if _half(inp) else 4
     gathered = sum(_zero3_split(inp, [s for _, s in params.shapes])[0])
@@ -134,7 +135,8 @@ def fsdp_gathered(inp: PlanInput) -> int:
     """FSDP2 beyond tracing: the root (kept unsharded after forward) and two blocks (the one
     computing and the one prefetched) gathered in the compute dtype, plus one block's unsharded
     gradients in the reduce dtype before its reduce-scatter."""
-    if inp.strategy != "fsdp" or inp.world_size == 1:
+    lay = inp.layout
+    if deepspeed(lay) or not sharded(lay, "params") or inp.world_size == 1:
         return 0
     params = Params.of(inp.model_config())
     root = sum(Params.numel(s) for _, s in params.root())
@@ -161,19 +163,20 @@ def comm(inp: PlanInput) -> dict[str, dict[str, float]]:
     N, A = inp.world_size, inp.grad_accum
     params = Params.of(inp.model_config())
     P, rb = params.total, reduce_bytes(inp)
-    s = inp.strategy
-    if N == 1 and s in ("ddp", "fsdp"):
-        return {}
-    if s == "ddp":
+    lay = inp.layout
+    if not deepspeed(lay):
+        if N == 1:
+            return {}
+        if sharded(lay, "params"):
+            return fsdp_comm(inp, params)
         calls = ddp_bucket_count(params, bucket=int(inp.bucket_mib * 2 ** 20))
         return {"all_reduce": {"calls": float(calls), "bytes": float(rb * P)}}
-    if s == "fsdp":
-        return fsdp_comm(inp, params)
     z = zero_config(inp)
     wb = 2 if _half(inp) else 4
     out: dict[str, dict[str, float]] = {}
-    reductions = 1 if s == "zero1" else A  # ZeRO-1 reduces once, at the last micro-step
-    if s in ("zero1", "zero2"):
+    # Gradients not sharded (ZeRO-1): reduced once, at the last micro-step; else every micro-step.
+    reductions = A if sharded(lay, "grads") else 1
+    if not sharded(lay, "params"):  # ZeRO-1/2
         per = math.ceil(P / int(z["reduce_bucket_size"]))
         # + 2 small all-reduces (the overflow check and the gradient norm, 4 bytes each)
         out["all_reduce"] = {"calls": float(reductions * per + 2), "bytes": float(reductions * rb * P + 8)}

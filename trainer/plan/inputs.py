@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from shardbench.trainer.contract import StrategyInfo
 from shardbench.trainer.presets import PRESETS, ModelConfig
 
 
@@ -31,6 +32,13 @@ class PlanInput:
     """--bucket-mib: DDP's bucket cap and DeepSpeed's bucket sizes (trainer/ds_knobs.py)."""
     reshard_after_forward: bool = True
     """--reshard-after-forward: ZeRO-3 frees gathered parameters after each block's forward."""
+
+    @property
+    def layout(self) -> StrategyInfo:
+        """The strategy's layout (trainer/plan/layout.py): NotModelled when the planner has none."""
+        from shardbench.trainer.plan.layout import layout
+
+        return layout(self.strategy)
 
     def model_config(self) -> ModelConfig:
         base = PRESETS[self.model]

@@ -8,6 +8,7 @@ from dataclasses import replace
 
 from shardbench.trainer.plan import formulas
 from shardbench.trainer.plan.inputs import Params, PlanInput
+from shardbench.trainer.plan.layout import deepspeed, layout, sharded, stage
 
 # GPU only: what the caching allocator reserves beyond the tensors (fragmentation, rounding to
 # 512 B / 2 MiB blocks, the CUDA context is not counted). An assumption, stated in every plan.
@@ -20,30 +21,44 @@ the trace) is used."""
 
 
 @functools.lru_cache(maxsize=64)
-def _trace(inp: PlanInput):
+def _traced(inp: PlanInput, engine: str):
     from shardbench.trainer.plan.trace import trace_step
 
-    return trace_step(inp)
+    return trace_step(inp, engine)
 
 
-def _plain_key(inp: PlanInput) -> PlanInput:
+def _trace(key: tuple[PlanInput, str]):
+    """The trace of (input, engine), shared by every strategy whose layout traces alike (the
+    trace reads the engine, not the strategy's name, nor the knobs it does not model)."""
+    inp, engine = key
+    keep_reshard = engine == "fsdp"
+    return _traced(replace(inp, strategy="", bucket_mib=25.0,
+                           reshard_after_forward=inp.reshard_after_forward if keep_reshard else True), engine)
+
+
+def _plain_key(inp: PlanInput) -> tuple[PlanInput, str]:
     """The plain model's trace serves every world size (activations are per rank). FSDP
     reduce-scatters every micro-step, and ZeRO-2/3 reduce every micro-step into their partitions
     (measured: the peak at grad-accum 2 equals grad-accum 1's): gradients between micro-steps are
     in their state, so their activations are those of one micro-step (the plain trace at
     grad-accum > 1 holds whole gradients across micro-steps, which ZeRO-1 does)."""
-    if inp.strategy == "fsdp" and inp.world_size > 1:  # DDP's trace at any N > 1 holds the same activations
-        return replace(inp, world_size=2, grad_accum=1, strategy="ddp", fsdp_grad_sync="every_micro_step")
-    if inp.strategy in ("zero2", "zero3"):
-        return replace(inp, world_size=1, grad_accum=1, strategy="zero1")
-    return replace(inp, world_size=1, strategy="zero1" if inp.strategy.startswith("zero") else "ddp")
+    lay = inp.layout
+    if not deepspeed(lay) and sharded(lay, "params") and inp.world_size > 1:
+        # DDP's trace at any N > 1 holds the same activations
+        return replace(inp, world_size=2, grad_accum=1, fsdp_grad_sync="every_micro_step"), "ddp"
+    if deepspeed(lay):
+        return replace(inp, world_size=1, grad_accum=1 if sharded(lay, "grads") else inp.grad_accum), "zero"
+    return replace(inp, world_size=1), "plain"
 
 
-def _trace_key(inp: PlanInput) -> PlanInput:
+def _trace_key(inp: PlanInput) -> tuple[PlanInput, str]:
     """DDP's trace does not depend on the world size beyond 1 (replicated): one trace serves all."""
-    if inp.strategy == "ddp" and inp.world_size > 1:
-        return replace(inp, world_size=2, fsdp_grad_sync="every_micro_step")
-    return inp
+    from shardbench.trainer.plan.trace import engine_for
+
+    engine = engine_for(inp)
+    if engine == "ddp":
+        return replace(inp, world_size=2, fsdp_grad_sync="every_micro_step"), engine
+    return inp, engine
 
 
 def _grads_not_yet_held(inp: PlanInput, state: dict[str, int]) -> int:
@@ -62,15 +77,15 @@ def memory(inp: PlanInput, trace_fsdp: bool = True) -> tuple[dict[str, int], int
     """(bytes by category, total tensor peak, method, traced comm or None)."""
     state = formulas.model_state(inp)
     cats = {**state, "buckets": formulas.buckets(inp), "gathered_params": 0, "activations": 0}
-    s, N = inp.strategy, inp.world_size
-    if s in ("ddp", "fsdp") and (N == 1 or s == "ddp" or trace_fsdp):
+    lay, N = inp.layout, inp.world_size
+    if not deepspeed(lay) and (N == 1 or not sharded(lay, "params") or trace_fsdp):
         t = _trace(_trace_key(inp) if N > 1 else _plain_key(inp))
         cats.update(params=t.params_bytes, grads=t.grads_bytes, optimizer=t.optimizer_bytes)
         total = t.peak_bytes
         method = (f"traced (FSDP2 on {t.world_size} fake ranks)" if t.engine == "fsdp" else
                   "traced (the plain model; DDP's buckets as persistent gradients)" if t.engine == "ddp" else
                   "traced (the plain model on 1 rank)")
-        comm = t.comm if s == "fsdp" and N > 1 else None
+        comm = t.comm if t.engine == "fsdp" else None
     else:
         t = _trace(_plain_key(inp))
         # Activations and temporaries per micro-step are the plain model's; the optimizer's
@@ -81,7 +96,7 @@ def memory(inp: PlanInput, trace_fsdp: bool = True) -> tuple[dict[str, int], int
         share = state["optimizer"] / max(1, t.optimizer_bytes) if t.optimizer_bytes else 1.0
         opt_peak = held + share * (t.peak_opt_bytes - t.before_opt_bytes)
         fwd_bwd = held + cats["gathered_params"] + act_fb
-        if s in ("zero1", "zero2"):
+        if deepspeed(lay) and stage(lay) < 3:
             # Buckets exist from backward's first gradient on, not at forward's activation peak;
             # the gradient partition from a micro-step's first reduction on (so in forward only
             # when an earlier micro-step of the same step made it).
@@ -100,6 +115,7 @@ def predict(inp: PlanInput, device_memory_bytes: int | None = None, links: dict 
             calibration: dict | None = None, trace_fsdp: bool | None = None) -> dict:
     from shardbench.trainer.plan import timing
 
+    layout(inp.strategy)  # NotModelled (one line: why) before anything is traced
     if trace_fsdp is None:
         trace_fsdp = inp.world_size <= TRACE_FSDP_UP_TO
     cats, total, method, traced_comm = memory(inp, trace_fsdp)
@@ -120,7 +136,7 @@ def predict(inp: PlanInput, device_memory_bytes: int | None = None, links: dict 
             "DeepSpeed: trainer/ds_configs buckets and persistence threshold (closed forms, 0.19)",
         ],
     }
-    if inp.strategy == "zero3" and inp.world_size > 1:
+    if stage(inp.layout) == 3 and inp.world_size > 1:
         out["assumptions"].append(
             "ZeRO-3 " + ("re-sharded after forward: each module's parameters gathered when it runs, in forward "
                          "and again in backward, freed when it ends (no prefetch)" if inp.reshard_after_forward else

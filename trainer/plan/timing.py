@@ -16,7 +16,7 @@ inter-node bandwidth per GPU; an op with a busbw of its own (`links.opBusbwGBps`
 all-gather and reduce-scatter reach a fraction of its all-reduce's) uses that instead. Link
 figures: values/<shape>.yaml, or measured (busbw and alpha of a pre-flight log: `shardbench plan
 --preflight-log`; benchmarks/gloo_links.py on CPU).
-Overlap (stated per strategy in OVERLAP): the part of communication that can hide behind
+Overlap (stated per layout by overlap()): the part of communication that can hide behind
 backward (2/3 of compute) does, the rest is exposed; on CPU nothing overlaps (gloo's
 collectives run on the cores that compute).
 """
@@ -30,14 +30,23 @@ from shardbench.trainer.presets import ModelConfig
 DEFAULT_EFFICIENCY = 0.4
 """Assumed fraction of the peak reached by compute when no measured run calibrates it."""
 
-# strategy -> (ops that overlap with backward, why)
-OVERLAP = {
-    "ddp": ({"all_reduce"}, "gradient all-reduce overlaps backward bucket by bucket"),
-    "fsdp": ({"all_gather", "reduce_scatter"}, "all-gathers prefetched, reduce-scatters overlap backward"),
-    "zero1": ({"all_reduce"}, "overlap_comm: reductions overlap backward; the parameter all-gather after the step is exposed"),
-    "zero2": ({"all_reduce"}, "overlap_comm: reductions overlap backward; the parameter all-gather after the step is exposed"),
-    "zero3": ({"all_gather", "reduce_scatter"}, "prefetched gathers and overlapped reduce-scatters"),
-}
+
+
+def overlap(inp: PlanInput) -> tuple[set[str], str]:
+    """(ops that overlap with backward, why), by layout: parameters sharded, their gathers are
+    prefetched and reduce-scatters overlap backward; replicated, the reductions overlap backward
+    (DeepSpeed's overlap_comm; its parameter all-gather after the step is exposed)."""
+    from shardbench.trainer.plan.layout import deepspeed, sharded
+
+    lay = inp.layout
+    if sharded(lay, "params"):
+        return {"all_gather", "reduce_scatter"}, (
+            "prefetched gathers and overlapped reduce-scatters" if deepspeed(lay) else
+            "all-gathers prefetched, reduce-scatters overlap backward")
+    if deepspeed(lay):
+        return {"all_reduce"}, ("overlap_comm: reductions overlap backward; the parameter all-gather after "
+                                "the step is exposed")
+    return {"all_reduce"}, "gradient all-reduce overlaps backward bucket by bucket"
 
 
 def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
@@ -71,7 +80,7 @@ def shared_slowdown(inp: PlanInput, links: dict) -> float:
 def step_time(inp: PlanInput, comm: dict, links: dict, calibration: dict | None) -> dict:
     cfg, T = inp.model_config(), inp.effective_seq_len()
     bw, alpha, which = link(links, inp.world_size)
-    ops, why = OVERLAP.get(inp.strategy, (set(), ""))
+    ops, why = overlap(inp)
     if inp.device == "cpu":  # gloo's collectives run on the cores that compute: nothing hides
         ops, why = set(), "none on CPU: gloo's collectives use the cores that compute"
     overlappable, exposed_ops = 0.0, 0.0

@@ -210,11 +210,16 @@ class _Step:
 
 
 def engine_for(inp: PlanInput) -> str:
-    if inp.strategy == "fsdp" and inp.world_size > 1:
-        return "fsdp"
-    if inp.strategy == "ddp" and inp.world_size > 1:
-        return "ddp"
-    return "zero" if inp.strategy.startswith("zero") else "plain"
+    """What to trace for the layout: DeepSpeed's model (cast to the run's precision), FSDP2 or
+    DDP across the world, or the plain model (one torch rank)."""
+    from shardbench.trainer.plan.layout import deepspeed, sharded
+
+    lay = inp.layout
+    if deepspeed(lay):
+        return "zero"
+    if inp.world_size > 1:
+        return "fsdp" if sharded(lay, "params") else "ddp"
+    return "plain"
 
 
 def _in_backward(tracker: LiveTensors, param) -> None:
@@ -224,15 +229,16 @@ def _in_backward(tracker: LiveTensors, param) -> None:
     tracker.retag([param.grad], "grads")
 
 
-def trace_step(inp: PlanInput) -> Trace:
-    """Peak live tensor bytes, model state and collectives of one step on rank 0."""
+def trace_step(inp: PlanInput, engine: str | None = None) -> Trace:
+    """Peak live tensor bytes, model state and collectives of one step on rank 0, traced as
+    `engine` (default: the one of inp's layout; inp.strategy is then not read)."""
     import time
 
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
     from shardbench.trainer.comm import COUNTER
 
-    engine = engine_for(inp)
+    engine = engine or engine_for(inp)
     world = inp.world_size if engine == "fsdp" else 1
     t0 = time.perf_counter()
     trace = Trace(engine=engine, world_size=world)
