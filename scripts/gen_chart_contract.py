@@ -53,10 +53,35 @@ def run_property(f, current: dict) -> dict:
         prop["enum"] = list(typing.get_args(kind))
         return prop
     prop["type"] = _JSON_TYPES.get(kind, "string")
-    for key, word in (("min", "minimum"), ("above", "exclusiveMinimum")):
+    for key, word in BOUNDS:
         if f.metadata.get(key) is not None:
             prop[word] = f.metadata[key]
     return prop
+
+
+BOUNDS = (("min", "minimum"), ("above", "exclusiveMinimum"), ("max", "maximum"), ("below", "exclusiveMaximum"))
+"""knob() bounds -> their JSON Schema keywords."""
+NUMERIC_TEXT = r"^[+-]?([0-9]+[.]?[0-9]*|[.][0-9]+)([eE][+-]?[0-9]+)?$"
+"""A number written as text: `helm --set x=0.5` passes 0.5 as the string "0.5" (only integers
+are typed), so every number value also takes this; the templates write it verbatim and
+`shardbench.validateNumbers` (templates/_numbers.tpl) checks its bounds."""
+
+
+def _numbers(node: dict, path: str = "") -> dict[str, dict]:
+    """Every number value of the schema (path -> its bounds), each made to accept numeric text:
+    the type list gains "string" and a pattern that only a number matches (JSON Schema applies
+    `pattern` to strings only, the bounds to numbers only)."""
+    out: dict[str, dict] = {}
+    for key, prop in (node.get("properties") or {}).items():
+        where = f"{path}.{key}" if path else key
+        kind = prop.get("type")
+        kinds = kind if isinstance(kind, list) else [kind]
+        if "number" in kinds and "pattern" not in prop or prop.get("pattern") == NUMERIC_TEXT:
+            prop["type"] = [k for k in kinds if k != "string"] + ["string"]
+            prop["pattern"] = NUMERIC_TEXT
+            out[where] = {word: prop[word] for _, word in BOUNDS if word in prop}
+        out.update(_numbers(prop, where))
+    return out
 
 
 def ds_configs() -> dict[Path, str]:
@@ -71,7 +96,7 @@ def strategy_facts() -> dict[str, dict]:
                    "defaultLauncher": s.default_launcher} for name, s in STRATEGIES.items()}
 
 
-def contract() -> dict:
+def contract(current: dict) -> dict:
     return {
         "_generated": "by scripts/gen_chart_contract.py from the trainer's tables: do not edit",
         "strategies": strategy_facts(),
@@ -88,6 +113,7 @@ def contract() -> dict:
         # numa_bound_flags(N) with N as a placeholder the chart fills with gpusPerWorker.
         "numaBoundFlags": launchers.numa_bound_flags(0),
         "runFlags": run_flags(),
+        "numbers": number_bounds(current),
     }
 
 
@@ -108,12 +134,19 @@ def schema(current: dict) -> dict:
     run["precision"]["default"] = _default("precision")
     run["device"]["enum"] = list(DEVICES)
     out["properties"]["launcher"]["enum"] = list(CLUSTER_LAUNCHERS)
+    _numbers(out)
     return out
+
+
+def number_bounds(current: dict) -> dict[str, dict]:
+    """Path -> bounds of every number value (contract.json `numbers`, for the template check of
+    numbers given as text)."""
+    return _numbers(schema(current))
 
 
 def rendered() -> dict[Path, str]:
     current = json.loads(SCHEMA.read_text())
-    return {CONTRACT: json.dumps(contract(), indent=2) + "\n",
+    return {CONTRACT: json.dumps(contract(current), indent=2) + "\n",
             SCHEMA: json.dumps(schema(current), indent=2) + "\n", **ds_configs()}
 
 

@@ -86,6 +86,9 @@ def schema_type(schema: dict, path: str) -> str | None:
         return "string"
     kind = node.get("type")
     if isinstance(kind, list):
+        if "number" in kind and "integer" not in kind and "pattern" in node:
+            # a number that also takes numeric text for `helm --set` (scripts/gen_chart_contract.py)
+            kind = [k for k in kind if k != "string"]
         return " or ".join(kind)
     return kind
 

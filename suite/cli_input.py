@@ -11,7 +11,7 @@ import sys
 from dataclasses import asdict, fields
 from pathlib import Path
 
-from shardbench.trainer.config import RunConfig
+from shardbench.trainer.config import SECTIONS, RunConfig
 from shardbench.trainer.flags import add_flags
 
 from shardbench.suite.matrix import (DEFAULT_MATRIX, KNOB_KEYS, MatrixSpec, load_matrix, matrix_from_dict,
@@ -55,7 +55,8 @@ def add_matrix_flags(parser: argparse.ArgumentParser) -> None:
     list sweeps it), help from its docstring (trainer.flags); each overrides the matrix file's value."""
     add_flags(parser, MatrixSpec, names=[f.name for f in fields(MatrixSpec) if f.name != "options"], defaults=False)
     add_flags(parser, RunConfig, names=KNOB_KEYS, defaults=False, value_type=_yaml_value,
-              dest=lambda name: f"knob.{name}", help_suffix=" (trainer knob; a list [a,b] sweeps it)")
+              dest=lambda name: f"knob.{name}", help_suffix=" (trainer knob; a list [a,b] sweeps it)",
+              sections=SECTIONS, section_title="trainer knobs: {}")
     parser.add_argument("--set", dest="knobs", type=_knob, action="append", default=[], metavar="KEY=VALUE",
                         help="any trainer knob for every run, e.g. --set activation_checkpointing=true "
                              "(a list sweeps it: --set precision=[fp32,bf16])")

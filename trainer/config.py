@@ -33,132 +33,150 @@ MODEL_FIELDS = ("model", "n_layer", "n_embd", "n_head", "vocab_size")
 """The fields model_config() builds the model from (the record's `model`, the CSV's model_key)."""
 
 
-def knob(default: Any = MISSING, *, min: float | None = None, above: float | None = None,
-         recorded_only: bool = False, same_loss: bool = False, per_world: bool = False,
-         chart: bool = False, column: str | None = None) -> Any:
+SECTIONS = ("model", "optimizer", "batch", "parallelism", "precision", "checkpoint", "telemetry", "bookkeeping")
+"""Every RunConfig field belongs to one (`knob(section=)`), as torchtitan's JobConfig sections:
+the trainer's --help groups its flags by them and the record's `settings` lists them in this
+order. bookkeeping is the suite's (run id, repeat, output dir, the command line), not a knob
+of the run."""
+
+
+def knob(default: Any = MISSING, *, section: str, min: float | None = None, above: float | None = None,
+         max: float | None = None, below: float | None = None, recorded_only: bool = False,
+         same_loss: bool = False, per_world: bool = False, chart: bool = False, column: str | None = None) -> Any:
     """A field with its metadata; trainer/knobs.py derives every other part from it.
 
-    min/above: bounds validate() checks. recorded_only: written into the record but does not
-    change what is measured (left out of the config id, the CSV and the comparisons).
-    same_loss: runs that differ only here must follow one loss curve (the loss check compares
-    them); a measured field without it splits the loss groups. per_world: follows the world size
-    at a fixed global batch (not part of a scaling base). chart: a first-class chart value
-    `run.<camelCase>` (else a cluster run gets it through run.extraArgs). column: the CSV column
-    that already holds it under another name."""
-    meta = {"min": min, "above": above, "recorded_only": recorded_only, "same_loss": same_loss,
-            "per_world": per_world, "chart": chart, "column": column}
+    section: one of SECTIONS. min/above, max/below: inclusive and exclusive bounds that
+    validate(), the matrix (its dry run included) and the chart schema (minimum,
+    exclusiveMinimum, maximum, exclusiveMaximum) check. recorded_only: written into the record
+    but does not change what is measured (left out of the config id, the CSV and the
+    comparisons). same_loss: runs that differ only here must follow one loss curve (the loss
+    check compares them); a measured field without it splits the loss groups. per_world: follows
+    the world size at a fixed global batch (not part of a scaling base). chart: a first-class
+    chart value `run.<camelCase>` (else a cluster run gets it through run.extraArgs). column: the
+    CSV column that already holds it under another name."""
+    if section not in SECTIONS:
+        raise TypeError(f"knob(section={section!r}): use one of {', '.join(SECTIONS)}")
+    meta = {"section": section, "min": min, "above": above, "max": max, "below": below,
+            "recorded_only": recorded_only, "same_loss": same_loss, "per_world": per_world, "chart": chart,
+            "column": column}
     return field(default=default, metadata=meta)
 
 
 @dataclass
 class RunConfig:
-    strategy: StrategyName = knob(same_loss=True, chart=True)
+    strategy: StrategyName = knob(section="parallelism", same_loss=True, chart=True)
     """Distributed strategy (required)."""
-    model: PresetName = knob("tiny", chart=True)
+    model: PresetName = knob("tiny", section="model", chart=True)
     """Model preset (trainer/presets.py)."""
-    n_layer: int | None = knob(None, min=1)
+    n_layer: int | None = knob(None, section="model", min=1)
     """Override of the preset's layer count."""
-    n_embd: int | None = knob(None, min=1)
+    n_embd: int | None = knob(None, section="model", min=1)
     """Override of the preset's width."""
-    n_head: int | None = knob(None, min=1)
+    n_head: int | None = knob(None, section="model", min=1)
     """Override of the preset's head count."""
-    vocab_size: int | None = knob(None, min=1)
+    vocab_size: int | None = knob(None, section="model", min=1)
     """Override of the preset's vocabulary size."""
-    seq_len: int | None = knob(None, min=1, chart=True)
+    seq_len: int | None = knob(None, section="batch", min=1, chart=True)
     """Tokens per sequence; default: the preset's. At most the preset's block size."""
-    micro_batch: int = knob(4, min=1, same_loss=True, chart=True)
+    micro_batch: int = knob(4, section="batch", min=1, same_loss=True, chart=True)
     """Sequences per rank per forward/backward."""
-    grad_accum: int | None = knob(None, min=1, same_loss=True, per_world=True, chart=True)
+    grad_accum: int | None = knob(None, section="batch", min=1, same_loss=True, per_world=True, chart=True)
     """Micro-steps per optimizer step; default: 1, or derived from --global-batch."""
-    global_batch: int | None = knob(None, min=1, same_loss=True, per_world=True)
+    global_batch: int | None = knob(None, section="batch", min=1, same_loss=True, per_world=True)
     """Sequences per optimizer step; grad-accum = global batch / (micro-batch x world size)."""
-    steps: int = knob(100, min=1, chart=True)
+    steps: int = knob(100, section="batch", min=1, chart=True)
     """Optimizer steps, warm-up included."""
-    warmup_steps: int = knob(10, min=0, same_loss=True, chart=True)
+    warmup_steps: int = knob(10, section="batch", min=0, same_loss=True, chart=True)
     """Steps excluded from every metric (allocator, autotuning, compilation settle)."""
-    precision: Precision = knob("auto", chart=True)
+    precision: Precision = knob("auto", section="precision", chart=True)
     """fp32, bf16 (autocast / mixed precision), fp16 (loss-scaled), auto: bf16 on a GPU that has
     it, else fp32."""
-    seed: int = knob(1234, min=0, chart=True)
+    seed: int = knob(1234, section="batch", min=0, chart=True)
     """Seeds the initial weights and the synthetic tokens: same seed, same run."""
-    lr: float = knob(1e-4, above=0)
+    lr: float = knob(1e-4, section="optimizer", above=0)
     """Peak AdamW learning rate."""
-    weight_decay: float = knob(0.01, min=0)
+    weight_decay: float = knob(0.01, section="optimizer", min=0)
     """AdamW weight decay."""
-    grad_clip: float = knob(1.0, min=0)
+    grad_clip: float = knob(1.0, section="optimizer", min=0)
     """Global gradient-norm clip; 0 disables it."""
-    lr_warmup_steps: int = knob(5, min=0)
+    lr_warmup_steps: int = knob(5, section="optimizer", min=0)
     """Linear learning-rate warm-up steps, then cosine decay to 10% at the last step."""
-    grad_reduce_dtype: Literal["fp32", "bf16"] = "fp32"
+    adam_beta1: float = knob(0.9, section="optimizer", min=0, below=1)
+    """AdamW's decay of the first moment (beta1)."""
+    adam_beta2: float = knob(0.95, section="optimizer", min=0, below=1)
+    """AdamW's decay of the second moment (beta2)."""
+    adam_eps: float = knob(1e-8, section="optimizer", above=0, below=1)
+    """AdamW's epsilon, added to the second moment's root."""
+    grad_reduce_dtype: Literal["fp32", "bf16"] = knob("fp32", section="precision")
     """Dtype gradients are reduced in, the same for every strategy: DDP's comm hook, FSDP's
     MixedPrecisionPolicy reduce_dtype, DeepSpeed's communication_data_type."""
-    fsdp_grad_sync: Literal["every_micro_step", "last_micro_step"] = knob("every_micro_step", same_loss=True)
+    fsdp_grad_sync: Literal["every_micro_step", "last_micro_step"] = knob("every_micro_step", section="parallelism", same_loss=True)
     """fsdp only: reduce-scatter gradients after every micro-step (torchtitan's default: only
     sharded gradients are held) or only after the last one (unsharded gradients held between
     micro-steps, fewer collectives)."""
-    reshard_after_forward: bool = knob(True, same_loss=True)
+    reshard_after_forward: bool = knob(True, section="parallelism", same_loss=True)
     """fsdp and zero3: free each block's gathered parameters after its forward and gather them
     again for backward (FSDP2's reshard_after_forward, on every block but the last and the
     root as torchtitan does; ZeRO-3's stage3_max_live_parameters = stage3_max_reuse_distance = 0),
     or keep them until backward (--no-reshard-after-forward: fewer all-gathers, more memory;
     ZeRO-3 then gets DeepSpeed's own default of 1e9 for both). Other strategies ignore it."""
-    bucket_mib: float = knob(25.0, above=0, same_loss=True)
+    bucket_mib: float = knob(25.0, section="parallelism", above=0, same_loss=True)
     """Gradient-communication bucket size in MiB, the same for every strategy that buckets: DDP's
     bucket_cap_mb, DeepSpeed's reduce_bucket_size, allgather_bucket_size and
     stage3_prefetch_bucket_size (converted to elements of the run's precision; these override
     --deepspeed-config's). FSDP2 communicates per module and has no bucket."""
-    threads_per_rank: int = knob(1, min=1, same_loss=True)
+    threads_per_rank: int = knob(1, section="parallelism", min=1, same_loss=True)
     """CPU threads of every rank whatever the world size (1 rank = 1 core, like 1 GPU); each rank
     is pinned to cores of its own when the machine has enough."""
-    activation_checkpointing: bool = knob(False, same_loss=True)
+    activation_checkpointing: bool = knob(False, section="model", same_loss=True)
     """Recompute each block's activations in backward (memory for compute)."""
-    compile: bool = knob(False, same_loss=True)
+    compile: bool = knob(False, section="model", same_loss=True)
     """torch.compile each transformer block."""
-    device: Device = knob("auto", same_loss=True, chart=True)
+    device: Device = knob("auto", section="parallelism", same_loss=True, chart=True)
     """auto (cuda when present), cpu or cuda."""
-    deepspeed_config: str | None = None
+    deepspeed_config: str | None = knob(None, section="parallelism")
     """DeepSpeed JSON config; default: trainer/ds_configs/<strategy>.json."""
-    shape: str | None = knob(None, same_loss=True, column="gpu_shape")
+    shape: str | None = knob(None, section="telemetry", same_loss=True, column="gpu_shape")
     """GPU shape the run is on (values file name): recorded, and its peak is a fallback for MFU."""
-    peak_tflops: float | None = knob(None, above=0, same_loss=True)
+    peak_tflops: float | None = knob(None, section="telemetry", above=0, same_loss=True)
     """Peak dense TFLOP/s of one device for MFU; default: looked up from the device name."""
-    launcher: str | None = knob(None, same_loss=True)
+    launcher: str | None = knob(None, section="parallelism", same_loss=True)
     """Launcher that started the ranks (recorded); default: detected from the environment."""
-    output_dir: str | None = knob(None, recorded_only=True)
+    output_dir: str | None = knob(None, section="bookkeeping", recorded_only=True)
     """Where rank 0 writes result.json (atomically)."""
-    pg_timeout_s: float = knob(300.0, above=0, recorded_only=True)
+    pg_timeout_s: float = knob(300.0, section="parallelism", above=0, recorded_only=True)
     """Process-group timeout: a rank that dies ends the others within this many seconds."""
-    run_id: str | None = knob(None, recorded_only=True)
+    run_id: str | None = knob(None, section="bookkeeping", recorded_only=True)
     """Recorded run id; default: built from the run's fields (trainer.contract.run_id)."""
-    repeat: int = knob(0, min=0, recorded_only=True)
+    repeat: int = knob(0, section="bookkeeping", min=0, recorded_only=True)
     """Which repeat of its configuration this run is (0-based, recorded)."""
-    usd_per_gpu_hour: float | None = knob(None, min=0, recorded_only=True)
+    usd_per_gpu_hour: float | None = knob(None, section="telemetry", min=0, recorded_only=True)
     """Price of one device-hour, recorded for the cost report."""
-    progress_every: int = knob(1, min=1, recorded_only=True)
+    progress_every: int = knob(1, section="telemetry", min=1, recorded_only=True)
     """Print a progress line every N steps on rank 0."""
-    checkpoint_dir: str | None = knob(None, recorded_only=True)
+    checkpoint_dir: str | None = knob(None, section="checkpoint", recorded_only=True)
     """Directory of the run's checkpoints (step-NNNNNNNN/ each); also where --resume auto looks."""
-    checkpoint_every: int = knob(0, min=0, same_loss=True)
+    checkpoint_every: int = knob(0, section="checkpoint", min=0, same_loss=True)
     """Save a checkpoint every N optimizer steps (0: never); needs --checkpoint-dir."""
-    keep_checkpoints: int = knob(2, min=1, same_loss=True)
+    keep_checkpoints: int = knob(2, section="checkpoint", min=1, same_loss=True)
     """Newest checkpoints kept; older ones are deleted after each save."""
-    async_checkpoint: bool = knob(False, same_loss=True)
+    async_checkpoint: bool = knob(False, section="checkpoint", same_loss=True)
     """ddp and fsdp only: save in the background (torch.distributed.checkpoint async_save)."""
-    resume: str = knob("auto", recorded_only=True)
+    resume: str = knob("auto", section="checkpoint", recorded_only=True)
     """auto (the newest valid checkpoint in --checkpoint-dir, if any), never, or a checkpoint
     directory."""
-    metrics_port: int | None = knob(None, min=0, recorded_only=True)
+    metrics_port: int | None = knob(None, section="telemetry", min=0, recorded_only=True)
     """Serve live Prometheus metrics from rank 0 on this TCP port (0: any free port); default:
     none (trainer/exporter.py)."""
-    metrics_hold_s: float = knob(0.0, min=0, recorded_only=True)
+    metrics_hold_s: float = knob(0.0, section="telemetry", min=0, recorded_only=True)
     """With --metrics-port: keep serving the final values this many seconds after the record."""
-    expected_tokens_per_s: float | None = knob(None, above=0, recorded_only=True)
+    expected_tokens_per_s: float | None = knob(None, section="telemetry", above=0, recorded_only=True)
     """Throughput the run is expected to reach (a planner's prediction or the shape's), exported
     as shardbench_expected_tokens_per_second for the throughput alert."""
-    resume_allow: str | None = knob(None, recorded_only=True)
+    resume_allow: str | None = knob(None, section="checkpoint", recorded_only=True)
     """Measured settings a resume may change, comma-separated: world_size (ddp, fsdp), steps,
     checkpointing (trainer/checkpoint_guard.py ALLOWABLE); any other change is refused."""
-    argv: list[str] = field(default_factory=list, metadata={"recorded_only": "argv"})
+    argv: list[str] = field(default_factory=list, metadata={"recorded_only": "argv", "section": "bookkeeping"})
     """The command line this config came from (recorded; not a flag)."""
 
     def model_config(self) -> ModelConfig:
@@ -168,6 +186,10 @@ class RunConfig:
 
     def effective_seq_len(self) -> int:
         return self.seq_len or PRESETS[self.model].default_seq_len
+
+    def adam_betas(self) -> tuple[float, float]:
+        """AdamW's betas as torch takes them (the trainer, the record and the planner's trace)."""
+        return (self.adam_beta1, self.adam_beta2)
 
     def effective_grad_accum(self, world_size: int) -> int:
         if self.global_batch is not None:
@@ -229,7 +251,8 @@ class _OneLineParser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     p = _OneLineParser(prog="python -m shardbench.trainer",
                        description="Train TinyGPT under one distributed strategy and print one result record.")
-    add_flags(p, RunConfig, names=[f.name for f in fields(RunConfig) if f.metadata.get("recorded_only") != "argv"])
+    add_flags(p, RunConfig, names=[f.name for f in fields(RunConfig) if f.metadata.get("recorded_only") != "argv"],
+              sections=SECTIONS, section_title="{} options")
     return p
 
 

@@ -10,7 +10,7 @@ import argparse
 import types
 import typing
 from dataclasses import MISSING, Field, fields
-from typing import Any, Callable, Iterable, Literal
+from typing import Any, Callable, Iterable, Literal, Sequence
 
 from shardbench.trainer.contract import flag
 from shardbench.trainer.fielddocs import field_docs
@@ -62,13 +62,18 @@ def argument(f: Field, kind: Any, doc: str, *, defaults: bool = True, value_type
 
 def add_flags(parser, cls: type, *, names: Iterable[str] | None = None, defaults: bool = True,
               value_type: Callable | None = None, dest: Callable[[str], str] | None = None,
-              help_suffix: str = "") -> None:
-    """One flag per field of `cls` (only `names`, when given) on `parser` (or an argument group)."""
+              help_suffix: str = "", sections: Sequence[str] = (), section_title: str = "{}") -> None:
+    """One flag per field of `cls` (only `names`, when given) on `parser` (or an argument group).
+    sections: group the flags in argument groups by each field's `section` metadata, in this
+    order (titled section_title.format(section)); fields of no listed section stay on `parser`."""
     hints, docs = typing.get_type_hints(cls), field_docs(cls)
     wanted = None if names is None else set(names)
-    for f in fields(cls):
-        if wanted is not None and f.name not in wanted:
-            continue
-        parser.add_argument(flag(f.name), **argument(f, hints[f.name], docs.get(f.name, ""), defaults=defaults,
+    chosen = [f for f in fields(cls) if wanted is None or f.name in wanted]
+    order = {name: i for i, name in enumerate(sections)}
+    groups = {name: parser.add_argument_group(section_title.format(name)) for name in sections
+              if any(f.metadata.get("section") == name for f in chosen)}
+    for f in sorted(chosen, key=lambda f: order.get(f.metadata.get("section"), len(order))):
+        target = groups.get(f.metadata.get("section"), parser)
+        target.add_argument(flag(f.name), **argument(f, hints[f.name], docs.get(f.name, ""), defaults=defaults,
                                                      value_type=value_type, dest=dest(f.name) if dest else None,
                                                      help_suffix=help_suffix))

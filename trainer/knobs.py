@@ -23,7 +23,7 @@ import typing
 from dataclasses import MISSING, Field, fields
 from typing import Any, Callable, Literal
 
-from shardbench.trainer.config import MODEL_FIELDS, RunConfig, to_argv
+from shardbench.trainer.config import MODEL_FIELDS, SECTIONS, RunConfig, to_argv
 from shardbench.trainer.fielddocs import field_docs
 
 SUITE_SET = ("run_id", "repeat", "output_dir")
@@ -49,9 +49,26 @@ def default(name: str, cls: type = RunConfig) -> Any:
     return f.default_factory() if f.default_factory is not MISSING else f.default
 
 
+def section(f: Field) -> str:
+    """The field's section (trainer.config.SECTIONS, declared in `knob(section=)`)."""
+    return _meta(f, "section") or ""
+
+
+def by_section(cls: type = RunConfig, names: typing.Iterable[str] | None = None) -> dict[str, list[Field]]:
+    """The knobs (or only `names`) grouped by section, in SECTIONS order, each in declaration
+    order: the order of the trainer's --help groups, the record's settings and docs/knobs.md."""
+    wanted = None if names is None else set(names)
+    out: dict[str, list[Field]] = {name: [] for name in SECTIONS}
+    for f in knob_fields(cls):
+        if wanted is None or f.name in wanted:
+            out.setdefault(section(f), []).append(f)
+    return {name: group for name, group in out.items() if group}
+
+
 def settings(cfg: Any) -> dict[str, Any]:
-    """The record's `settings`: every knob of the run as given (JSON values)."""
-    return {f.name: getattr(cfg, f.name) for f in knob_fields(type(cfg))}
+    """The record's `settings`: every knob of the run as given (JSON values), flat (readers and
+    older records agree on one level) and listed section by section."""
+    return {f.name: getattr(cfg, f.name) for group in by_section(type(cfg)).values() for f in group}
 
 
 def column(f: Field) -> str:
@@ -131,6 +148,6 @@ def chart_run_values(cfg: Any) -> dict[str, Any]:
     return {camel(f.name): getattr(cfg, f.name) for f in chart_fields(type(cfg))}
 
 
-__all__ = ["SUITE_SET", "base_type", "camel", "chart_fields", "chart_run_values", "column", "command_line",
+__all__ = ["SUITE_SET", "base_type", "by_section", "camel", "chart_fields", "chart_run_values", "column", "command_line",
            "csv_columns", "default", "is_numeric", "knob_fields", "measured", "per_world", "same_loss",
-           "settings"]
+           "section", "settings"]

@@ -49,11 +49,15 @@ def _check_value(value: Any, kind: Any, meta: dict) -> str | None:
         return None if isinstance(value, str) else f"must be text, got {value!r}"
     else:
         return None
-    low, above = meta.get("min"), meta.get("above")
+    low, above, high, below = meta.get("min"), meta.get("above"), meta.get("max"), meta.get("below")
     if low is not None and value < low:
         return f"must be at least {low}, got {value}"
     if above is not None and value <= above:
         return f"must be above {above}, got {value}"
+    if high is not None and value > high:
+        return f"must be at most {high}, got {value}"
+    if below is not None and value >= below:
+        return f"must be below {below}, got {value}"
     return None
 
 

@@ -90,6 +90,7 @@ with the configuration hash only it computes (trainer.contract.run_id), so no --
 {{- end }}
 {{- $_ := include "shardbench.gradAccum" . }}
 {{- include "shardbench.validateStorage" . }}
+{{- include "shardbench.validateNumbers" . }}
 {{- end }}
 
 {{/*

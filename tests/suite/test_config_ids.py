@@ -25,7 +25,7 @@ from shardbench.suite.store import ResultsDir, ResultsDirError
 ROOT = Path(__file__).resolve().parents[2]
 
 # RunConfig with one more knob, as a contributor would add it (the knob-flow fixture's field).
-WithKnob = make_dataclass("WithKnob", [("throwaway_depth", int, knob(3, min=1))], bases=(RunConfig,))
+WithKnob = make_dataclass("WithKnob", [("throwaway_depth", int, knob(3, section="model", min=1))], bases=(RunConfig,))
 
 CONFIGS = [RunConfig(strategy="ddp"), RunConfig(strategy="zero3", micro_batch=2, lr=3e-4, bucket_mib=50),
            RunConfig(strategy="fsdp", precision="bf16", seq_len=64, grad_accum=4, reshard_after_forward=False)]

@@ -59,7 +59,8 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
 def make_adamw(groups: list[dict], ctx: Context) -> torch.optim.AdamW:
     # fused AdamW on GPU (one kernel for all params); the default foreach path on CPU.
     fused = ctx.device.type == "cuda"
-    return torch.optim.AdamW(groups, lr=ctx.cfg.lr, betas=(0.9, 0.95), eps=1e-8, fused=fused)
+    return torch.optim.AdamW(groups, lr=ctx.cfg.lr, betas=ctx.cfg.adam_betas(), eps=ctx.cfg.adam_eps,
+                             fused=fused)
 
 
 class Strategy:
