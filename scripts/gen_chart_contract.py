@@ -110,7 +110,7 @@ def contract(current: dict) -> dict:
         "containerEnvVars": list(launchers.CONTAINER_ENV_VARS),
         "mpirunBaseFlags": list(launchers.MPIRUN_BASE_FLAGS),
         "unboundFlags": list(launchers.UNBOUND_FLAGS),
-        # numa_bound_flags(N) with N as a placeholder the chart fills with gpusPerWorker.
+        # numa_bound_flags(N) with N as a placeholder the chart fills with ranks per NUMA domain.
         "numaBoundFlags": launchers.numa_bound_flags(0),
         "runFlags": run_flags(),
         "numbers": number_bounds(current),

@@ -25,14 +25,22 @@ CONTAINER_ENV_VARS = ("PATH", "LD_LIBRARY_PATH", "XDG_CACHE_HOME", "TRITON_CACHE
 # place more ranks than cores.
 MPIRUN_BASE_FLAGS = ("--allow-run-as-root", "--oversubscribe")
 # Where ranks may run. Unbound by default: OpenMPI would otherwise pin every rank to one core.
-# NUMA-bound (GPU shapes): OCI's recipe for its own NCCL tests on these shapes, `-npernode <GPUs>
-# --bind-to numa` (oci-hpc-oke manifests/nccl-tests), with NCCL_IGNORE_CPU_AFFINITY=1 in the
-# shape's values so NCCL's own threads still follow each GPU's affinity.
+# NUMA-bound (GPU shapes): each rank bound to a NUMA domain, local ranks filling the domains in
+# order (ranks 0-3 on domain 0, 4-7 on domain 1 for 8 GPUs on 2 domains), as GPUs 0-3 hang off
+# socket 0; with NCCL_IGNORE_CPU_AFFINITY=1 in the shape's values so NCCL's own threads still
+# follow each GPU's affinity. OCI's `-npernode 8 --bind-to numa` (`--map-by ppr:8:node`) put all
+# 8 ranks on socket 0 under OpenMPI 5 (tests/trainer/test_gpu_fidelity.py, synthetic topologies);
+# `--map-by numa` spreads them but numbers local ranks round-robin (local rank 1 on domain 1).
 UNBOUND_FLAGS = ("--bind-to", "none")
 
 
-def numa_bound_flags(procs_per_node: int) -> list[str]:
-    return ["--map-by", f"ppr:{procs_per_node}:node", "--bind-to", "numa"]
+def procs_per_numa(procs_per_node: int, numa_nodes: int) -> int:
+    """Ranks per NUMA domain: the node's ranks spread over its domains, the last one short."""
+    return -(-procs_per_node // numa_nodes)
+
+
+def numa_bound_flags(per_numa: int) -> list[str]:
+    return ["--map-by", f"ppr:{per_numa}:numa", "--bind-to", "numa"]
 
 
 @dataclass
@@ -61,7 +69,11 @@ class LaunchPlan:
     """Network interface(s) OpenMPI's TCP transport may use (e.g. eth0, lo); None: OpenMPI picks.
     The DeepSpeed launcher otherwise forces eth0, which a laptop or a pod may not have."""
     numa_bind: bool = False
-    """Bind each rank to a NUMA node (procs_per_node ranks per machine) instead of leaving it free."""
+    """Bind each rank to a NUMA domain (procs_per_node ranks per machine) instead of leaving it free."""
+    numa_nodes: int = 2
+    """NUMA domains per machine (`lscpu`: NUMA node(s)), with numa_bind: 2 for two sockets, more
+    under AMD NPS2/NPS4 or Intel SNC. Too few puts every rank on the first sockets' domains; too
+    many leaves too few slots and mpirun refuses to start."""
     program: tuple[str, ...] = ("-m", "shardbench.trainer")
     """What each rank's python runs, before trainer_args (mpirun only; the chart's pre-flight
     runs its script this way)."""
@@ -92,7 +104,8 @@ def _mca_flags(plan: LaunchPlan) -> list[str]:
 
 def _mpirun_flags(plan: LaunchPlan) -> list[str]:
     """The mpirun options both launchers pass (the DeepSpeed runner inside --launcher_args)."""
-    binding = numa_bound_flags(plan.procs_per_node) if plan.numa_bind else list(UNBOUND_FLAGS)
+    binding = (numa_bound_flags(procs_per_numa(plan.procs_per_node, plan.numa_nodes)) if plan.numa_bind
+               else list(UNBOUND_FLAGS))
     return [*MPIRUN_BASE_FLAGS, *binding, *_mca_flags(plan)]
 
 

@@ -197,7 +197,9 @@ the two drift apart). Both launchers pass every forwarded name as mpirun -x NAME
 {{- $c := include "shardbench.contract" . | fromJson }}
 {{- $base := $c.mpirunBaseFlags }}
 {{- if .Values.numaBind }}
-{{- range $c.numaBoundFlags }}{{ $base = append $base (replace "ppr:0:" (printf "ppr:%d:" (int $.Values.gpusPerWorker)) .) }}{{ end }}
+{{- /* ranks per NUMA domain, as trainer/launchers.py procs_per_numa: the last domain may hold fewer */}}
+{{- $perNuma := div (sub (add (int .Values.gpusPerWorker) (int .Values.shape.numaNodes)) 1) (int .Values.shape.numaNodes) }}
+{{- range $c.numaBoundFlags }}{{ $base = append $base (replace "ppr:0:" (printf "ppr:%d:" $perNuma) .) }}{{ end }}
 {{- else }}
 {{- $base = concat $base $c.unboundFlags }}
 {{- end }}

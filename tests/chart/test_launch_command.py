@@ -78,7 +78,7 @@ def expected_command(values_file: str | None, overrides: dict) -> list[str]:
         forward_env=[*CONTAINER_ENV_VARS, *v["nccl"], *v["env"],
                      *(["NCCL_IB_HCA"] if (v["rdma"].get("hca") or {}).get(v["rdma"]["mode"]) else [])],
         tcp_if_include=v["tcpIfInclude"] or None,
-        numa_bind=v["numaBind"],
+        numa_bind=v["numaBind"], numa_nodes=v["shape"]["numaNodes"],
     )
     return build_command(plan)
 

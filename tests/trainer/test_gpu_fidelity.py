@@ -263,3 +263,56 @@ def test_counting_adds_nothing_to_the_tensor_peak(strategy):
     peaks = json.loads(line.split(" ", 1)[1])
     assert peaks["counted calls"] > 0 and peaks["uncounted calls"] == 0, peaks
     assert peaks["counted"] == peaks["uncounted"] == peaks["uncounted after counting"], peaks
+
+
+# --- 4. NUMA binding: OpenMPI 5's mapper on synthetic topologies -----------------------------------
+
+# hwloc's synthetic descriptions: two sockets with one NUMA domain each (an H100 node, Intel with
+# SNC off), and two sockets with four each (AMD NPS4). 16 cores per socket, 8 GPUs per node.
+TOPOLOGIES = {2: "pack:2 numa:1 core:16 pu:1", 8: "pack:2 numa:4 core:4 pu:1"}
+
+
+def _mapped(flags: list[str], topology: str, hostfile: Path, np: int) -> list[tuple[str, int, str]]:
+    """(node, local rank, binding) per rank, in rank order, from mpirun's --display map; nothing
+    is launched (--do-not-launch), and hwloc takes the synthetic topology as this machine's."""
+    import re
+
+    env = dict(cpu_env(), HWLOC_SYNTHETIC=topology, HWLOC_THISSYSTEM="1")
+    cmd = [str(Path(sys.executable).parent / "mpirun"), *flags, "--hostfile", str(hostfile), "--display", "map",
+           "--do-not-launch", "-np", str(np), "true"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, timeout=120)
+    out = (proc.stdout + proc.stderr).replace(b"\0", b"").decode(errors="replace")
+    assert proc.returncode == 0, out[-3000:]
+    ranks, node = {}, None
+    for line in out.splitlines():
+        if m := re.search(r"Data for node: (\S+)", line):
+            node = m.group(1)
+        elif m := re.search(r"Local rank: (\d+).*App rank: (\d+)", line):
+            local, rank = int(m.group(1)), int(m.group(2))
+        elif m := re.search(r"Binding: (\S+)", line):
+            ranks[rank] = (node, local, m.group(1))
+    assert sorted(ranks) == list(range(np)), out[-3000:]
+    return [ranks[r] for r in range(np)]
+
+
+@pytest.mark.parametrize("numa_nodes", sorted(TOPOLOGIES))
+def test_numa_bound_ranks_fill_the_domains_in_local_rank_order(tmp_path, numa_nodes):
+    """The launch command's binding flags (trainer/launchers.py, which the chart's template
+    matches flag for flag) on two 8-GPU nodes: local ranks 0-3 on socket 0 and 4-7 on socket 1
+    (the GPUs' sockets), each NUMA domain holding ceil(8 / domains) of them in order. Before:
+    `--map-by ppr:8:node` bound all 8 to socket 0."""
+    from shardbench.trainer.launchers import LaunchPlan, _mpirun_flags
+
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("worker-0 slots=8\nworker-1 slots=8\n")
+    plan = LaunchPlan(launcher="mpirun", nodes=2, procs_per_node=8, trainer_args=[], numa_bind=True,
+                      numa_nodes=numa_nodes)
+    mapped = _mapped(_mpirun_flags(plan), TOPOLOGIES[numa_nodes], hostfile, np=16)
+    per_numa = 8 // numa_nodes
+    for rank, (node, local, binding) in enumerate(mapped):
+        assert node == f"worker-{rank // 8}" and local == rank % 8, mapped
+        assert binding.startswith(f"package[{local // 4}]"), mapped  # the GPU's socket
+    # One NUMA domain per group of per_numa local ranks, a different one for each group.
+    domains = [binding for _, local, binding in mapped[:8]]
+    assert len(set(domains)) == numa_nodes and all(
+        domains[i] == domains[i - i % per_numa] for i in range(8)), domains
