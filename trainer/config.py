@@ -128,6 +128,13 @@ class RunConfig:
     threads_per_rank: int = knob(1, section="parallelism", min=1, same_loss=True)
     """CPU threads of every rank whatever the world size (1 rank = 1 core, like 1 GPU); each rank
     is pinned to cores of its own when the machine has enough."""
+    tp: int = knob(1, section="parallelism", min=1, same_loss=True)
+    """Tensor-parallel degree: each block's attention heads and MLP columns split over this many
+    ranks of one worker (sequence parallel on the norms, vocabulary-parallel embedding and loss);
+    ddp and fsdp only. The data-parallel degree is world size / tp."""
+    dp_replicate: int = knob(1, section="parallelism", min=1, same_loss=True)
+    """fsdp only: data-parallel replicate degree (HSDP: parameters sharded inside groups of
+    world size / (tp x dp-replicate) ranks and replicated across this many groups)."""
     activation_checkpointing: bool = knob(False, section="model", same_loss=True)
     """Recompute each block's activations in backward (memory for compute)."""
     compile: bool = knob(False, section="model", same_loss=True)
@@ -191,9 +198,13 @@ class RunConfig:
         """AdamW's betas as torch takes them (the trainer, the record and the planner's trace)."""
         return (self.adam_beta1, self.adam_beta2)
 
+    def dp_degree(self, world_size: int) -> int:
+        """Data-parallel ranks (each with rows of its own): tensor-parallel peers share rows."""
+        return max(1, world_size // self.tp)
+
     def effective_grad_accum(self, world_size: int) -> int:
         if self.global_batch is not None:
-            return self.global_batch // (self.micro_batch * world_size)
+            return self.global_batch // (self.micro_batch * self.dp_degree(world_size))
         return self.grad_accum or 1
 
 
