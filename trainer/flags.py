@@ -31,6 +31,10 @@ def _default(f: Field) -> Any:
     return f.default if f.default is not MISSING else None
 
 
+_BOUNDS = (("min", ">= {}"), ("above", "> {}"), ("max", "<= {}"), ("below", "< {}"))
+"""knob() bounds (trainer/config.py) as the help shows them."""
+
+
 def argument(f: Field, kind: Any, doc: str, *, defaults: bool = True, value_type: Callable | None = None,
              dest: str | None = None, help_suffix: str = "") -> dict[str, Any]:
     """argparse keywords for one field. defaults=False: every flag defaults to None (it overrides
@@ -40,8 +44,9 @@ def argument(f: Field, kind: Any, doc: str, *, defaults: bool = True, value_type
     optional = typing.get_origin(kind) in (typing.Union, types.UnionType)
     base = next((a for a in args if a is not type(None)), kind) if optional else kind
     shown = "" if default is None or not defaults else f" (default: {default})"
+    bounds = ", ".join(text.format(f.metadata[key]) for key, text in _BOUNDS if f.metadata.get(key) is not None)
     spec: dict[str, Any] = {"dest": dest or f.name, "default": default,
-                            "help": (doc + help_suffix + shown).replace("%", "%%")}
+                            "help": (doc + help_suffix + (f" [{bounds}]" if bounds else "") + shown).replace("%", "%%")}
     if defaults and f.default is MISSING and f.default_factory is MISSING:
         spec["required"] = True
     if value_type is not None:

@@ -19,7 +19,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 HELM = REPO / ".tools" / "helm3" / "helm"
-FIELD = '''    throwaway_knob: int = knob(3, min=1, chart=True)
+FIELD = '''    throwaway_knob: int = knob(3, section="optimizer", min=1, max=9, chart=True)
     """A knob that exists only in tests/suite/test_knob_flow.py's copy of the checkout."""
 '''
 ANCHOR = '    """Seeds the initial weights and the synthetic tokens: same seed, same run."""\n'
@@ -29,7 +29,7 @@ ANCHOR = '    """Seeds the initial weights and the synthetic tokens: same seed, 
 def copy(tmp_path_factory) -> Path:
     """This checkout's code, chart and values with one field added to RunConfig."""
     root = tmp_path_factory.mktemp("knob") / "repo"
-    for part in ("trainer", "suite", "tui", "chart", "scripts", "values"):
+    for part in ("trainer", "suite", "tui", "chart", "scripts", "values", "docs"):
         shutil.copytree(REPO / part, root / part, ignore=shutil.ignore_patterns("__pycache__", "__snapshots__"))
     # The copy imports as the `shardbench` namespace from PYTHONPATH (the install maps the same
     # folders, setup.py): a namespace folder whose packages are the copy's own.
@@ -61,8 +61,12 @@ def test_a_new_field_is_a_flag_a_matrix_axis_and_a_chart_value(copy):
         from shardbench.trainer.config import build_parser
         from shardbench.suite.matrix import matrix_from_dict, expand
         from shardbench.suite.backends.kube.values import run_overrides
-        helps = {a.dest: a.help for a in build_parser()._actions}
+        parser = build_parser()
+        helps = {a.dest: a.help for a in parser._actions}
         assert "A knob that exists only" in helps["throwaway_knob"] and "(default: 3)" in helps["throwaway_knob"]
+        assert "[>= 1, <= 9]" in helps["throwaway_knob"]
+        group = next(g for g in parser._action_groups if any(a.dest == "throwaway_knob" for a in g._group_actions))
+        assert group.title == "optimizer options"
         specs, errors = expand(matrix_from_dict({"strategies": ["ddp"], "world_sizes": [1], "throwaway_knob": [2, 3]}))
         assert errors == [] and len(specs) == 2 and specs[0].config_id != specs[1].config_id, errors
         args = specs[1].trainer_args()
@@ -70,11 +74,32 @@ def test_a_new_field_is_a_flag_a_matrix_axis_and_a_chart_value(copy):
         assert run_overrides(specs[1])["run"]["throwawayKnob"] == 3
         _, errors = expand(matrix_from_dict({"strategies": ["ddp"], "world_sizes": [1], "throwaway_knob": 0}))
         assert errors == ["throwaway_knob must be at least 1, got 0"], errors
+        _, errors = expand(matrix_from_dict({"strategies": ["ddp"], "world_sizes": [1], "throwaway_knob": 10}))
+        assert errors == ["throwaway_knob must be at most 9, got 10"], errors
+        from shardbench.trainer import knobs
+        assert [f.name for f in knobs.by_section()["optimizer"]][:2] == ["throwaway_knob", "lr"]  # declared after seed
     """)
     assert proc.returncode == 0, proc.stderr
     cli = py(copy, "", "-m", "shardbench.suite.cli", "run", "--dry-run", "--strategies", "ddp", "--world-sizes", "1",
              "--repeats", "1", "--throwaway-knob", "5")
     assert cli.returncode == 0 and "--throwaway-knob 5" in cli.stdout, cli.stderr
+    bad = py(copy, "", "-m", "shardbench.suite.cli", "run", "--dry-run", "--strategies", "ddp", "--world-sizes", "1",
+             "--repeats", "1", "--throwaway-knob", "10")
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
+        "shardbench: invalid matrix: throwaway_knob must be at most 9, got 10"], bad.stderr
+    trainer = py(copy, "", "-m", "shardbench.trainer", "--strategy", "ddp", "--throwaway-knob", "10")
+    assert trainer.returncode == 2 and "--throwaway-knob must be at most 9, got 10" in trainer.stderr
+    helps = py(copy, "", "-m", "shardbench.suite.cli", "run", "--help")
+    assert "trainer knobs: optimizer" in helps.stdout and "--throwaway-knob" in helps.stdout
+
+
+def test_the_knob_docs_generator_picks_it_up(copy):
+    stale = py(copy, "", "scripts/gen_knob_docs.py", "--check")
+    assert stale.returncode == 1 and "docs/knobs.md is out of date" in stale.stderr
+    assert py(copy, "", "scripts/gen_knob_docs.py").returncode == 0
+    text = (copy / "docs" / "knobs.md").read_text()
+    optimizer = text.split("## optimizer")[1].split("## ")[0]
+    assert "| `--throwaway-knob` | int | `3` | >= 1, <= 9 | chart | A knob that exists only" in optimizer
 
 
 def test_the_chart_generator_picks_it_up(copy):
@@ -85,7 +110,8 @@ def test_the_chart_generator_picks_it_up(copy):
     assert {"value": "throwawayKnob", "flag": "--throwaway-knob", "noFlag": "--no-throwaway-knob",
             "type": "integer"} in contract["runFlags"]
     schema = json.loads((copy / "chart" / "values.schema.json").read_text())
-    assert schema["properties"]["run"]["properties"]["throwawayKnob"] == {"type": "integer", "minimum": 1}
+    assert schema["properties"]["run"]["properties"]["throwawayKnob"] == {"type": "integer", "minimum": 1,
+                                                                          "maximum": 9}
     assert HELM.is_file(), "helm missing: run scripts/install-tools.sh (make test does)"
     for sets, want in (((), None), (("--set", "run.throwawayKnob=5"), "5")):
         out = subprocess.run([str(HELM), "template", "sb", str(copy / "chart"), *sets], capture_output=True,
@@ -97,6 +123,9 @@ def test_the_chart_generator_picks_it_up(copy):
             assert "--throwaway-knob" not in args
         else:
             assert args[args.index("--throwaway-knob") + 1] == want
+    over = subprocess.run([str(HELM), "template", "sb", str(copy / "chart"), "--set", "run.throwawayKnob=10"],
+                          capture_output=True, text=True, timeout=120)
+    assert over.returncode != 0 and "throwawayKnob" in over.stderr and "maximum" in over.stderr, over.stderr
 
 
 @pytest.mark.slow
@@ -108,6 +137,9 @@ def test_a_real_run_records_it_and_the_csv_compares_on_it(copy, tmp_path):
     assert run.returncode == 0, run.stderr[-2000:]
     record = json.loads((out / "result.json").read_text())
     assert record["settings"]["throwaway_knob"] == 7
+    names = list(record["settings"])  # listed section by section: the optimizer's knobs together
+    assert names[names.index("throwaway_knob"):names.index("adam_eps") + 1] == [
+        "throwaway_knob", "lr", "weight_decay", "grad_clip", "lr_warmup_steps", "adam_beta1", "adam_beta2", "adam_eps"]
     proc = py(copy, f"""
         import json
         from shardbench.suite import groups, metrics
