@@ -2,6 +2,14 @@
 
 Pre-LayerNorm blocks, GELU MLP, learned position embeddings, token embedding tied to the output
 head, attention through `scaled_dot_product_attention` (flash / memory-efficient kernels on GPU).
+
+Tensor-parallel ready (trainer/parallel.py): q, k and v are separate projections, so a column
+plan shards each by heads (a fused qkv split by columns would hand one rank all of q and part of
+k); attention takes its head count from the width it is given (a tensor-parallel rank sees
+n_embd / tp of it, n_head / tp heads); the position embedding is a module called on the
+positions, so a plan can shard its output by sequence. The separate projections are drawn as the
+fused one was (one (3d, d) normal draw, split), so every strategy trains to the same losses as
+before; checkpoints of the fused layout do not resume (presets.ModelConfig.attention).
 """
 from __future__ import annotations
 
@@ -17,19 +25,22 @@ from shardbench.trainer.presets import PRESETS, ModelConfig  # noqa: F401 (re-ex
 class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.n_head = cfg.n_head
-        self.qkv = nn.Linear(cfg.n_embd, 3 * cfg.n_embd)
+        self.head_dim = cfg.n_embd // cfg.n_head
+        self.q = nn.Linear(cfg.n_embd, cfg.n_embd)
+        self.k = nn.Linear(cfg.n_embd, cfg.n_embd)
+        self.v = nn.Linear(cfg.n_embd, cfg.n_embd)
         self.proj = nn.Linear(cfg.n_embd, cfg.n_embd)
         self.dropout = cfg.dropout
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, T, C = x.shape
-        q, k, v = self.qkv(x).split(C, dim=2)
-        # (B, T, C) -> (B, heads, T, head_dim)
-        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        B, T, _ = x.shape
+        q, k, v = self.q(x), self.k(x), self.v(x)
+        width = q.size(-1)  # n_embd, or n_embd / tp on a tensor-parallel rank (its heads only)
+        # (B, T, width) -> (B, heads here, T, head_dim)
+        q, k, v = (t.view(B, T, width // self.head_dim, self.head_dim).transpose(1, 2) for t in (q, k, v))
         drop = self.dropout if self.training else 0.0
         y = F.scaled_dot_product_attention(q, k, v, dropout_p=drop, is_causal=True)
-        return self.proj(y.transpose(1, 2).contiguous().view(B, T, C))
+        return self.proj(y.transpose(1, 2).contiguous().view(B, T, width))
 
 
 class MLP(nn.Module):
@@ -68,25 +79,41 @@ class TinyGPT(nn.Module):
         self.ln_f = nn.LayerNorm(cfg.n_embd)
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # weight tying (GPT-2)
-        self.apply(self._init_weights)
+        self._init_weights()
         # GPT-2: scale residual projections by 1/sqrt(2 * n_layer) so deep stacks start stable.
         for name, p in self.named_parameters():
             if name.endswith("proj.weight"):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layer))
 
-    @staticmethod
-    def _init_weights(module: nn.Module) -> None:
-        if isinstance(module, nn.Linear):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
-            if module.bias is not None:
-                nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+    def _init_weights(self) -> None:
+        """N(0, 0.02) weights and zero biases, drawn leaf by leaf in module order (as
+        nn.Module.apply did for the fused model); q, k and v as one (3d, d) draw split in three,
+        exactly the fused projection's weight, so the random stream and every value are the same."""
+        done: set[int] = set()
+        for module in self.modules():  # parents before their children
+            if isinstance(module, CausalSelfAttention):
+                fused = torch.empty(3 * module.q.out_features, module.q.in_features)
+                nn.init.normal_(fused, mean=0.0, std=0.02)
+                with torch.no_grad():
+                    for part, rows in zip((module.q, module.k, module.v), fused.chunk(3)):
+                        part.weight.copy_(rows)
+                        nn.init.zeros_(part.bias)
+                        done.add(id(part))
+            elif id(module) in done:
+                continue
+            elif isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, mean=0.0, std=0.02)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.Embedding):
+                nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
         T = idx.size(1)
         if T > self.cfg.block_size:
             raise ValueError(f"sequence length {T} exceeds block size {self.cfg.block_size}")
+        # (T,) positions through the table: under sequence parallelism its output is sharded by
+        # position and adds to this rank's part of the token embeddings.
         pos = torch.arange(T, device=idx.device)
         x = self.drop(self.wte(idx) + self.wpe(pos))
         for block in self.blocks:

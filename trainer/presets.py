@@ -21,6 +21,10 @@ class ModelConfig:
     """Sequence length used when the run does not give one."""
     dropout: float = 0.0
     """Off by default: benchmarks compare deterministic work."""
+    attention: str = "q,k,v"
+    """How attention's input projections are stored: separate q, k, v (tensor-parallel ready).
+    Part of a checkpoint's resume key, so a checkpoint of the earlier fused `qkv` layout (whose key
+    lacks it) is refused in one line instead of failing on missing state-dict keys."""
 
     def flops_params(self) -> int:
         """N in 6N + 12LdT: every parameter except the position table (it does no matmul)."""
