@@ -33,16 +33,20 @@ from shardbench.suite.matrix import MatrixSpec, default_matrix, load_matrix, sav
 MODES = ("matrix", "runs", "logs", "results")
 
 
+SCREENS = Binding.Group("screens", compact=False)
+
+
 class BenchApp(App):
     CSS_PATH = Path(__file__).with_name("app.tcss")  # absolute: subclasses may live anywhere
     TITLE = "benchtui"
     SUB_TITLE = "shardbench strategy matrix"
     BINDINGS = [
         Binding("f1,question_mark", "help", "Help"),
-        Binding("f2,1", "mode('matrix')", "Matrix"),
-        Binding("f3,2", "mode('runs')", "Runs"),
-        Binding("f4,3", "mode('logs')", "Logs"),
-        Binding("f5,4", "mode('results')", "Results"),
+        # One footer entry for the four screens: at 80 columns the footer showed only up to F3.
+        Binding("f2,1", "mode('matrix')", "Matrix", group=SCREENS),
+        Binding("f3,2", "mode('runs')", "Runs", group=SCREENS),
+        Binding("f4,3", "mode('logs')", "Logs", group=SCREENS),
+        Binding("f5,4", "mode('results')", "Results", group=SCREENS),
         Binding("ctrl+r", "run_matrix", "Run", show=False),
         Binding("x", "cancel_all", "Cancel all", show=False),
         Binding("q", "quit", "Quit"),

@@ -45,8 +45,22 @@ class RunRow:
         if self.state == "running":
             return f"running step {self.step}/{self.steps}"
         if self.state == "failed" and self.detail:
-            return f"failed: {self.detail}"
+            # The runner's detail already starts with the record's status ("failed: ..."):
+            # said once, not "failed: failed: ...".
+            return f"failed: {self.detail.removeprefix('failed: ')}"
         return self.state
+
+    def state_short(self) -> str:
+        """The state column: one word or 'step 3/10' (the reason goes to the detail column)."""
+        if self.state == "running" and self.steps:
+            return f"step {self.step}/{self.steps}"
+        return "starting" if self.state == "running" else self.state
+
+    def reason(self) -> str:
+        """Why a run failed or was cancelled ('' when there is nothing to say)."""
+        if self.state not in ("failed", "cancelled") or not self.detail:
+            return ""
+        return self.detail.removeprefix("failed: ")
 
 
 class RunBoard:

@@ -19,15 +19,18 @@ from shardbench.tui.app.board import RunBoard
 from shardbench.tui.app.log_view import LogView
 
 
+OTHER_RUN = Binding.Group("other run")
+
+
 class LogsScreen(Screen):
     BINDINGS = [
         Binding("f", "toggle_follow", "Follow"),
         Binding("slash", "search", "Search"),
-        Binding("n", "match(1)", "Next match"),
-        Binding("N", "match(-1)", "Prev match"),
+        Binding("n", "match(1)", "Next match", show=False),  # the footer fits 80 columns; F1 lists these
+        Binding("N", "match(-1)", "Prev match", show=False),
         Binding("e", "jump_error", "Error"),
-        Binding("left_square_bracket", "other_run(-1)", "Prev run"),
-        Binding("right_square_bracket", "other_run(1)", "Next run"),
+        Binding("left_square_bracket", "other_run(-1)", "Prev run", group=OTHER_RUN),
+        Binding("right_square_bracket", "other_run(1)", "Next run", group=OTHER_RUN),
         Binding("escape", "close_search", "Close search", show=False),
     ]
 
@@ -48,7 +51,7 @@ class LogsScreen(Screen):
         search = Input(placeholder="search the whole log (enter: next match, esc: close)", id="log-search")
         search.display = False
         yield search
-        yield Footer()
+        yield Footer(compact=True, show_command_palette=False)  # 80 columns: F1-F5 and q stay visible
 
     def on_mount(self) -> None:
         if self.run_id is None and self.board.rows:

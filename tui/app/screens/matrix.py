@@ -62,7 +62,7 @@ class MatrixScreen(Screen):
         Binding("ctrl+f", "app.run_matrix(True)", "Re-measure"),
         Binding("ctrl+s", "save", "Save"),
         Binding("ctrl+o", "load", "Load"),
-        Binding("ctrl+l", "plan", "Plan", show=False),
+        Binding("ctrl+l", "plan", "Plan"),
     ]
 
     def __init__(self, initial: MatrixSpec | None = None, path: str | None = None) -> None:
@@ -105,7 +105,7 @@ class MatrixScreen(Screen):
                 plan = Static(id="plan")  # ctrl+l: the planner's prediction per run (suite/planning.py)
                 plan.display = False  # shown once asked for
                 yield plan
-        yield Footer()
+        yield Footer(compact=True, show_command_palette=False)  # 80 columns: F1-F5 and q stay visible
 
     def _selects(self) -> ComposeResult:
         choices = {

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from rich.markup import escape
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -55,6 +56,12 @@ def row_style(row: Row) -> str:
     return ROW_STYLES["not ok"] if row.status != "ok" else ""
 
 
+PLOT_COLORS = [("blue+", "bright_blue"), ("green+", "bright_green"), ("red+", "bright_red"), ("cyan+", "bright_cyan"),
+               ("magenta+", "bright_magenta"), ("yellow+", "bright_yellow"), ("blue", "blue"), ("green", "green"),
+               ("red", "red"), ("cyan", "cyan"), ("magenta", "magenta"), ("yellow", "yellow")]
+"""Plot line colours: plotext's name and Rich's for the legend line."""
+
+
 class ResultsScreen(Screen):
     VERTICAL_BREAKPOINTS = [(0, "-short"), (36, "-tall")]
     """Below 36 rows the plots and verdicts shrink so the table keeps its rows (80x24 showed none)."""
@@ -62,11 +69,11 @@ class ResultsScreen(Screen):
         Binding("l", "logs", "Log"),
         Binding("f", "remeasure", "Re-measure"),
         Binding("s", "sort_next", "Sort"),
-        Binding("v", "reverse", "Reverse"),
-        Binding("w", "app.write_report", "Write report"),
-        Binding("o", "open_dir", "Open dir"),
-        Binding("R", "app.reload_results", "Reload"),
-        Binding("p", "next_plot", "Next plot"),
+        Binding("v", "reverse", "Reverse", show=False),  # the footer fits 80 columns; F1 lists these
+        Binding("w", "app.write_report", "Report"),
+        Binding("o", "open_dir", "Open", show=False),
+        Binding("R", "app.reload_results", "Reload", show=False),
+        Binding("p", "next_plot", "Plot"),
     ]
 
     def __init__(self, results_dir: Path | None = None) -> None:
@@ -92,7 +99,8 @@ class ResultsScreen(Screen):
         with Horizontal(id="plots"):
             yield PlotextPlot(id="plot-left")
             yield PlotextPlot(id="plot-right")
-        yield Footer()
+        yield Static(id="plot-legend")
+        yield Footer(compact=True, show_command_palette=False)  # 80 columns: F1-F5 and q stay visible
 
     def on_mount(self) -> None:
         self._render_view()
@@ -120,6 +128,13 @@ class ResultsScreen(Screen):
         self.query_one("#winners", Static).update(text)
         self._plot("#plot-left", 0)
         self._plot("#plot-right", self.right_plot)
+        legend = "  ".join(f"[{rich}]━━ {escape(label)}[/]" for label, (_, rich) in self._colors().items())
+        self.query_one("#plot-legend", Static).update(legend)
+
+    def _colors(self) -> dict[str, tuple[str, str]]:
+        """label -> (plotext colour, Rich colour), the same in both plots and the legend line."""
+        labels = sorted({label for series in self.view.series.values() for label in series})
+        return {label: PLOT_COLORS[i % len(PLOT_COLORS)] for i, label in enumerate(labels)}
 
     def action_next_plot(self) -> None:
         """The right-hand plot shows the next of the report's plots (model state, step time,
@@ -141,13 +156,16 @@ class ResultsScreen(Screen):
         plt.xlabel("devices")
         plt.ylabel(unit)
         limits = plots.y_limits(series)  # intervals cut at the means' range xCLIP, as in the report's plots
+        colors = self._colors()
         for strategy, points in series.items():
             xs, ys = [p[0] for p in points], [p[1] for p in points]
-            plt.plot(xs, ys, label=strategy, marker="braille")
+            # No in-plot legend: at 80x24 a plot has 3 rows for it and lost the rest; the legend
+            # is the line below the plots, in the same colours.
+            plt.plot(xs, ys, marker="braille", color=colors[strategy][0])
             cut = [plots.clipped(p[2], p[3], limits)[:2] for p in points]
             widths = [hi - lo for lo, hi in cut]
             if any(widths):  # plotext draws y +- yerr/2: centred on the (log-scale) interval, [low, high]
-                plt.error(xs, [(lo + hi) / 2 for lo, hi in cut], yerr=widths)
+                plt.error(xs, [(lo + hi) / 2 for lo, hi in cut], yerr=widths, color=colors[strategy][0])
         if series:
             ticks = sorted({p[0] for pts in series.values() for p in pts})
             plt.xticks(ticks, [f"{t:g}" for t in ticks])

@@ -1,6 +1,7 @@
 """Runs screen: the queue with each run's state, live tokens/s and loss, elapsed and ETA; cancel."""
 from __future__ import annotations
 
+from rich.markup import escape
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.screen import Screen
@@ -9,8 +10,10 @@ from textual.widgets import DataTable, Footer, Header, Static
 from shardbench.tui.app.board import RunBoard, RunRow
 from shardbench.tui.app.messages import CancelRun, ShowLogs
 
+# Short columns first, the reason last: at 80 columns a reason in the state column pushed
+# elapsed and ETA off the screen. The highlighted row's whole state is in the line below.
 COLUMNS = (("#", "index"), ("run", "run"), ("state", "state"), ("tok/s", "tps"), ("loss", "loss"),
-           ("elapsed", "elapsed"), ("ETA", "eta"))
+           ("time", "elapsed"), ("ETA", "eta"), ("why", "why"))
 
 
 def duration(seconds: float | None) -> str:
@@ -26,7 +29,8 @@ def cells(row: RunRow) -> tuple[str, ...]:
     tps = "" if row.tokens_per_s is None else f"{row.tokens_per_s:,.1f}"
     loss = "" if row.loss is None else f"{row.loss:.4f}"
     eta = duration(row.run_eta_s) if row.state == "running" else ""
-    return (str(row.index + 1), row.run_id, row.state_text(), tps, loss, duration(row.elapsed_s()), eta)
+    return (str(row.index + 1), row.run_id, row.state_short(), tps, loss, duration(row.elapsed_s()), eta,
+            row.reason())
 
 
 class RunsScreen(Screen):
@@ -50,7 +54,8 @@ class RunsScreen(Screen):
         for title, key in COLUMNS:
             table.add_column(title, key=key)
         yield table
-        yield Footer()
+        yield Static("", id="run-detail")
+        yield Footer(compact=True, show_command_palette=False)  # 80 columns: F1-F5 and q stay visible
 
     def on_mount(self) -> None:
         self.redraw()
@@ -77,6 +82,17 @@ class RunsScreen(Screen):
             return
         for (_, key), value in zip(COLUMNS, cells(row)):
             table.update_cell(row.run_id, key, value, update_width=True)
+        if row.run_id == self.selected_run():
+            self.show_detail(row.run_id)
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        self.show_detail(event.row_key.value)
+
+    def show_detail(self, run_id: str | None) -> None:
+        """The highlighted run's whole state, wrapped: a failure reason is never cut."""
+        row = self.board.rows.get(run_id) if run_id else None
+        text = "" if row is None else f"{row.run_id}: {row.state_text()}"
+        self.query_one("#run-detail", Static).update(escape(text))
 
     def update_progress(self) -> None:
         board = self.board
