@@ -173,8 +173,8 @@ class RunConfig:
     """auto (the newest valid checkpoint in --checkpoint-dir, if any), never, or a checkpoint
     directory."""
     metrics_port: int | None = knob(None, section="telemetry", min=0, recorded_only=True)
-    """Serve live Prometheus metrics from rank 0 on this TCP port (0: any free port); default:
-    none (trainer/exporter.py)."""
+    """Serve live Prometheus metrics from every rank on this TCP port plus its local rank (0: any
+    free port); default: none (trainer/exporter.py)."""
     metrics_hold_s: float = knob(0.0, section="telemetry", min=0, recorded_only=True)
     """With --metrics-port: keep serving the final values this many seconds after the record."""
     expected_tokens_per_s: float | None = knob(None, section="telemetry", above=0, recorded_only=True)

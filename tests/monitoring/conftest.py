@@ -22,7 +22,7 @@ for extra in (HERE, HERE.parent / "chart"):
     if str(extra) not in sys.path:
         sys.path.insert(0, str(extra))
 
-from chart_helpers import REPO, TOOLS, helm_cmd, render, tool  # noqa: E402,F401
+from chart_helpers import RELEASE, REPO, TOOLS, helm_cmd, render, tool  # noqa: E402,F401
 
 PROMETHEUS = TOOLS / "prometheus" / "prometheus"
 PROMTOOL = TOOLS / "prometheus" / "promtool"
@@ -38,6 +38,17 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def port_free(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def rendered(kind: str, sets: tuple[str, ...] = METRICS_SETS) -> list[dict]:
@@ -88,7 +99,9 @@ class LiveRun:
 def start_prometheus(tmp: Path, targets: list[str], rules: dict | None = None) -> tuple[subprocess.Popen, PromAPI]:
     port = free_port()
     config = {"global": {"scrape_interval": SCRAPE, "scrape_timeout": SCRAPE, "evaluation_interval": SCRAPE},
-              "scrape_configs": [{"job_name": "shardbench", "static_configs": [{"targets": targets}]}]}
+              # The release label the chart's PodMonitor puts on its targets (its rules select by it).
+              "scrape_configs": [{"job_name": "shardbench",
+                                  "static_configs": [{"targets": targets, "labels": {"release": RELEASE}}]}]}
     if rules is not None:
         (tmp / "rules.yaml").write_text(yaml.safe_dump(rules))
         config["rule_files"] = [str(tmp / "rules.yaml")]
@@ -114,9 +127,10 @@ def start_prometheus(tmp: Path, targets: list[str], rules: dict | None = None) -
 @pytest.fixture(scope="session")
 def live_run(tmp_path_factory) -> LiveRun:
     """A real two-rank ddp run (torchrun, gloo) scraped every 250 ms by a real Prometheus that
-    also evaluates the chart's alert rules. The run resumes from a checkpoint an earlier, identical
-    run left (60 steps, one every 25), so checkpoint load, saves and the restart are live too;
-    rank 0 exports on a free port and holds its final values 2 s."""
+    also evaluates the chart's alert rules. Every rank exports (rank 0 on the port, rank 1 on the
+    port + 1). The run resumes from a checkpoint an earlier, identical run left (60 steps, one every
+    25) and saves every 5 steps itself (step 55 is a checkpoint step; the last step never saves), so checkpoint load,
+    saves and the restart are live too; the ranks hold their final values 2 s."""
     from tests.trainer.conftest import command, cpu_env  # the trainer launch helpers
     from shardbench.trainer.record import END_MARKER, START_MARKER
 
@@ -128,8 +142,12 @@ def live_run(tmp_path_factory) -> LiveRun:
                            text=True, timeout=240)
     assert first.returncode == 0, first.stderr[-3000:]
     port = free_port()
-    prom, api = start_prometheus(tmp, [f"127.0.0.1:{port}"], chart_rule_groups())
-    args += ["--metrics-port", str(port), "--metrics-hold-s", "2", "--expected-tokens-per-s", "1e9"]
+    while not port_free(port + 1):
+        port = free_port()
+    prom, api = start_prometheus(tmp, [f"127.0.0.1:{port}", f"127.0.0.1:{port + 1}"], chart_rule_groups())
+    args[args.index("--checkpoint-every") + 1] = "5"
+    args += ["--resume-allow", "checkpointing", "--metrics-port", str(port), "--metrics-hold-s", "2",
+             "--expected-tokens-per-s", "1e9"]
     try:
         start = time.time()
         run = subprocess.run(command(args, "torchrun", 2, tmp), cwd=REPO, env=cpu_env(), capture_output=True,

@@ -12,7 +12,7 @@ from tests.monitoring.conftest import dashboard
 
 pytestmark = pytest.mark.slow
 
-GPU_ONLY = {"GPU utilisation and temperature"}
+GPU_ONLY = {"GPU utilisation", "GPU temperature"}
 
 
 def _expr(expr: str) -> str:
