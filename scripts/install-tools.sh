@@ -98,7 +98,10 @@ fi
 
 # The MLflow server for the tracking test, in its own venv: its pins (sqlalchemy, flask, ...)
 # must not move the app's. The app itself only needs the client (the `tracking` extra).
-ML="$(cd "$TOOLS" && pwd)/mlflow-venv"  # absolute: pip writes it into #! lines
+# Absolute and physical (pwd -P): pip writes it into #! lines, and a .tools reached through a
+# symlink must compare equal to the venv it already holds (a logical path differed, so the
+# venv was deleted and rebuilt on every run).
+ML="$(cd "$TOOLS" && pwd -P)/mlflow-venv"
 # A venv whose checkout moved keeps scripts with the old path in their #! line: rebuild it.
 if ! head -1 "$ML/bin/mlflow" 2>/dev/null | grep -qxF "#!$ML/bin/python" \
     || [ "$(cat "$ML/.version" 2>/dev/null)" != "$MLFLOW_VERSION" ]; then
