@@ -1,6 +1,7 @@
 """The chart's monitoring objects: off by default; on, the PodMonitor and the metrics
-NetworkPolicy select worker 0 (where rank 0 runs under either launcher, never the launcher pod),
-the NetworkPolicy opens the metrics port and nothing else, the trainer gets the metrics flags and
+NetworkPolicy select every pod that runs ranks (MPIJob workers under either launcher, never the
+launcher pod; Ray's worker group, never its head, with ray.enabled), one endpoint per local rank's
+port, the NetworkPolicy opens those ports and nothing else, the trainer gets the metrics flags and
 parses them, the core objects validate strictly, and the schema rejects bad values."""
 from __future__ import annotations
 
@@ -29,30 +30,58 @@ def test_everything_is_off_by_default(helm):
     assert "--metrics-port" not in args
 
 
-@pytest.mark.parametrize("launcher", ["mpirun", "deepspeed"])
-def test_monitors_select_worker_0_not_the_launcher(launcher):
-    docs = render("helm3", (), METRICS_SETS + ("workers=2", f"launcher={launcher}"))
-    pods = replica_pods(one(docs, "MPIJob"))
-    # The MPI Operator adds the replica index to each worker's labels (v2beta1 newWorker()).
-    worker0 = {**pods["Worker"]["metadata"]["labels"], "training.kubeflow.org/replica-index": "0"}
-    worker1 = {**worker0, "training.kubeflow.org/replica-index": "1"}
-    launcher_labels = pods["Launcher"]["metadata"]["labels"]
+def selects(selector, labels):
+    assert set(selector) == {"matchLabels"}, selector
+    return all(labels.get(k) == v for k, v in selector["matchLabels"].items())
 
-    def selects(selector, labels):
-        return all(labels.get(k) == v for k, v in selector.items())
 
+def _monitors(docs):
     pm = one(docs, "PodMonitor")
     policy = next(d for d in docs if d["metadata"]["name"].endswith("-metrics"))
-    for selector in (pm["spec"]["selector"]["matchLabels"], policy["spec"]["podSelector"]["matchLabels"]):
-        assert selects(selector, worker0) and not selects(selector, worker1)
-        assert not selects(selector, launcher_labels)
-    (endpoint,) = pm["spec"]["podMetricsEndpoints"]
-    ports = {p["name"]: p["containerPort"] for p in pods["Worker"]["spec"]["containers"][0]["ports"]}
-    assert endpoint["port"] == "metrics" and ports["metrics"] == 9400
-    # The NetworkPolicy opens that port alone, to the monitoring namespace by default.
+    return pm, policy, (pm["spec"]["selector"], policy["spec"]["podSelector"])
+
+
+def _ports_match(pm, policy, container):
+    """One endpoint per local rank's named port, each labelled with the release; the
+    NetworkPolicy opens exactly those ports, to the monitoring namespace by default."""
+    ports = {p["name"]: p["containerPort"] for p in container["ports"] if p["name"].startswith("metrics")}
+    assert ports == {"metrics": 9400, "metrics-1": 9401}
+    assert [e["port"] for e in pm["spec"]["podMetricsEndpoints"]] == ["metrics", "metrics-1"]
+    for endpoint in pm["spec"]["podMetricsEndpoints"]:
+        assert endpoint["relabelings"] == [{"targetLabel": "release", "replacement": "sb"}]
     (rule,) = policy["spec"]["ingress"]
-    assert rule["ports"] == [{"protocol": "TCP", "port": 9400}]
+    assert rule["ports"] == [{"protocol": "TCP", "port": 9400}, {"protocol": "TCP", "port": 9401}]
     assert rule["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+
+
+@pytest.mark.parametrize("launcher", ["mpirun", "deepspeed"])
+def test_monitors_select_every_worker_not_the_launcher(launcher):
+    docs = render("helm3", (), METRICS_SETS + ("workers=2", "gpusPerWorker=2", f"launcher={launcher}",
+                                               "networkPolicy.enabled=true"))
+    pods = replica_pods(one(docs, "MPIJob"))
+    # The MPI Operator adds the replica index to each worker's labels (v2beta1 newWorker()).
+    workers = [{**pods["Worker"]["metadata"]["labels"], "training.kubeflow.org/replica-index": str(i)} for i in (0, 1)]
+    pm, policy, selectors = _monitors(docs)
+    for selector in selectors:
+        assert all(selects(selector, w) for w in workers)
+        assert not selects(selector, pods["Launcher"]["metadata"]["labels"])
+    _ports_match(pm, policy, pods["Worker"]["spec"]["containers"][0])
+
+
+def test_monitors_select_the_ray_workers_with_ray():
+    """ray.enabled: the ranks run in Ray's worker group; nothing selected the Ray pods before."""
+    docs = render("helm3", (), METRICS_SETS + ("ray.enabled=true", "workers=2", "gpusPerWorker=2",
+                                               "networkPolicy.enabled=true"))
+    cluster = one(docs, "RayJob")["spec"]["rayClusterSpec"]
+    (group,) = cluster["workerGroupSpecs"]
+    head = cluster["headGroupSpec"]["template"]
+    pm, policy, selectors = _monitors(docs)
+    for selector in selectors:
+        assert selects(selector, group["template"]["metadata"]["labels"])
+        assert not selects(selector, head["metadata"]["labels"])
+    _ports_match(pm, policy, group["template"]["spec"]["containers"][0])
+    # The ranks Ray starts are told the port (the driver passes the trainer's args through).
+    assert "'--metrics-port' '9400'" in one(docs, "RayJob")["spec"]["entrypoint"]
 
 
 def test_trainer_gets_and_parses_the_metrics_flags():
