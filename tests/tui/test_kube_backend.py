@@ -278,9 +278,10 @@ def test_pod_states_split_into_fatal_now_and_waiting_within_the_start_timeout():
 
     crash = pod(state={"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 20s"}})
     assert pod_failure(crash) == "container worker CrashLoopBackOff: back-off 20s" and pod_waiting(crash) is None
-    # A failed pull ends the run at once (issue 20): a wrong image does not heal within the start timeout.
+    # A wrong image ends the run at once (issue 20); a pull the kubelet may still win waits
+    # (issue 34: tests/tui/test_kube_pull_errors.py).
     for reason in ("ErrImagePull", "ImagePullBackOff", "InvalidImageName"):
-        pull = pod(state={"waiting": {"reason": reason, "message": "pulling"}})
+        pull = pod(state={"waiting": {"reason": reason, "message": "pulling: manifest unknown"}})
         assert pod_failure(pull).startswith(f"container worker cannot pull image ?: {reason}")
     unschedulable = pod(conditions=[{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
                                      "message": "0/4 nodes have nvidia.com/gpu"}])

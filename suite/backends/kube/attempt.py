@@ -182,7 +182,7 @@ class Attempt:
         if dx.job_phase(job) == "Failed":
             return f"MPIJob failed before its launcher started ({dx.job_message(job)})"
         for pod in pods:
-            failure = dx.pod_failure(pod)
+            failure = self._pod_failure(pod)
             if failure:
                 name = dx.name_of(pod)
                 self._show_events(name)
@@ -204,6 +204,17 @@ class Attempt:
                     f"Operator is not running or does not watch namespace {self.namespace} "
                     "(kubectl get pods -A -l app.kubernetes.io/name=mpi-operator)")
         return None
+
+    def _pod_failure(self, pod: dict) -> str | None:
+        """dx.pod_failure, with the pod's own events when the kubelet is retrying a pull or a
+        container creation: they say whether the retry can succeed."""
+        events: list[dict] = []
+        if dx.retried(pod):
+            try:
+                events = dx.since(kapi.list_events(self.api, self.namespace, [dx.name_of(pod)]), self.began)
+            except Exception:  # noqa: BLE001 - without events: judged on the status message alone
+                pass
+        return dx.pod_failure(pod, events)
 
     def _show_waiting(self, pods: list[dict], shown: dict[str, str]) -> None:
         """Copy each newly seen reason a pod is waiting, and its events, into the log."""

@@ -20,15 +20,23 @@ ROLE_LABEL = "training.kubeflow.org/job-role"
 INSTANCE_LABEL = "app.kubernetes.io/instance"
 """The chart puts the release name on the MPIJob and on both pod templates."""
 
-# Waiting reasons that will not fix themselves: the run fails as soon as one is seen. A failed
-# pull (ErrImagePull, then ImagePullBackOff) is one: a wrong name, tag or registry credential
-# does not heal, and waiting it out cost every run the whole start timeout (a slow pull of a
-# large image is no error: it shows as ContainerCreating).
-PULL_ERRORS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull")
-FATAL_WAITING = (*PULL_ERRORS, "CreateContainerConfigError", "CreateContainerError", "CrashLoopBackOff",
-                 "RunContainerError")
+# A failed pull (ErrImagePull, then ImagePullBackOff) or container creation may heal (a
+# registry's 429, a timeout on a multi-GB pull, containerd's "context deadline exceeded"): the
+# kubelet retries, so the run waits for it within the start timeout. It ends the run at once when
+# the kubelet's words (the status message, or the pod's Warning events: ImagePullBackOff's own
+# message is only "Back-off pulling image") say the image or the credentials are wrong: waiting
+# that out cost every run of a matrix the whole start timeout.
+PULL_ERRORS = ("ErrImagePull", "ImagePullBackOff")
+RETRIED_WAITING = (*PULL_ERRORS, "CreateContainerError")
+PERMANENT_MESSAGES = ("manifest unknown", "not found", "notfound", "unauthorized", "forbidden", "denied",
+                      "authentication required", "invalid reference format", "repository does not exist",
+                      "no such host")
+"""Lower-case words of a pull or create error no retry fixes (registry and containerd wording)."""
+BAD_IMAGE = ("InvalidImageName", "ErrImageNeverPull")
+# Waiting reasons that will not fix themselves: the run fails as soon as one is seen.
+FATAL_WAITING = (*BAD_IMAGE, "CreateContainerConfigError", "CrashLoopBackOff", "RunContainerError")
 # Waiting reasons that time may fix: shown in the log and counted against the start timeout.
-SLOW_WAITING: tuple[str, ...] = ()
+SLOW_WAITING: tuple[str, ...] = RETRIED_WAITING
 # Warning events that mean a pod was refused by the API server, so it will never exist.
 REJECTION_EVENTS = ("FailedCreate", "MPIJobFailed")
 
@@ -83,16 +91,36 @@ def launcher_finished(pod: dict | None) -> bool:
     return bool(main) and all((cs.get("state") or {}).get("terminated") for cs in main)
 
 
-def pod_failure(pod: dict) -> str | None:
-    """Why a pod has failed for good (a container exited with an error, a fatal waiting reason)."""
+def retried(pod: dict) -> bool:
+    """A container waits for a pull or a creation the kubelet retries: its events tell whether
+    the retry can succeed (pod_failure's `events`)."""
+    return any(((cs.get("state") or {}).get("waiting") or {}).get("reason") in RETRIED_WAITING
+               for cs in _containers(pod))
+
+
+def permanent(*texts: str | None) -> bool:
+    """The kubelet's words say no retry will fix it (PERMANENT_MESSAGES)."""
+    text = " ".join(t or "" for t in texts).lower()
+    return any(word in text for word in PERMANENT_MESSAGES)
+
+
+def pod_failure(pod: dict, events: Iterable[dict] = ()) -> str | None:
+    """Why a pod has failed for good (a container exited with an error, a fatal waiting reason,
+    a pull or creation error that `events` or the status message show to be permanent)."""
+    warnings = [str(e.get("message") or "") for e in events if e.get("type") == "Warning"]
     for cs in _containers(pod):
         state = cs.get("state") or {}
         waiting = state.get("waiting") or {}
-        if waiting.get("reason") in PULL_ERRORS:
-            head = (f"container {cs.get('name')} cannot pull image {cs.get('image') or '?'}: {waiting['reason']} "
+        reason = waiting.get("reason")
+        if reason in BAD_IMAGE or reason in PULL_ERRORS and permanent(waiting.get("message"), *warnings):
+            head = (f"container {cs.get('name')} cannot pull image {cs.get('image') or '?'}: {reason} "
                     "(set the image with --image, or --image-repository / --image-tag)")
-            return _joined(head, waiting.get("message"))
-        if waiting.get("reason") in FATAL_WAITING:
+            # ImagePullBackOff's message alone does not say why: the event that does
+            said = [] if permanent(waiting.get("message")) else [m for m in warnings if permanent(m)][-1:]
+            return _joined(head, " ".join([waiting.get("message") or "", *said]))
+        if reason in RETRIED_WAITING and permanent(waiting.get("message"), *warnings):
+            return _joined(f"container {cs.get('name')} {reason}", waiting.get("message"))
+        if reason in FATAL_WAITING:
             return _joined(f"container {cs.get('name')} {waiting['reason']}", waiting.get("message"))
         done = state.get("terminated") or {}
         if done and done.get("exitCode") not in (0, None):
@@ -108,7 +136,7 @@ def pod_waiting(pod: dict) -> str | None:
     """Why a pod is not running yet while time may still fix it (image pull, scheduling)."""
     for cs in _containers(pod):
         waiting = (cs.get("state") or {}).get("waiting") or {}
-        if waiting.get("reason") in SLOW_WAITING:
+        if waiting.get("reason") in SLOW_WAITING and not permanent(waiting.get("message")):
             return _joined(waiting["reason"], waiting.get("message"))
     for cond in (pod.get("status") or {}).get("conditions") or []:
         if cond.get("type") == "PodScheduled" and str(cond.get("status")) == "False":

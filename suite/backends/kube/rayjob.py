@@ -114,7 +114,7 @@ class RayJobAttempt(Attempt):
         if deployment(job) in FAILED:
             return f"{why_failed(job)} (before its submitter started)"
         for pod in pods + kapi.list_pods(self.api, self.namespace, {dx.INSTANCE_LABEL: self.release}):
-            failure = dx.pod_failure(pod)
+            failure = self._pod_failure(pod)
             if failure:
                 self._show_events(dx.name_of(pod))
                 return f"pod {dx.name_of(pod)} failed before the run started: {failure}"
