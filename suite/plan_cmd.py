@@ -10,8 +10,6 @@ from pathlib import Path
 
 import yaml
 
-from shardbench.trainer.contract import STRATEGIES
-from shardbench.trainer.presets import PRESETS
 
 GiB = 2 ** 30
 EXTRAPOLATE_WORLDS = (8, 64, 256, 1024)
@@ -19,19 +17,27 @@ CATEGORIES = ("params", "grads", "optimizer", "master", "buckets", "gathered_par
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("plan", help="predict memory, collectives and step time per run (fits / does not fit)")
-    p.add_argument("--strategy", default=",".join(STRATEGIES), help="strategies, comma-separated (default: all)")
-    p.add_argument("--world-size", default="1,2,4", help="world sizes, comma-separated (default: 1,2,4)")
-    p.add_argument("--shape", default=None, help="values/<shape>.yaml: device memory, links, peak and run defaults")
-    p.add_argument("--model", default=None, choices=sorted(PRESETS), help="model preset (default: the shape's, else tiny)")
-    p.add_argument("--seq-len", type=int, default=None)
-    p.add_argument("--micro-batch", type=int, default=None)
-    p.add_argument("--grad-accum", type=int, default=1)
-    p.add_argument("--precision", default=None, choices=("fp32", "bf16", "fp16"))
-    p.add_argument("--device", default=None, choices=("cpu", "cuda"))
-    p.add_argument("--activation-checkpointing", action="store_true")
+    """The flags of `shardbench run` (every knob, generated from RunConfig and MatrixSpec by
+    trainer/flags.py; a list sweeps one), --strategy / --world-size / --seq-len as the singular
+    spellings of --strategies / --world-sizes / --seq-lens, and the plan's own flags."""
+    from shardbench.suite.cli_input import add_matrix_flags
+    from shardbench.trainer.flags import comma_list
+
+    p = sub.add_parser("plan", help="predict memory, collectives and step time per run (fits / does not fit)",
+                       description="Plan the runs `shardbench run` would make with the same flags (default: the "
+                                   "default matrix). A shape with GPUs is planned as laid out on its nodes.")
+    p.error = lambda message: p.exit(2, f"shardbench plan: {message} (see shardbench plan --help)\n")  # one line
+    p.add_argument("--matrix", type=Path, help="matrix YAML to plan (default: the default matrix); flags override it")
+    add_matrix_flags(p)
+    p.add_argument("--strategy", dest="strategies", type=comma_list(str), default=None, metavar="A,B",
+                   help="= --strategies")
+    p.add_argument("--world-size", dest="world_sizes", type=comma_list(int), default=None, metavar="A,B",
+                   help="= --world-sizes")
+    p.add_argument("--seq-len", dest="seq_lens", type=comma_list(int), default=None, metavar="A,B",
+                   help="= --seq-lens")
     p.add_argument("--calibrate", type=Path, default=None,
-                   help="a results dir: compute rate from its world-size-1 runs (achieved FLOP/s)")
+                   help="a results dir: compute rate from its world-size-1 run of the same configuration "
+                        "(achieved FLOP/s); refused when it has none")
     p.add_argument("--extrapolate", action="store_true",
                    help="the table for every values file's shape at 8, 64, 256, 1024 GPUs")
     p.add_argument("--json", action="store_true", help="print the predictions as JSON")
@@ -90,47 +96,74 @@ def preflight_links(text: str, links: dict) -> dict:
     return {**links, **measured, "intra_node_GBps": busbw}
 
 
-def calibration(results: Path | None, device: str) -> dict | None:
-    """Achieved FLOP/s of one rank from the fastest world-size-1 ok run in `results`."""
-    if results is None:
-        return None
-    best = None
+def _same_run(inp, record: dict) -> bool:
+    """A world-size-1 record measured the configuration `inp` plans (at any world size and
+    grad-accum: the same strategy, model, tokens per micro-step, precision, device and recompute)."""
+    from shardbench.trainer.plan.inputs import PlanInput
+
+    try:
+        other = PlanInput.from_record(record)
+        return (other.model_config() == inp.model_config() and other.effective_seq_len() == inp.effective_seq_len()
+                and all(getattr(other, k) == getattr(inp, k)
+                        for k in ("strategy", "micro_batch", "precision", "device", "activation_checkpointing")))
+    except (KeyError, TypeError, ValueError):
+        return False
+
+
+def one_rank_records(results: Path) -> list[dict]:
+    """The ok world-size-1 records under `results` with a measured throughput."""
+    out = []
     for path in sorted(results.glob("**/result.json")) + sorted(results.glob("*.json")):
         try:
             r = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
-        if not isinstance(r, dict) or r.get("status") != "ok" or r.get("world_size") != 1 or r.get("device") != device:
+        if (isinstance(r, dict) and r.get("status") == "ok" and r.get("world_size") == 1 and r.get("tokens_per_s")
+                and r.get("flops_per_token")):
+            out.append({**r, "run_id": r.get("run_id") or path.parent.name})
+    return out
+
+
+def calibration(records: list[dict], inp) -> dict | None:
+    """Achieved FLOP/s of one rank: the fastest of `records` (ok, world size 1) that ran the
+    configuration `inp` plans; None when none did (another configuration's rate is not its own)."""
+    best = None
+    for r in records:
+        if not _same_run(inp, r):
             continue
-        if r.get("tokens_per_s") and r.get("flops_per_token"):
-            rate = r["tokens_per_s"] * r["flops_per_token"]
-            if best is None or rate > best["achieved_flops"]:
-                best = {"achieved_flops": rate, "source": f"calibrated: {r.get('run_id') or path.parent.name} "
-                                                           f"({rate / 1e9:.2f} GFLOP/s achieved at world size 1)"}
+        rate = r["tokens_per_s"] * r["flops_per_token"]
+        if best is None or rate > best["achieved_flops"]:
+            best = {"achieved_flops": rate, "source": f"calibrated: {r['run_id']} "
+                                                       f"({rate / 1e9:.2f} GFLOP/s achieved at world size 1)"}
     return best
 
 
-def _inputs(args, run: dict):
-    from shardbench.trainer.plan.inputs import PlanInput
+def plan_inputs(args) -> list[tuple[object, str | None]]:
+    """(PlanInput, shape) of every configuration `shardbench run` would make with these flags
+    (repeat 0, one per distinct input), expanded and validated as run does; ValueError (one
+    line) when the matrix is invalid."""
+    from dataclasses import replace
 
-    device = args.device or run.get("device") or "cpu"
-    precision = args.precision or run.get("precision") or ("bf16" if device == "cuda" else "fp32")
-    model = args.model or run.get("model") or "tiny"
-    strategies = [s.strip() for s in args.strategy.split(",") if s.strip()]
-    bad = [s for s in strategies if s not in STRATEGIES]
-    if bad:
-        raise ValueError(f"unknown strategy {bad[0]!r} (choose from {', '.join(STRATEGIES)})")
-    try:
-        worlds = [int(w) for w in args.world_size.split(",")]
-    except ValueError:
-        raise ValueError(f"--world-size {args.world_size!r}: give integers, e.g. 1,2,4") from None
-    if any(w < 1 for w in worlds):
-        raise ValueError("--world-size: every world size must be at least 1")
-    return [PlanInput(strategy=s, world_size=w, model=model, seq_len=args.seq_len or run.get("seqLen"),
-                      micro_batch=args.micro_batch or run.get("microBatch") or 4, grad_accum=args.grad_accum,
-                      precision=precision, device=device,
-                      activation_checkpointing=args.activation_checkpointing)
-            for s in strategies for w in worlds]
+    from shardbench.suite.cli_input import effective_matrix
+    from shardbench.suite.matrix import expand, load_shape, on_cluster
+    from shardbench.suite.planning import plan_input
+
+    matrix = effective_matrix(args)
+    if not on_cluster(matrix) and matrix.shape and args.backend is None and load_shape(matrix.shape).gpus_per_node:
+        args.backend = "kubernetes"  # a GPU shape is planned as laid out on its nodes, with its run defaults
+        matrix = effective_matrix(args)
+    worlds = [w for w in matrix.world_sizes if isinstance(w, int)] if isinstance(matrix.world_sizes, list) else []
+    if matrix.max_world_size is None and not on_cluster(matrix) and worlds:
+        matrix = replace(matrix, max_world_size=max(max(worlds), 1))  # a plan is not bounded by this machine
+    specs, errors = expand(matrix, limit=None)
+    if errors:
+        more = f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
+        raise ValueError(f"{errors[0]}{more}")
+    out: dict[str, tuple[object, str | None]] = {}
+    for spec in specs:
+        inp = plan_input(spec)
+        out.setdefault(json.dumps([inp.to_dict(), spec.shape], sort_keys=True, default=str), (inp, spec.shape))
+    return list(out.values())
 
 
 def _gib(n, unit: int = GiB) -> str:
@@ -141,16 +174,26 @@ def _comm(c: dict) -> str:
     return ", ".join(f"{op} {v['calls']:g}x {v['bytes'] / 2 ** 20:.1f}MiB" for op, v in sorted(c.items())) or "none"
 
 
-def table(preds: list[dict]) -> list[str]:
+def _varying(inputs) -> list[str]:
+    """The PlanInput fields (beyond strategy and world size) that differ between `inputs`."""
+    names = [k for k in inputs[0].to_dict() if k not in ("strategy", "world_size")] if inputs else []
+    return [k for k in names if len({repr(getattr(i, k)) for i in inputs}) > 1]
+
+
+def table(preds: list[dict], varying: list[str] = ()) -> list[str]:
+    """One row per prediction; `varying`: fields shown in a config column (a sweep)."""
     unit = GiB if any(p["peak_bytes"] >= GiB for p in preds) else 2 ** 20
     name = "GiB" if unit == GiB else "MiB"
-    head = ["strategy", "N"] + [f"{c[:8]} {name}" for c in CATEGORIES] + [f"peak {name}", "fits", "step s", "comm per step"]
+    head = (["strategy", "N"] + (["config"] if varying else []) + [f"{c[:8]} {name}" for c in CATEGORIES]
+            + [f"peak {name}", "fits", "step s", "comm per step"])
     lines = [" | ".join(head), " | ".join("---" for _ in head)]
     for p in preds:
         i, m, st = p["input"], p["memory"], p["step_time"]
         fits = {True: "yes", False: "NO", None: "?"}[p["fits"]]
         step = f"{st['seconds']:.3g}" if st.get("seconds") else "-"
-        lines.append(" | ".join([i["strategy"], str(i["world_size"])] + [_gib(m.get(c), unit) for c in CATEGORIES]
+        config = [" ".join(f"{k}={i[k]}" for k in varying)] if varying else []
+        lines.append(" | ".join([i["strategy"], str(i["world_size"])] + config
+                                + [_gib(m.get(c), unit) for c in CATEGORIES]
                                 + [_gib(p["peak_bytes"], unit), fits, step, _comm(p["comm_per_step"])]))
     return lines
 
@@ -194,46 +237,76 @@ def extrapolation(strategies: list[str]) -> list[str]:
 
 
 def _predict_all(inputs, mem, links, cal) -> tuple[list[dict], list[dict]]:
-    """(predictions, {"input", "not_modelled": why} for each layout the planner has no model of)."""
+    """(predictions, {"input", "not_modelled": why} for each layout the planner has no model of).
+    `cal`: one calibration for all, or a callable input -> calibration."""
     from shardbench.trainer.plan.layout import NotModelled
     from shardbench.trainer.plan.predict import predict
 
     preds, refused = [], []
     for i in inputs:
         try:
-            preds.append(predict(i, mem, links, cal))
+            preds.append(predict(i, mem, links, cal(i) if callable(cal) else cal))
         except NotModelled as exc:
             refused.append({"input": i.to_dict(), "not_modelled": str(exc)})
     return preds, refused
 
 
-def cmd_plan(args: argparse.Namespace) -> int:
+def _label(inp) -> str:
+    return f"{inp.strategy} {inp.model} seq {inp.effective_seq_len()} micro-batch {inp.micro_batch} {inp.precision}"
 
+
+def _calibrations(args, inputs) -> dict[int, dict | None]:
+    """Input index -> its calibration from --calibrate (a world-size-1 run of its configuration).
+    ValueError when the directory holds none for any planned configuration (another
+    configuration's rate would be passed off as this one's); a warning per one left uncalibrated."""
+    if args.calibrate is None:
+        return {}
+    if not args.calibrate.is_dir():
+        raise ValueError(f"--calibrate {args.calibrate}: no such results directory")
+    records = one_rank_records(args.calibrate)
+    out = {n: calibration(records, inp) for n, inp in enumerate(inputs)}
+    if not any(out.values()):
+        have = sorted({r.get("run_id", "?") for r in records})[:3]
+        raise ValueError(f"--calibrate {args.calibrate} has no ok world-size-1 run of the planned configuration "
+                         f"({_label(inputs[0])}; it has {', '.join(have) or 'none'}): run one "
+                         "(--world-sizes 1), or drop --calibrate")
+    for label in sorted({_label(inputs[n]) for n, c in out.items() if c is None}):
+        print(f"shardbench plan: warning: --calibrate {args.calibrate} has no world-size-1 run of {label}: "
+              "its compute rate is the shape's assumed one", file=sys.stderr)
+    return out
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
     try:
-        run, mem, links = shape_context(args.shape)
-        inputs = _inputs(args, run)
+        planned = plan_inputs(args)
+        shape = planned[0][1]
+        _, mem, links = shape_context(shape)
         if args.preflight_log is not None:
             links = preflight_links(args.preflight_log.read_text(errors="replace"), links)
+        inputs = [inp for inp, _ in planned]
+        cals = _calibrations(args, inputs)
     except OSError as exc:
-        print(f"shardbench plan: cannot read {args.preflight_log}: {exc.strerror or exc}", file=sys.stderr)
+        print(f"shardbench plan: cannot read {exc.filename or args.preflight_log}: {exc.strerror or exc}",
+              file=sys.stderr)
         return 2
-    except ValueError as exc:
+    except (ValueError, TypeError) as exc:
         print(f"shardbench plan: {exc}", file=sys.stderr)
         return 2
-    cal = calibration(args.calibrate, inputs[0].device)
-    preds, refused = _predict_all(inputs, mem, links, cal)
+    index = {id(i): n for n, i in enumerate(inputs)}
+    preds, refused = _predict_all(inputs, mem, links, lambda i: cals.get(index[id(i)]))
     if args.json:
         print(json.dumps(preds + refused, indent=1))
         return 0
     i0 = inputs[0]
     print(f"# plan: {i0.model} seq {i0.effective_seq_len()} micro-batch {i0.micro_batch} grad-accum {i0.grad_accum} "
-          f"{i0.precision} on {i0.device}" + (f", shape {args.shape} ({_gib(mem)} GiB per device)" if args.shape else ""))
+          f"{i0.precision} on {i0.device}" + (f", shape {shape} ({_gib(mem)} GiB per device)" if mem else "")
+          + ("; the config column says what differs" if _varying(inputs) else ""))
     print("\nMemory per rank by category, the peak with allocator overhead, collectives and step time:\n")
-    print("\n".join(table(preds)))
+    print("\n".join(table(preds, _varying(inputs))))
     for r in refused:  # one line each, never a traceback nor a silent drop
         print(f"{r['input']['strategy']} w{r['input']['world_size']}: not modelled: {r['not_modelled']}")
     print("\nAssumptions:\n" + "\n".join(f"- {a}" for a in assumptions(preds, links)))
     if args.extrapolate:
         print("\n# Extrapolation: every values file's shape at 8, 64, 256, 1024 GPUs")
-        print("\n".join(extrapolation([i.strategy for i in inputs if i.world_size == inputs[0].world_size])))
+        print("\n".join(extrapolation(list(dict.fromkeys(i.strategy for i in inputs)))))
     return 0
