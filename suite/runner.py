@@ -29,7 +29,7 @@ from shardbench.suite.collect import failed_record, validate
 from shardbench.suite.events import (Emit, MatrixProgress, RunFinished, RunQueued, RunStateChanged, guarded,
                               ignore)
 from shardbench.suite.matrix import RunSpec
-from shardbench.suite.store import ResultsDir, ResultsDirError
+from shardbench.suite.store import ResultsDir, ResultsDirError, last_attempt
 
 
 def interleaved(specs: list[RunSpec], seed: int) -> list[RunSpec]:
@@ -126,6 +126,7 @@ class Runner:
             if kept is not None:
                 self.emit(RunStateChanged(spec.run_id, "skipped", "result already there (resume)"))
                 return kept, False
+        kept = self.store.trusted(spec)[0]  # a good result a forced re-measure sets aside
         try:
             run_dir = self.store.begin(spec)
         except OSError as exc:
@@ -133,6 +134,8 @@ class Runner:
             self.emit(RunStateChanged(spec.run_id, "failed", record["error"]))
             return record, False
         record = self._measure(spec, run_dir)
+        if kept is not None and record.get("status") == "cancelled":
+            return self._keep(spec, record, kept), True
         try:
             self.store.save(spec, record)
         except OSError as exc:
@@ -143,6 +146,22 @@ class Runner:
                                + (f"; {record['error']}" if record.get("error") else ""))
         self.emit(RunStateChanged(spec.run_id, *_state(record)))
         return record, True
+
+    def _keep(self, spec: RunSpec, cancelled: dict[str, Any], kept: dict[str, Any]) -> dict[str, Any]:
+        """A cancelled re-measure: the earlier good result is the run's again and the cancelled
+        attempt goes to attempts/, so cancelling never costs a good result."""
+        try:
+            self.store.save(spec, cancelled)
+            attempt = last_attempt(self.store.run_dir(spec))
+            if attempt is not None:
+                self.store.reinstate(spec, attempt)
+        except OSError as exc:
+            self.emit(RunStateChanged(spec.run_id, "cancelled", f"{cancelled.get('error')}; the earlier result "
+                                      f"stays under attempts/ ({exc.strerror or exc})"))
+            return cancelled
+        self.emit(RunStateChanged(spec.run_id, "cancelled", f"{cancelled.get('error') or 'cancelled'}; "
+                                  "the earlier result is kept"))
+        return kept
 
     def _measure(self, spec: RunSpec, run_dir: Path) -> dict[str, Any]:
         cancel = self._cancel[spec.run_id]

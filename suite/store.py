@@ -158,17 +158,21 @@ class ResultsDir:
         this attempt's spec.json. Raises OSError; then nothing of the old attempt was lost."""
         run_dir = self.run_dir(spec)
         run_dir.mkdir(parents=True, exist_ok=True)
-        previous = [name for name in ATTEMPT_FILES if (run_dir / name).exists()]
-        if previous:
-            attempts = run_dir / "attempts"
-            attempts.mkdir(exist_ok=True)
-            n = 1 + max((int(p.name) for p in attempts.iterdir() if p.name.isdigit()), default=0)
-            target = attempts / str(n)
-            target.mkdir()
-            for name in previous:
-                os.replace(run_dir / name, target / name)
+        _set_aside(run_dir)
         write_atomic(spec.to_dict(), str(run_dir / "spec.json"))
         return run_dir
+
+    def reinstate(self, spec: RunSpec, attempt: Path) -> None:
+        """Put an earlier attempt (attempts/<n>/) back as the run's result, the current attempt
+        set aside in its place: a re-measure cancelled before it measured anything must not leave
+        the run without its good result. Raises OSError."""
+        run_dir = self.run_dir(spec)
+        hidden = attempt.with_name(f".{attempt.name}")
+        os.replace(attempt, hidden)  # its number is free: the current attempt takes it
+        _set_aside(run_dir)
+        for path in hidden.iterdir():
+            os.replace(path, run_dir / path.name)
+        hidden.rmdir()
 
     def save(self, spec: RunSpec, record: dict) -> None:
         """Write the run's result.json (atomic, 0644); raises OSError."""
@@ -180,6 +184,27 @@ class ResultsDir:
                            "order_seed": seed, "order": run_ids})
         with open(self.path / "order.jsonl", "a") as fh:
             fh.write(line + "\n")
+
+
+def _set_aside(run_dir: Path) -> Path | None:
+    """Move the attempt in run_dir to attempts/<next n>/ (None when there is none)."""
+    previous = [name for name in ATTEMPT_FILES if (run_dir / name).exists()]
+    if not previous:
+        return None
+    attempts = run_dir / "attempts"
+    attempts.mkdir(exist_ok=True)
+    n = 1 + max((int(p.name) for p in attempts.iterdir() if p.name.isdigit()), default=0)
+    target = attempts / str(n)
+    target.mkdir()
+    for name in previous:
+        os.replace(run_dir / name, target / name)
+    return target
+
+
+def last_attempt(run_dir: Path) -> Path | None:
+    """attempts/<highest n>/ of a run directory, or None."""
+    found = [p for p in (run_dir / "attempts").glob("*") if p.name.isdigit()] if (run_dir / "attempts").is_dir() else []
+    return max(found, key=lambda p: int(p.name)) if found else None
 
 
 def _differs(saved: Any, now: dict) -> bool:

@@ -254,3 +254,28 @@ def test_cli_exit_1_when_some_run_failed_and_the_summary_lists_every_run(tmp_pat
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "2 run(s): 1 ok, 1 failed" in proc.stdout
     assert s[0].run_id in proc.stdout and s[1].run_id in proc.stdout
+
+
+def test_a_cancelled_re_measure_keeps_the_good_result(tmp_path):
+    """Issue 32: ctrl+f then cancel at once left the run "cancelled" with its ok result moved to
+    attempts/. Now the ok result is the run's again and the cancelled attempt is kept aside."""
+    from shardbench.suite.collect import failed_record
+
+    class WaitsForCancel:
+        name = "waits"
+
+        def run(self, spec, run_dir, emit, cancel, timeout_s):
+            assert cancel.wait(30)
+            return failed_record(spec, "cancelled by the user before the first step", status="cancelled")
+
+    s = specs()[:1]
+    old = finish(tmp_path, s[0])
+    runner = Runner(s, WaitsForCancel(), tmp_path, force=True)
+    threading.Timer(0.2, runner.cancel_all).start()
+    (record,) = runner.run()
+    assert record == old
+    run_dir = tmp_path / s[0].run_id
+    assert json.loads((run_dir / "result.json").read_text()) == old
+    assert json.loads((run_dir / "attempts" / "1" / "result.json").read_text())["status"] == "cancelled"
+    from shardbench.suite.store import ResultsDir
+    assert ResultsDir(tmp_path).trusted(s[0])[0] == old  # resume keeps it

@@ -134,6 +134,8 @@ async def test_done_runs_are_counted_logs_open_and_remeasure_keeps_the_old_attem
         await pilot.press("f2")
         await pilot.press("ctrl+f")  # re-measure from the Matrix screen
         await pilot.pause()
+        await pilot.press("enter")  # it asks first
+        await pilot.pause()
         await wait_until(pilot, lambda: app.matrix_worker is not first and app.matrix_worker.is_finished,
                          120, "the forced run")
         await settle(pilot)
@@ -153,6 +155,8 @@ async def test_done_runs_are_counted_logs_open_and_remeasure_keeps_the_old_attem
         await pilot.press("f5")
         await pilot.pause()
         await pilot.press("f")
+        await pilot.pause()
+        await pilot.press("enter")  # it asks first
         await wait_until(pilot, lambda: app.matrix_worker is not None and app.matrix_worker.is_finished,
                          120, "the re-measured run")
         await settle(pilot)

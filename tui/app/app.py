@@ -140,7 +140,8 @@ class BenchApp(App):
 
     # -- running the matrix -------------------------------------------------------------------
     def action_run_matrix(self, force: bool = False) -> None:
-        """Start the Matrix screen's matrix; `force` re-measures runs whose result is already there."""
+        """Start the Matrix screen's matrix; `force` re-measures runs whose result is already
+        there, after a confirmation (ctrl+f is one key away from ctrl+r)."""
         if self.matrix_worker is not None and self.matrix_worker.state in (WorkerState.PENDING, WorkerState.RUNNING):
             self.notify("a matrix is already running: cancel it first (x)", severity="warning")
             return
@@ -153,6 +154,22 @@ class BenchApp(App):
         status = self.backend_status.get(spec.backend)
         if status is not None and not status[0]:
             self.notify(f"backend {spec.backend} unavailable: {status[1]}", severity="error")
+            return
+        if not force:
+            self._start_matrix(False)
+            return
+        from shardbench.tui.app.matrix_plan import count_done
+
+        done = count_done(list(screen.specs), spec.results)
+        self.push_screen(Confirm(f"Re-measure all {len(screen.specs)} run(s) of this matrix? {done} finished "
+                                 f"result(s) in {spec.results} move to <run>/attempts/ (kept) and run again; "
+                                 "a run cancelled before it finishes keeps its earlier result."),
+                         callback=lambda yes: yes and self._start_matrix(True))
+
+    def _start_matrix(self, force: bool) -> None:
+        screen = self.matrix_screen
+        spec = screen.matrix()
+        if spec is None:
             return
         self.board.reset()
         if self.runs_screen.is_mounted:
@@ -254,6 +271,15 @@ class BenchApp(App):
         for line in problems:
             self.notify(line, severity="error", timeout=10)
         if not specs:
+            return
+        names = ", ".join(s.run_id for s in specs[:3]) + (f" and {len(specs) - 3} more" if len(specs) > 3 else "")
+        self.push_screen(Confirm(f"Re-measure {len(specs)} run(s) ({names})? The current results move to "
+                                 "<run>/attempts/ (kept); a run cancelled before it finishes keeps its earlier result."),
+                         callback=lambda yes: yes and self._remeasure(specs))
+
+    def _remeasure(self, specs: list) -> None:
+        if self.matrix_worker is not None and self.matrix_worker.is_running:
+            self.notify("a matrix is already running: cancel it first (x)", severity="warning")
             return
         self.board.reset()
         if self.runs_screen.is_mounted:
