@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 PY=${PYTHON:-python3}
 STAMP="$VENV/.shardbench-installed"
-want=$(cat pyproject.toml setup.py scripts/bootstrap.sh | sha256sum | cut -c1-16)
+want=$(cat pyproject.toml scripts/bootstrap.sh | sha256sum | cut -c1-16)
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then exit 0; fi
 
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"

@@ -67,7 +67,7 @@ def _container_env(container: dict) -> dict[str, str]:
 def _installed_trainer() -> str:
     """Where the venv's own interpreter, with no PYTHONPATH, imports `trainer` from."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    out = subprocess.run([sys.executable, "-c", "import shardbench.trainer as t, os; print(os.path.dirname(t.__file__))"],
+    out = subprocess.run([sys.executable, "-c", "import shardbench.trainer as t, os; print(os.path.realpath(os.path.dirname(t.__file__)))"],
                          env=env, cwd="/", capture_output=True, text=True, check=True)
     return out.stdout.strip()
 

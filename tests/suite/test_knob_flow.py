@@ -29,13 +29,11 @@ ANCHOR = '    """Seeds the initial weights and the synthetic tokens: same seed, 
 def copy(tmp_path_factory) -> Path:
     """This checkout's code, chart and values with one field added to RunConfig."""
     root = tmp_path_factory.mktemp("knob") / "repo"
-    for part in ("trainer", "suite", "tui", "chart", "scripts", "values", "docs"):
-        shutil.copytree(REPO / part, root / part, ignore=shutil.ignore_patterns("__pycache__", "__snapshots__"))
-    # The copy imports as the `shardbench` namespace from PYTHONPATH (the install maps the same
-    # folders, setup.py): a namespace folder whose packages are the copy's own.
-    (root / "shardbench").mkdir()
-    for part in ("trainer", "suite", "tui"):
-        (root / "shardbench" / part).symlink_to(root / part, target_is_directory=True)
+    # shardbench/ holds relative symlinks (shardbench/trainer -> ../trainer): copied as links, the
+    # copy on PYTHONPATH imports its own code.
+    for part in ("shardbench", "trainer", "suite", "tui", "chart", "scripts", "values", "docs"):
+        shutil.copytree(REPO / part, root / part, symlinks=True,
+                        ignore=shutil.ignore_patterns("__pycache__", "__snapshots__"))
     config = root / "trainer" / "config.py"
     text = config.read_text()
     assert text.count(ANCHOR) == 1
