@@ -60,7 +60,9 @@ RUN case "$VARIANT" in \
 RUN if [ "$VARIANT" = cpu ]; then export DS_BUILD_SHM_COMM=1; fi \
  && DS_BUILD_OPS=0 pip install --no-build-isolation "deepspeed==${DEEPSPEED_VERSION}"
 # This project (the trainer and its DeepSpeed configs; the suite comes along, unused here).
-COPY pyproject.toml setup.py README.md /src/
+COPY pyproject.toml README.md /src/
+# shardbench/ holds relative symlinks to the three below (COPY keeps them as links)
+COPY shardbench /src/shardbench
 COPY trainer /src/trainer
 COPY suite /src/suite
 COPY tui /src/tui
