@@ -58,14 +58,15 @@ def test_contract_bytes_per_param_agree_with_the_planner():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("world,accum,sync", [(2, 1, "every_micro_step"), (4, 2, "every_micro_step"),
-                                              (2, 2, "last_micro_step")])
-def test_fsdp_closed_forms_equal_the_trace(world, accum, sync):
+@pytest.mark.parametrize("world,accum,sync,reshard", [(2, 1, "every_micro_step", True), (4, 2, "every_micro_step", True),
+                                                      (2, 2, "last_micro_step", True), (2, 1, "every_micro_step", False)])
+def test_fsdp_closed_forms_equal_the_trace(world, accum, sync, reshard):
     """FSDP's model state and collectives in closed form (used beyond TRACE_FSDP_UP_TO ranks)
-    are exactly what the fake-process-group trace of FSDP2 holds and issues."""
+    are exactly what the fake-process-group trace of FSDP2 holds and issues, with and without
+    re-sharding after forward."""
     from shardbench.trainer.plan.trace import trace_step
 
-    inp = PlanInput("fsdp", world, grad_accum=accum, fsdp_grad_sync=sync, **SMALL)
+    inp = PlanInput("fsdp", world, grad_accum=accum, fsdp_grad_sync=sync, reshard_after_forward=reshard, **SMALL)
     t = trace_step(inp)
     state = formulas.model_state(inp)
     assert (t.params_bytes, t.grads_bytes, t.optimizer_bytes) == (state["params"], state["grads"], state["optimizer"])
@@ -73,6 +74,31 @@ def test_fsdp_closed_forms_equal_the_trace(world, accum, sync):
     for op in ("all_gather", "reduce_scatter"):
         assert t.comm[op] == closed[op], op
     assert t.comm["all_reduce"]["calls"] == closed["all_reduce"]["calls"]
+
+
+def test_the_parameter_table_is_the_models():
+    """Params.of (the closed forms' parameter list: names, shapes, registration order) is the
+    trainer's TinyGPT's, the tied embedding once (it was a fused qkv after the model split it)."""
+    import torch
+
+    from shardbench.trainer.model import TinyGPT
+
+    for cfg in (PRESETS["tiny"], PRESETS["gpt2-124m"]):
+        with torch.device("meta"):
+            model = TinyGPT(cfg)
+        assert Params.of(cfg).shapes == [(n, tuple(p.shape)) for n, p in model.named_parameters()]
+
+
+def test_fsdp_no_reshard_after_forward_gathers_each_block_once():
+    """--no-reshard-after-forward is honoured for FSDP: the trace gathers each block once per
+    micro-step (it ignored the flag: +17% all-gather bytes against the run)."""
+    from shardbench.trainer.plan.predict import predict
+
+    on, off = (predict(PlanInput("fsdp", 2, reshard_after_forward=r, **SMALL))["comm_per_step"]["all_gather"]
+               for r in (True, False))
+    L = PRESETS["tiny"].n_layer
+    assert (on["calls"], off["calls"]) == (2 * L, L + 1)
+    assert off["bytes"] < on["bytes"]
 
 
 def test_ddp_buckets_follow_torchs_assignment():

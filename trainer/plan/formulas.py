@@ -134,7 +134,8 @@ def zero3_all_gather(inp: PlanInput, params: Params) -> dict[str, float]:
 def fsdp_gathered(inp: PlanInput) -> int:
     """FSDP2 beyond tracing: the root (kept unsharded after forward) and two blocks (the one
     computing and the one prefetched) gathered in the compute dtype, plus one block's unsharded
-    gradients in the reduce dtype before its reduce-scatter."""
+    gradients in the reduce dtype before its reduce-scatter; --no-reshard-after-forward keeps
+    every block gathered from its forward to its backward."""
     lay = inp.layout
     if deepspeed(lay) or not sharded(lay, "params") or inp.world_size == 1:
         return 0
@@ -142,7 +143,8 @@ def fsdp_gathered(inp: PlanInput) -> int:
     root = sum(Params.numel(s) for _, s in params.root())
     block = sum(Params.numel(s) for _, s in params.block(0))
     gb = 2 if _half(inp) else 4
-    return gb * (root + 2 * block) + reduce_bytes(inp) * block
+    blocks = inp.model_config().n_layer if not inp.reshard_after_forward else min(2, inp.model_config().n_layer)
+    return gb * (root + blocks * block) + reduce_bytes(inp) * block
 
 
 def ddp_bucket_count(params: Params, elem_bytes: int = 4, bucket: int = DDP_BUCKET) -> int:
@@ -192,8 +194,9 @@ def comm(inp: PlanInput) -> dict[str, dict[str, float]]:
 
 def fsdp_comm(inp: PlanInput, params: Params) -> dict[str, dict[str, float]]:
     """FSDP2 with the trainer's plan: blocks 0..L-2 gathered in forward and again in backward,
-    the last block and the root once; every unit reduce-scatters after each micro-step (or, with
-    last_micro_step, only the last); clip_grad_norm_ all-reduces one norm."""
+    the last block and the root once (--no-reshard-after-forward: every block once); every unit
+    reduce-scatters after each micro-step (or, with last_micro_step, only the last);
+    clip_grad_norm_ all-reduces one norm."""
     A, L, N = inp.grad_accum, inp.model_config().n_layer, inp.world_size
     gb = 2 if _half(inp) else 4
     rb = reduce_bytes(inp)
@@ -202,10 +205,11 @@ def fsdp_comm(inp: PlanInput, params: Params) -> dict[str, dict[str, float]]:
         return sum(math.ceil(s[0] / N) * N * (Params.numel(s) // s[0]) for _, s in group)
 
     block, root = padded(params.block(0)), padded(params.root())
-    gathers = 2 * (L - 1) + 2
+    regathered = L - 1 if inp.reshard_after_forward else 0  # blocks gathered again for backward
+    gathers = L + regathered + 1
     syncs = 1 if inp.fsdp_grad_sync == "last_micro_step" else A
     return {
-        "all_gather": {"calls": float(A * gathers), "bytes": float(A * gb * (root + block * (2 * (L - 1) + 1)))},
+        "all_gather": {"calls": float(A * gathers), "bytes": float(A * gb * (root + block * (L + regathered)))},
         "reduce_scatter": {"calls": float(syncs * (L + 1)), "bytes": float(syncs * rb * (root + L * block))},
         "all_reduce": {"calls": 1.0, "bytes": 112.0 if N > 1 else 0.0},
     }

@@ -83,7 +83,9 @@ class Params:
         for i in range(cfg.n_layer):
             b = f"blocks.{i}."
             out += [(b + "ln_1.weight", (d,)), (b + "ln_1.bias", (d,)),
-                    (b + "attn.qkv.weight", (3 * d, d)), (b + "attn.qkv.bias", (3 * d,)),
+                    (b + "attn.q.weight", (d, d)), (b + "attn.q.bias", (d,)),
+                    (b + "attn.k.weight", (d, d)), (b + "attn.k.bias", (d,)),
+                    (b + "attn.v.weight", (d, d)), (b + "attn.v.bias", (d,)),
                     (b + "attn.proj.weight", (d, d)), (b + "attn.proj.bias", (d,)),
                     (b + "ln_2.weight", (d,)), (b + "ln_2.bias", (d,)),
                     (b + "mlp.fc.weight", (4 * d, d)), (b + "mlp.fc.bias", (4 * d,)),
