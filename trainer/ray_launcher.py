@@ -6,10 +6,16 @@ and restarts the whole group when one fails, as Ray Train's FailureConfig(max_fa
 - Where: `--local` starts an embedded Ray on this machine (`ray.init(address="local")`: no server
   to start, its own temp dir, no dashboard) and shuts it down at the end; without it the
   driver joins the cluster it runs in (`RAY_ADDRESS`, which a KubeRay RayJob sets).
-- Ranks: one actor per rank (`RankActor`, 1 CPU, or 1 GPU with `--gpus-per-rank 1`). Each runs
+- Ranks: one actor per rank (`RankActor`, 1 CPU, or 1 GPU with `--gpus-per-rank 1`), packed
+  --ranks-per-node to a node by a placement group (one bundle per node, STRICT_SPREAD over
+  nodes): LOCAL_RANK and the trainer's CPU pinning assume a node's ranks are together. Each runs
   the trainer entry point `python -u -m shardbench.trainer ...` as a child process with the torchrun
   variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT); rank 0's
-  actor picks the rendezvous address and port on its node. A child, not the actor's own
+  actor picks the rendezvous address and port on its node.
+- Devices (`device_env`): Ray gives a GPU actor CUDA_VISIBLE_DEVICES of its own GPU only, where
+  LOCAL_RANK 3 would be an invalid ordinal (DeepSpeed's engine calls set_device(LOCAL_RANK)). As
+  Ray Train does, each rank sees every GPU of its node's ranks and LOCAL_RANK is its own GPU's
+  position among them, which also leaves NCCL its intra-node P2P paths. A child, not the actor's own
   interpreter: the trainer pins CPUs, sets threads and ends with os._exit, as under any other
   launcher, and it dies with its actor (PR_SET_PDEATHSIG, trainer/lifeline.py).
 - Output: every rank's stdout comes back through the actor's streaming generator and is printed
@@ -66,6 +72,12 @@ class RankActor:
     def __init__(self):
         self.proc: subprocess.Popen | None = None
 
+    def placement(self) -> tuple[str, list[str]]:
+        """This actor's node and the GPUs Ray assigned to it."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id(), [str(g) for g in ray.get_gpu_ids()]
+
     def endpoint(self, local: bool) -> tuple[str, int]:
         """Rendezvous address and a free port on this actor's node (rank 0's)."""
         import ray
@@ -92,12 +104,43 @@ class RankActor:
             self.proc.send_signal(signal.SIGCONT)  # a stopped rank acts on nothing until continued
 
 
+def node_sizes(world_size: int, ranks_per_node: int) -> list[int]:
+    """Ranks on each node, in rank order: full nodes, the last one holding the rest."""
+    return [min(ranks_per_node, world_size - start) for start in range(0, world_size, ranks_per_node)]
+
+
+def device_env(placements: list[tuple[str, list[str]]]) -> list[dict[str, str]]:
+    """LOCAL_RANK, LOCAL_WORLD_SIZE and (GPU ranks) CUDA_VISIBLE_DEVICES per rank, from each
+    rank's (node, GPU ids): a GPU rank sees its node's GPUs, LOCAL_RANK is its own one's index."""
+    by_node: dict[str, list[int]] = {}
+    for rank, (node, _) in enumerate(placements):
+        by_node.setdefault(node, []).append(rank)
+    out: list[dict[str, str]] = [{} for _ in placements]
+    for ranks in by_node.values():
+        visible = sorted({g for r in ranks for g in placements[r][1]}, key=lambda g: (len(g), g))
+        for i, rank in enumerate(ranks):
+            env = {"LOCAL_WORLD_SIZE": str(len(ranks)), "LOCAL_RANK": str(i)}
+            own = placements[rank][1]
+            if own:
+                env.update(CUDA_VISIBLE_DEVICES=",".join(visible), LOCAL_RANK=str(visible.index(own[0])))
+            out[rank] = env
+    return out
+
+
 class Group:
     """One attempt: world_size actors, each streaming its rank's output into this process."""
 
     def __init__(self, ray, actor_cls, args, attempt: int):
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
         self.ray, self.args, self.attempt = ray, args, attempt
-        self.actors = [actor_cls.remote() for _ in range(args.world_size)]
+        sizes = node_sizes(args.world_size, args.ranks_per_node)
+        bundles = [{"CPU": n, **({"GPU": n * args.gpus_per_rank} if args.gpus_per_rank else {})} for n in sizes]
+        self.pg = placement_group(bundles, strategy="STRICT_SPREAD" if len(sizes) > 1 else "STRICT_PACK")
+        self.actors = [actor_cls.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
+            self.pg, placement_group_bundle_index=rank // args.ranks_per_node)).remote()
+            for rank in range(args.world_size)]
         self.exits: dict[int, object] = {}
         self.failures: list[str] = []
         """Why ranks ended badly, in the order they did."""
@@ -106,10 +149,10 @@ class Group:
 
     def start(self, trainer_args: list[str]) -> None:
         addr, port = self.ray.get(self.actors[0].endpoint.remote(self.args.local))
+        devices = device_env(self.ray.get([actor.placement.remote() for actor in self.actors]))
         n = self.args.world_size
         for rank, actor in enumerate(self.actors):
-            env = {"RANK": str(rank), "WORLD_SIZE": str(n), "LOCAL_RANK": str(rank % self.args.ranks_per_node),
-                   "LOCAL_WORLD_SIZE": str(min(n, self.args.ranks_per_node)),
+            env = {"RANK": str(rank), "WORLD_SIZE": str(n), **devices[rank],
                    "MASTER_ADDR": addr, "MASTER_PORT": str(port)}
             argv = [self.args.python, "-u", "-m", "shardbench.trainer", *trainer_args]
             gen = actor.run.remote(argv, env, os.getcwd())
@@ -156,6 +199,12 @@ class Group:
                 self.ray.kill(actor, no_restart=True)
             except Exception:  # noqa: BLE001
                 pass
+        try:
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(self.pg)  # the next attempt reserves its nodes afresh
+        except Exception:  # noqa: BLE001
+            pass
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:

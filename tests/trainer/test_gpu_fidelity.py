@@ -316,3 +316,104 @@ def test_numa_bound_ranks_fill_the_domains_in_local_rank_order(tmp_path, numa_no
     domains = [binding for _, local, binding in mapped[:8]]
     assert len(set(domains)) == numa_nodes and all(
         domains[i] == domains[i - i % per_numa] for i in range(8)), domains
+
+
+# --- 6. the Ray launcher on nodes with several GPUs ------------------------------------------------
+
+def fake_cuda(monkeypatch, env: dict[str, str]) -> list[int]:
+    """torch.cuda as a rank with `env` would see it: as many devices as CUDA_VISIBLE_DEVICES names;
+    set_device refuses an ordinal past them as CUDA does. Returns the ordinals set."""
+    visible = [d for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d]
+    chosen: list[int] = []
+
+    def set_device(ordinal: int) -> None:
+        if not 0 <= ordinal < len(visible):
+            raise RuntimeError(f"CUDA error: invalid device ordinal {ordinal} ({len(visible)} visible)")
+        chosen.append(ordinal)
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: len(visible))
+    monkeypatch.setattr(torch.cuda, "set_device", set_device)
+    return chosen
+
+
+def zero_engine_device(monkeypatch, env: dict[str, str]) -> str:
+    """DeepSpeed's engine on this rank: set_device(int(os.environ["LOCAL_RANK"])); the physical GPU."""
+    chosen = fake_cuda(monkeypatch, env)
+    torch.cuda.set_device(int(env["LOCAL_RANK"]))
+    return env["CUDA_VISIBLE_DEVICES"].split(",")[chosen[-1]]
+
+
+# What Ray hands two 4-GPU nodes' actors (num_gpus=1 each): one GPU id per actor, in any order.
+PLACEMENTS = [("node-a", ["2"]), ("node-a", ["0"]), ("node-a", ["3"]), ("node-a", ["1"]),
+              ("node-b", ["0"]), ("node-b", ["1"]), ("node-b", ["2"]), ("node-b", ["3"])]
+
+
+def test_every_ray_rank_selects_its_own_gpu_with_several_per_node(monkeypatch):
+    from shardbench.trainer.ray_launcher import device_env
+
+    envs = device_env(PLACEMENTS)
+    for (node, own), env in zip(PLACEMENTS, envs):
+        assert env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3" and env["LOCAL_WORLD_SIZE"] == "4"
+        assert zero_engine_device(monkeypatch, env) == own[0]
+    # Before: LOCAL_RANK = rank % ranks_per_node under Ray's one-GPU CUDA_VISIBLE_DEVICES.
+    with pytest.raises(RuntimeError, match="invalid device ordinal 1"):
+        zero_engine_device(monkeypatch, {"CUDA_VISIBLE_DEVICES": "0", "LOCAL_RANK": "1"})
+    # CPU ranks: local ranks in rank order per node, nothing made visible.
+    assert device_env([("a", []), ("a", []), ("b", [])]) == [
+        {"LOCAL_WORLD_SIZE": "2", "LOCAL_RANK": "0"}, {"LOCAL_WORLD_SIZE": "2", "LOCAL_RANK": "1"},
+        {"LOCAL_WORLD_SIZE": "1", "LOCAL_RANK": "0"}]
+
+
+PROBE = textwrap.dedent("""
+    import json, os, sys
+    import ray  # noqa: F401 - as a rank's interpreter would have it
+    visible = [d for d in os.environ["CUDA_VISIBLE_DEVICES"].split(",") if d]
+    local = int(os.environ["LOCAL_RANK"])
+    ok = 0 <= local < len(visible)  # what torch.cuda.set_device(LOCAL_RANK) needs
+    # The node: the raylet that started this rank's actor (the actor is this process's parent).
+    raylet = open(f"/proc/{os.getppid()}/stat").read().rsplit(")", 1)[1].split()[1]
+    print("PROBE " + json.dumps({"rank": int(os.environ["RANK"]), "visible": visible, "local": local, "ok": ok,
+                                 "gpu": visible[local] if ok else None, "raylet": raylet}), flush=True)
+""")
+
+
+@pytest.mark.slow  # a two-node Ray cluster on this machine: ~40 s
+def test_ray_launcher_packs_ranks_per_node_and_maps_their_gpus(tmp_path):
+    """The real launcher on a Ray cluster of two nodes with two (fake) GPUs each: ranks 0-1 on one
+    node and 2-3 on the other (the placement group), each rank's LOCAL_RANK a valid ordinal of
+    its node's GPUs, and no two ranks of a node on one GPU."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(PROBE)
+    python = tmp_path / "python"  # the launcher runs `<python> -u -m shardbench.trainer ...`: the probe instead
+    python.write_text(f"#!/bin/sh\nexec {sys.executable} {probe}\n")
+    python.chmod(0o755)
+    script = textwrap.dedent(f"""
+        import os, subprocess, sys
+        from ray.cluster_utils import Cluster
+        cluster = Cluster(initialize_head=True, head_node_args={{"num_cpus": 2, "num_gpus": 2,
+                                                                 "include_dashboard": False}})
+        cluster.add_node(num_cpus=2, num_gpus=2)
+        cluster.wait_for_nodes()
+        try:
+            out = subprocess.run([sys.executable, "-m", "shardbench.trainer.ray_launcher", "--world-size", "4",
+                                  "--ranks-per-node", "2", "--gpus-per-rank", "1", "--python", {str(python)!r},
+                                  "--", "--strategy", "zero2"], env=dict(os.environ, RAY_ADDRESS=cluster.address),
+                                 capture_output=True, text=True, timeout=240)
+            print(out.stdout)
+            print(out.stderr[-3000:], file=sys.stderr)
+        finally:
+            cluster.shutdown()
+    """)
+    env = cpu_env()
+    env.pop("CUDA_VISIBLE_DEVICES")  # Ray refuses fake GPUs that an empty list hides
+    proc = subprocess.run([sys.executable, "-c", script], env=env, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300)
+    probes = [json.loads(l.split(" ", 1)[1]) for l in proc.stdout.splitlines() if l.startswith("PROBE ")]
+    assert len(probes) == 4, proc.stdout[-3000:] + proc.stderr[-3000:]
+    by_rank = {p["rank"]: p for p in probes}
+    assert all(p["ok"] for p in probes), probes
+    for node in ((0, 1), (2, 3)):
+        assert [by_rank[r]["visible"] for r in node] == [["0", "1"], ["0", "1"]], probes
+        assert sorted(by_rank[r]["gpu"] for r in node) == ["0", "1"], probes  # one GPU each
+        assert by_rank[node[0]]["raylet"] == by_rank[node[1]]["raylet"], probes  # packed per node
+    assert by_rank[0]["raylet"] != by_rank[2]["raylet"], probes
