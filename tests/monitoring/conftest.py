@@ -55,9 +55,14 @@ def rendered(kind: str, sets: tuple[str, ...] = METRICS_SETS) -> list[dict]:
     return [d for d in render("helm3", (), sets) if d["kind"] == kind]
 
 
-def chart_rule_groups() -> dict:
-    """The PrometheusRule's spec as a Prometheus rule file ({groups: [...]})."""
-    (rule,) = rendered("PrometheusRule")
+def chart_rule_groups(release: str = RELEASE) -> dict:
+    """The PrometheusRule's spec of `release` as a Prometheus rule file ({groups: [...]})."""
+    if release == RELEASE:
+        (rule,) = rendered("PrometheusRule")
+    else:
+        proc = helm_cmd("helm3", "template", release, str(REPO / "chart"), *[a for s in METRICS_SETS for a in ("--set", s)])
+        assert proc.returncode == 0, proc.stderr
+        (rule,) = [d for d in yaml.safe_load_all(proc.stdout) if d and d["kind"] == "PrometheusRule"]
     return {"groups": rule["spec"]["groups"]}
 
 
