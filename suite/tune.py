@@ -6,18 +6,23 @@ size and fixed global batch, maximising measured tokens/s. Micro-batch and grad-
 axis there (micro-batch x grad-accum = the per-rank batch, so every trial trains the same tokens
 to the same loss): micro-batch is searched and grad-accum follows, or, with `--space
 grad_accum=[...]`, grad-accum is searched and micro-batch follows; every trial records both.
+- The space: micro-batch, activation checkpointing and the layout knobs that act on the layout
+  (APPLIES, from the contract's strategy attributes: engine, sharded state).
 - Memory limit: before launching, the planner predicts the peak per rank; a configuration
-  predicted over the limit is not run (`trial.set_constraint("memory", predicted - limit)`,
-  objective 0). After a run the measured peak sets the constraint instead. The prediction is
-  suite/planning.py `peak_bytes_per_rank` (trainer/plan's trace and closed forms).
+  predicted over the limit is never run, the default included (`trial.set_constraint("memory",
+  predicted - limit)`, objective 0). After a run the measured live-tensor peak (the quantity the
+  planner predicts) sets the constraint instead. The prediction is suite/planning.py
+  `peak_bytes_per_rank` (trainer/plan's trace and closed forms).
 - Pruning: a trial's running tokens/s is reported every measured step and Optuna's
-  MedianPruner cancels a trial slower than the median of earlier trials at that step.
+  MedianPruner cancels a trial slower than the median of earlier trials at that step, never
+  before MIN_PRUNE_STEPS measured steps.
 - Trials are runs of any backend through the runner (locally one after another), into
   <out>/trials/; a trial repeated by the sampler reuses its finished result (resume).
 Then the best configuration and the default one are re-measured `repeats` times each,
 interleaved, into <out>/remeasure/, whose report (<out>/report/) gains "Tuned vs default" per
-strategy with 95% intervals (suite/tune_report.py; also in <out>/TUNING.md); <out>/tune.json
-holds every trial and <out>/tuned-<strategy>.yaml the tuned matrix.
+strategy: a verdict (Welch, flags) with 95% intervals (suite/tune_report.py; also in
+<out>/TUNING.md, which lists every trial with its fate and why); <out>/tune.json holds every
+trial and <out>/tuned-<strategy>.yaml the tuned matrix.
 """
 from __future__ import annotations
 
@@ -35,38 +40,56 @@ from shardbench.suite import tune_report
 from shardbench.suite.planning import peak_bytes_per_rank
 from shardbench.suite.stats import Estimate, estimate
 
-NAMED_KNOBS = ("bucket", "reshard")
-"""RunConfig fields whose name holds one of these words are searched too (bucket sizes, the
-re-sharding knob), whichever exist in this checkout."""
+APPLIES: dict[str, Any] = {
+    "fsdp_grad_sync": lambda s: s.engine == "fsdp",
+    "reshard_after_forward": lambda s: "params" in s.sharded,
+    "bucket_mib": lambda s: s.engine in BUCKETED_ENGINES,
+}
+"""Which layouts a layout-specific knob acts on, from the contract's strategy attributes (never
+a strategy's name): the FSDP2 engine's gradient sync; re-sharding after forward where parameters
+are sharded (FSDP2, ZeRO-3); bucket sizes where the engine communicates in buckets (DDP's reducer,
+DeepSpeed). A knob searched where it does nothing doubles the space and "tunes" noise (issue 32:
+ddp searched reshard_after_forward and recommended false). Knobs not listed act on every layout."""
+BUCKETED_ENGINES = ("ddp", "deepspeed")
+"""Engines that communicate gradients in buckets (FSDP2 communicates per module)."""
+MIN_PRUNE_STEPS = 3
+"""Measured steps a trial runs before the pruner may stop it: one noisy sample is no verdict
+(issue 32: a pruned trial's 699.8 tok/s beat the chosen best's 584)."""
 
 
 @dataclass(frozen=True)
 class Knob:
     name: str
     values: tuple
-    strategies: tuple[str, ...] = ()
-    """Only for these strategies (empty: all)."""
+
+
+def applies(name: str, strategy: str) -> bool:
+    """Whether knob `name` changes anything for `strategy` (contract attributes, APPLIES)."""
+    from shardbench.trainer.contract import STRATEGIES
+
+    rule = APPLIES.get(name)
+    return rule is None or (strategy in STRATEGIES and bool(rule(STRATEGIES[strategy])))
 
 
 def search_space(strategy: str, per_rank_batch: int, given: dict[str, list] | None = None) -> list[Knob]:
     """The knobs searched for `strategy`: micro-batch (divisors of the per-rank batch),
-    activation checkpointing, fsdp's gradient sync, and every bucket/re-shard field RunConfig
-    has; `given` (from --space KEY=[...]) replaces a knob's values or adds one."""
+    activation checkpointing and every layout knob of APPLIES that acts on this layout; `given`
+    (from --space KEY=[...]) replaces a knob's values or adds one, still only where it applies."""
     space = [Knob("micro_batch", tuple(d for d in (1, 2, 4, 8, 16, 32, 64) if per_rank_batch % d == 0)),
-             Knob("activation_checkpointing", (False, True)),
-             Knob("fsdp_grad_sync", ("every_micro_step", "last_micro_step"), ("fsdp",))]
+             Knob("activation_checkpointing", (False, True))]
     hints = typing.get_type_hints(RunConfig)
-    for f in fields(RunConfig):
-        if any(word in f.name for word in NAMED_KNOBS):
-            values = _values_of(hints[f.name], f.default, f.metadata)
+    by_field = {f.name: f for f in fields(RunConfig)}
+    for name in APPLIES:
+        if name in by_field:
+            values = _values_of(hints[name], by_field[name].default, by_field[name].metadata)
             if values:
-                space.append(Knob(f.name, values))
+                space.append(Knob(name, values))
     by_name = {k.name: k for k in space}
     if "grad_accum" in (given or {}):
         del by_name["micro_batch"]  # the batch axis searched by its grad-accum: micro-batch follows
     for name, values in (given or {}).items():
-        by_name[name] = Knob(name, tuple(values), by_name[name].strategies if name in by_name else ())
-    return [k for k in by_name.values() if not k.strategies or strategy in k.strategies]
+        by_name[name] = Knob(name, tuple(values))
+    return [k for k in by_name.values() if applies(k.name, strategy)]
 
 
 def batch_axis_errors(per_rank_batch: int, given: dict[str, list]) -> list[str]:
@@ -112,6 +135,8 @@ class Tuning:
     tuned_est: Estimate | None = None
     ids: dict[str, Any] | None = None
     """What tune_report's "Tuned vs default" reads: config id and params of default and tuned."""
+    default_over: str | None = None
+    """Why the default configuration was not run: the planner predicts it over the limit."""
 
 
 class Tuner:
@@ -176,8 +201,8 @@ class Tuner:
         sampler = (optuna.samplers.GridSampler(grid, seed=self.seed) if small
                    else optuna.samplers.TPESampler(seed=self.seed))
         study = optuna.create_study(direction="maximize", study_name=strategy, sampler=sampler,
-                                    pruner=optuna.pruners.MedianPruner(n_startup_trials=1,
-                                                                       n_warmup_steps=self.base.warmup_steps + 1))
+                                    pruner=optuna.pruners.MedianPruner(
+                                        n_startup_trials=1, n_warmup_steps=self.base.warmup_steps + MIN_PRUNE_STEPS))
         if not small:
             study.enqueue_trial(default)
         study.optimize(lambda t: self._objective(t, strategy, space), n_trials=min(points, self.n_trials),
@@ -198,24 +223,46 @@ class Tuner:
         predicted = int(self.planner(spec.run_config(), spec.world_size))
         trial.set_user_attr("predicted_peak_bytes", predicted)
         trial.set_user_attr("run_id", spec.run_id)
-        if self.limit is not None and predicted > self.limit:
+        over_limit = self.over_limit(predicted)
+        if over_limit:
             trial.set_user_attr("feasible", False)
-            trial.set_user_attr("rejected", f"predicted {predicted / 2**20:.1f} MiB > limit {self.limit / 2**20:.1f} MiB")
+            trial.set_user_attr("rejected", over_limit)
+            trial.set_user_attr("fate", "rejected before launch")
             trial.set_constraint("memory", predicted - self.limit)
             return 0.0
         record, pruned = self._run_trial(trial, spec)
-        if pruned:
-            raise optuna.TrialPruned()
-        measured = record.get("peak_memory_bytes")
-        trial.set_user_attr("peak_memory_bytes", measured)
         trial.set_user_attr("status", record.get("status"))
+        if pruned:
+            trial.set_user_attr("fate", "pruned")
+            trial.set_user_attr("reason", f"below the median of earlier trials at measured step {pruned[0]} "
+                                          f"({pruned[1]:,.1f} tok/s)")
+            raise optuna.TrialPruned()
+        # The quantity the planner predicted: the live-tensor peak (a GPU's allocator peak or CPU
+        # model state is another number: comparing those let a 38.6 MiB model state "pass" an 86 MiB peak).
+        measured = record.get("tensor_peak_bytes")
+        measured = measured if isinstance(measured, int) else record.get("peak_memory_bytes")
+        trial.set_user_attr("measured_peak_bytes", measured)
         over = max(measured or 0, 0) - self.limit if self.limit is not None else -1
         ok = record.get("status") == "ok" and isinstance(record.get("tokens_per_s"), (int, float))
         trial.set_constraint("memory", over if record.get("status") != "oom" else max(over, 1))
         trial.set_user_attr("feasible", ok and over <= 0)
+        trial.set_user_attr("fate", "measured" if ok and over <= 0 else "over the limit when measured" if ok
+                            else f"run {record.get('status')}")
+        if not ok:
+            trial.set_user_attr("reason", str(record.get("error") or "")[:200])
+        elif over > 0:
+            trial.set_user_attr("reason", f"measured tensor peak {measured / 2**20:.1f} MiB > limit "
+                                          f"{self.limit / 2**20:.1f} MiB")
         return float(record["tokens_per_s"]) if ok else 0.0
 
-    def _run_trial(self, trial, spec) -> tuple[dict, bool]:
+    def over_limit(self, predicted: int) -> str | None:
+        """Why a configuration is not launched (predicted over the limit), or None."""
+        if self.limit is None or predicted <= self.limit:
+            return None
+        return f"predicted {predicted / 2**20:.1f} MiB > limit {self.limit / 2**20:.1f} MiB"
+
+    def _run_trial(self, trial, spec) -> tuple[dict, list]:
+        """The trial's record and, when pruned, [measured step, its tok/s]."""
         from shardbench.suite.events import RunProgress
         from shardbench.suite.runner import Runner
 
@@ -226,13 +273,13 @@ class Tuner:
             if (isinstance(event, RunProgress) and event.phase == "measure" and event.tokens_per_s
                     and not pruned):
                 trial.report(event.tokens_per_s, event.step)
-                if trial.should_prune():
-                    pruned.append(event.step)
+                if trial.should_prune():  # never before MIN_PRUNE_STEPS measured steps (the pruner's warm-up)
+                    pruned.extend((event.step - self.base.warmup_steps, event.tokens_per_s))
                     runner.cancel(spec.run_id)
 
         runner = Runner([spec], self.backend, self.out / "trials", watch, order_seed=self.seed)
         record = runner.run()[0]
-        return record, bool(pruned)
+        return record, pruned
 
     def remeasure(self, tuning: Tuning) -> None:
         """Run the default and the best configuration `repeats` times each, interleaved."""
@@ -241,9 +288,15 @@ class Tuner:
         default = self.spec_for(tuning.strategy, tuning.default, self.repeats)
         best = self.spec_for(tuning.strategy, tuning.best, self.repeats) if tuning.best else []
         same = best and best[0].config_id == default[0].config_id
-        tuning.ids = {"default": {"config_id": default[0].config_id, "params": tuning.default},
+        # Never launched when predicted over the limit, the default included: it is reported as
+        # breaking the limit, not measured and compared as if it were a valid baseline.
+        tuning.default_over = self.over_limit(int(self.planner(default[0].run_config(), default[0].world_size)))
+        tuning.ids = {"default": {"config_id": default[0].config_id, "params": tuning.default,
+                                  "over_limit": tuning.default_over},
                       "tuned": {"config_id": best[0].config_id, "params": tuning.best} if best else None}
-        specs = default + ([] if same else best)
+        specs = ([] if tuning.default_over else default) + ([] if same else best)
+        if not specs:
+            return
         records = Runner(specs, self.backend, self.out / "remeasure", self.emit, order_seed=self.seed).run()
         tps = {}
         for r in records:
@@ -285,6 +338,7 @@ def write_outputs(tuner: Tuner, results: list[Tuning]) -> Path:
     out = tuner.out
     out.mkdir(parents=True, exist_ok=True)
     tuning = {t.strategy: t.ids for t in results if t.ids}
+    (out / "remeasure").mkdir(parents=True, exist_ok=True)  # empty when nothing could be re-measured
     (out / "remeasure" / tune_report.TUNING_FILE).write_text(json.dumps(tuning, indent=2, default=str))
     intro = (f"# Tuning\n\nPer strategy, up to {tuner.n_trials} trials (Optuna: TPE, or a grid when the space "
              f"is that small; MedianPruner) at world size {tuner.base.world_sizes[0]} and the base matrix's "
@@ -292,7 +346,8 @@ def write_outputs(tuner: Tuner, results: list[Tuning]) -> Path:
              + f"; planner: {tuner.planner_name}; {tuner.repeats} re-measured repeats each. Every trial: "
              "[tune.json](tune.json); the full report of the re-measured runs: [report/](report/BENCHMARK_REPORT.md).\n\n")
     section = tune_report.tuned_section(load_records(out / "remeasure"), tuning)
-    (out / "TUNING.md").write_text(intro + section + "\n")
+    trials = "\n\n".join(tune_report.trials_section(t.strategy, t.trials or [], t.best) for t in results)
+    (out / "TUNING.md").write_text(intro + section + "\n\n" + trials + "\n")
     try:
         build_report(out / "remeasure", out / "report")
     except (OSError, ValueError) as exc:
@@ -378,7 +433,9 @@ def cmd_tune(args: argparse.Namespace, effective_matrix, cluster_options, fail) 
         tuning = tuner.study(strategy)
         tuner.remeasure(tuning)
         results.append(tuning)
-        print(f"{strategy}: default {tune_report._fmt(tuning.default_est)} tok/s; tuned {_params(tuning.best or {})}: "
+        default = (f"breaks the limit ({tuning.default_over}), not run" if tuning.default_over
+                   else f"{tune_report._fmt(tuning.default_est)} tok/s")
+        print(f"{strategy}: default {default}; tuned {_params(tuning.best or {}) or 'none within the limit'}: "
               f"{tune_report._fmt(tuning.tuned_est)} tok/s", flush=True)
     print(f"tuning: {write_outputs(tuner, results)}")
     return 0 if all(t.best for t in results) else 1

@@ -19,15 +19,13 @@ BASE = ["--world-sizes", "1", "--seq-lens", "32", "--steps", "5", "--warmup-step
         "--global-batch", "4", "--precision", "fp32", "--device", "cpu", "--shape", "cpu", "--repeats", "2"]
 
 
-def test_search_space_picks_up_bucket_and_reshard_knobs_by_name():
+def test_search_space_has_the_batch_axis_and_the_layout_knobs():
     names = {k.name for k in search_space("fsdp", 8)}
-    assert {"micro_batch", "activation_checkpointing", "fsdp_grad_sync"} <= names
+    assert {"micro_batch", "activation_checkpointing", "fsdp_grad_sync", "reshard_after_forward"} <= names
     assert [k.values for k in search_space("ddp", 8) if k.name == "micro_batch"] == [(1, 2, 4, 8)]
     assert "fsdp_grad_sync" not in {k.name for k in search_space("ddp", 8)}
-    # Whatever bucket/re-shard fields RunConfig has (issue 18 adds them) are searched too.
-    from dataclasses import fields
-    named = {f.name for f in fields(RunConfig) if "bucket" in f.name or "reshard" in f.name}
-    assert named <= names
+    # Only where they act (tests/suite/test_tune_rules.py): FSDP2 has no buckets.
+    assert "bucket_mib" not in names and "bucket_mib" in {k.name for k in search_space("zero2", 8)}
 
 
 def test_grad_accum_is_searched_with_micro_batch_following(tmp_path, capsys):
