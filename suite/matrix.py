@@ -298,6 +298,9 @@ def _configuration(m: MatrixSpec, shape: Shape | None, strategy: str, world: int
     if isinstance(layout, str):
         return [layout]
     nodes, ppn = layout
+    tp_placement = rules.check_gpus_per_worker(cfg, ppn)
+    if tp_placement:
+        return [_matrix_wording(tp_placement)]
     launcher = contract.default_launcher(strategy) if m.launcher == "auto" else m.launcher
     if m.backend == "ray":
         launcher = contract.RAY_LAUNCHER  # Ray starts every strategy's ranks

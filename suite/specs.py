@@ -162,7 +162,8 @@ class RunSpec:
 
     @property
     def global_batch(self) -> int:
-        return self.config.micro_batch * self.config.effective_grad_accum(self.world_size) * self.world_size
+        return (self.config.micro_batch * self.config.effective_grad_accum(self.world_size)
+                * self.config.dp_degree(self.world_size))  # tensor-parallel peers share rows
 
     @property
     def grad_accum(self) -> int:

@@ -41,6 +41,9 @@ def check(cfg: RunConfig, world_size: int, rank: int = 0, denv=None) -> None:
     errors = rules.validate(cfg, world_size)
     if errors:
         raise ConfigError(errors[0])
+    placement = rules.check_gpus_per_worker(cfg, denv.local_world_size) if denv is not None else None
+    if placement:
+        raise ConfigError(placement)
     if cfg.output_dir and rank == 0:
         probe_writable(cfg.output_dir, "--output-dir")
     if rank == 0 and denv is not None and (cfg.checkpoint_dir or cfg.resume not in ("auto", "never")):

@@ -2,9 +2,11 @@
 or world size, so that losses can be compared step by step.
 
 Row g of global step s depends only on (seed, s, g), so each rank generates only its own rows
-(generation cost does not grow with the world size). Rank r's micro-step m takes global rows
-[(m * world + r) * micro_batch, ... + micro_batch): every row is used exactly once per step, and
-the step's mean loss is the same however the rows are split. Tokens follow a skewed (Zipf-like)
+(generation cost does not grow with the world size). Rows are keyed by the data-parallel rank,
+not the global one: data-parallel rank r of D (world / tp) takes, at micro-step m, global rows
+[(m * D + r) * micro_batch, ... + micro_batch), and the ranks of one tensor-parallel group take
+the same rows. Every row is used exactly once per step, and the step's mean loss is the same
+however the rows are split. Without tensor parallelism D is the world size and r the rank. Tokens follow a skewed (Zipf-like)
 unigram distribution and repeat the previous token 30% of the time, so the model has something
 to learn within tens of steps and the loss falls (uniform noise would sit at ln(V) for ever and
 hide a broken optimizer step).
@@ -31,6 +33,7 @@ class SyntheticBatches:
 
     def __init__(self, seed: int, seq_len: int, vocab: int, micro_batch: int, grad_accum: int,
                  rank: int, world_size: int, pin_memory: bool = False):
+        """rank, world_size: the data-parallel rank and degree (trainer.parallel.layout.Layout)."""
         self.seed, self.seq_len, self.vocab = seed, seq_len, vocab
         self.micro_batch, self.grad_accum = micro_batch, grad_accum
         self.rank, self.world_size = rank, world_size

@@ -289,6 +289,14 @@ class ResultRecord:
     settings: dict[str, Any] = field(default_factory=dict)
     """Every knob of the run as given (trainer.config.RunConfig's fields, trainer.knobs.settings):
     the CSV reads the knobs it has no column for from here."""
+    layout: dict[str, int] | None = None
+    """The run's degrees on the (dp_replicate, dp_shard, tp) device mesh, whose product is the world
+    size (trainer/parallel/layout.py): ddp replicates over every data-parallel rank, fsdp shards
+    over dp_shard and replicates over dp_replicate (HSDP), ZeRO shards; tp splits each layer.
+    None in records before layouts."""
+    mesh_coords: list[dict[str, Any]] = field(default_factory=list)
+    """Per rank: its host, local rank and coordinate on each mesh dimension (dp_replicate,
+    dp_shard, tp), gathered at the end of the run."""
     reshard_after_forward: bool | None = None
     """fsdp and zero3: gathered parameters freed after each block's forward (True) or kept until
     backward (False); None for strategies that do not gather parameters."""

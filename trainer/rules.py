@@ -69,10 +69,12 @@ def _run_rule_errors(cfg: RunConfig, world_size: int) -> list[str]:
                       f"{cfg.steps}: use fewer warm-up steps or more steps")
     if cfg.grad_accum is not None and cfg.global_batch is not None:
         errors.append("give --grad-accum or --global-batch, not both")
-    per_step = cfg.micro_batch * world_size
+    dp = cfg.dp_degree(world_size)  # tensor-parallel peers share rows
+    per_step = cfg.micro_batch * dp
     if cfg.global_batch is not None and (cfg.global_batch % per_step or cfg.global_batch < per_step):
+        ranks = f"world size {world_size}" if dp == world_size else f"data-parallel ranks {dp}"
         errors.append(f"--global-batch {cfg.global_batch} is not a multiple of --micro-batch "
-                      f"{cfg.micro_batch} x world size {world_size} = {per_step}: pick a multiple of it")
+                      f"{cfg.micro_batch} x {ranks} = {per_step}: pick a multiple of it")
     mcfg = cfg.model_config()
     if mcfg.n_embd % mcfg.n_head:
         errors.append(f"width {mcfg.n_embd} is not divisible by {mcfg.n_head} heads: "
@@ -88,10 +90,48 @@ def _run_rule_errors(cfg: RunConfig, world_size: int) -> list[str]:
                       "CPU): use fp32 or bf16")
     if cfg.checkpoint_every and not cfg.checkpoint_dir:
         errors.append("--checkpoint-every needs --checkpoint-dir: give the directory to save into")
+    errors += _layout_errors(cfg, world_size, mcfg, seq)
     if cfg.async_checkpoint and is_deepspeed(cfg.strategy):
         errors.append(f"--async-checkpoint applies to ddp and fsdp (torch.distributed.checkpoint), not "
                       f"{cfg.strategy}: DeepSpeed saves synchronously")
     return errors
+
+
+def _layout_errors(cfg: RunConfig, world_size: int, mcfg, seq: int) -> list[str]:
+    """The degrees of the mesh (trainer/parallel/layout.py): tp x dp-replicate must divide the
+    world; tp splits heads, the vocabulary, the position table and the sequence."""
+    tp, rep = cfg.tp, cfg.dp_replicate
+    if tp == 1 and rep == 1:
+        return []
+    engine = STRATEGIES[cfg.strategy].engine
+    if tp > 1 and engine not in ("ddp", "fsdp"):
+        return [f"--tp {tp} is not supported with {cfg.strategy} (DeepSpeed ZeRO has no tensor-parallel "
+                "layout here): use ddp or fsdp, or --tp 1"]
+    if rep > 1 and engine != "fsdp":
+        return [f"--dp-replicate {rep} applies to fsdp (HSDP); {cfg.strategy} replicates or shards over "
+                "every data-parallel rank: use --dp-replicate 1"]
+    if world_size % (tp * rep):
+        return [f"world size {world_size} is not divisible by --tp {tp} x --dp-replicate {rep} = {tp * rep}: "
+                "pick degrees whose product divides the world size"]
+    errors = []
+    if tp > 1:
+        for what, n in ((f"the model's {mcfg.n_head} heads", mcfg.n_head),
+                        (f"the vocabulary size {mcfg.vocab_size}", mcfg.vocab_size),
+                        (f"the block size {mcfg.block_size}", mcfg.block_size), (f"the sequence length {seq}", seq)):
+            if n % tp:
+                errors.append(f"--tp {tp} does not divide {what}: use a tp that does")
+                break
+        if cfg.checkpoint_every or cfg.async_checkpoint:
+            errors.append(f"--tp {tp} does not checkpoint yet: drop --checkpoint-every / --async-checkpoint")
+    return errors
+
+
+def check_gpus_per_worker(cfg: RunConfig, gpus_per_worker: int) -> str | None:
+    """A tensor-parallel group must sit inside one worker (its collectives run every layer)."""
+    if cfg.tp > 1 and gpus_per_worker % cfg.tp:
+        return (f"--tp {cfg.tp} does not divide the {gpus_per_worker} GPUs (ranks) per worker: a "
+                "tensor-parallel group must sit inside one worker; use a tp that divides it")
+    return None
 
 
 def validate(cfg: RunConfig, world_size: int) -> list[str]:

@@ -14,6 +14,7 @@ from shardbench.trainer.devices import device_name
 from shardbench.trainer.dist_env import DistEnv
 from shardbench.trainer.metrics import peak_flops_for, rank_memory, step_time_stats
 from shardbench.trainer.model import flops_params, flops_per_token
+from shardbench.trainer.parallel.layout import Layout
 from shardbench.trainer.presets import ModelConfig
 from shardbench.trainer.process import gather, mean_over_ranks
 from shardbench.trainer.record import ResultRecord
@@ -26,7 +27,8 @@ def now() -> str:
 def base_record(cfg: RunConfig, d: DistEnv, device: torch.device, precision: str, mcfg: ModelConfig,
                 grad_accum: int, seq_len: int) -> ResultRecord:
     """Everything known before the first step: labels, shape of the run, peak FLOP/s, settings."""
-    tokens_per_step = cfg.micro_batch * grad_accum * d.world_size * seq_len
+    layout = Layout.of(cfg, d.world_size)
+    tokens_per_step = cfg.micro_batch * grad_accum * layout.dp * seq_len  # tensor-parallel peers share rows
     peak = peak_flops_for(device_name(device) if device.type == "cuda" else "",
                           precision, cfg.peak_tflops, tf32=torch.backends.cuda.matmul.allow_tf32)
     launcher, nodes = cfg.launcher or d.launcher, max(1, d.world_size // d.local_world_size)
@@ -43,7 +45,7 @@ def base_record(cfg: RunConfig, d: DistEnv, device: torch.device, precision: str
                                       ("n_layer", "n_embd", "n_head", "vocab_size", "block_size")}},
         n_params_flops=flops_params(mcfg), precision=precision, seq_len=seq_len,
         micro_batch=cfg.micro_batch, grad_accum=grad_accum,
-        global_batch=cfg.micro_batch * grad_accum * d.world_size,
+        global_batch=cfg.micro_batch * grad_accum * layout.dp, layout=layout.degrees,
         tokens_per_step=tokens_per_step, steps=cfg.steps, warmup_steps=cfg.warmup_steps,
         flops_per_token=flops_per_token(mcfg, seq_len), peak_flops=peak.flops,
         peak_flops_source=peak.source, peak_flops_given=peak.given,
@@ -66,6 +68,10 @@ def finish_record(r: ResultRecord, losses: list[float], d: DistEnv, device: torc
     r.final_loss = r.loss_per_step[-1] if r.loss_per_step else None
     r.nccl_env, r.nccl_env_disagreement = env_info.nccl_env_across_ranks(lambda o: gather(o, d.world_size))
     everyone = gather(mine, d.world_size)
+    layout = Layout(**r.layout) if r.layout else None
+    places = gather((socket.gethostname(), d.local_rank), d.world_size)
+    r.mesh_coords = [{"rank": rank, "host": host, "local_rank": local, **(layout.coords(rank) if layout else {})}
+                     for rank, (host, local) in enumerate(places)]
     r.memory = [m for m, _, _ in everyone]
     r.cpu_affinity = [a for _, _, a in everyone]
     peaks = [m.tensor_peak_bytes for m in r.memory if m.tensor_peak_bytes is not None]

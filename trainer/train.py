@@ -77,8 +77,9 @@ class Trainer:
         self.record.compute_path = self.strategy.compute_path
         for name, value in self.strategy.recorded().items():
             setattr(self.record, name, value)
-        self.data = SyntheticBatches(cfg.seed, self.seq_len, self.mcfg.vocab_size, cfg.micro_batch,
-                                     self.grad_accum, d.rank, d.world_size, pin_memory=self.device.type == "cuda")
+        layout = self.ctx.layout  # rows by data-parallel rank: tensor-parallel peers take the same rows
+        self.data = SyntheticBatches(cfg.seed, self.seq_len, self.mcfg.vocab_size, cfg.micro_batch, self.grad_accum,
+                                     layout.dp_rank(d.rank), layout.dp, pin_memory=self.device.type == "cuda")
         self.steps = StepRunner(self.strategy, self.device)
         self.setup_peak = end_setup_memory(self.device)
         if cfg.checkpoint_dir or cfg.resume not in ("auto", "never"):

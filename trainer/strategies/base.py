@@ -9,6 +9,7 @@ import torch
 
 from shardbench.trainer.config import RunConfig
 from shardbench.trainer.dist_env import DistEnv
+from shardbench.trainer.parallel.layout import Layout
 from shardbench.trainer.record import RankModelState
 
 
@@ -28,6 +29,11 @@ class Context:
     grad_accum: int
     distributed: bool
     """True when a process group with world_size > 1 exists."""
+
+    @property
+    def layout(self) -> Layout:
+        """The run's degrees on the (dp_replicate, dp_shard, tp) mesh."""
+        return Layout.of(self.cfg, self.dist.world_size)
 
     @property
     def amp_dtype(self) -> torch.dtype | None:

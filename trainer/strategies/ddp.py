@@ -1,4 +1,5 @@
-"""DistributedDataParallel (and the plain model at world size 1)."""
+"""DistributedDataParallel (and the plain model at world size 1), with tensor parallelism inside
+each data-parallel replica when --tp > 1 (DDP over the mesh's data-parallel dimension)."""
 from __future__ import annotations
 
 import contextlib
@@ -7,33 +8,58 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from shardbench.trainer.metrics import model_state, optimizer_state_tensors
+from shardbench.trainer.parallel import tp as tensor_parallel
+from shardbench.trainer.parallel.mesh import build_mesh
 from shardbench.trainer.record import RankModelState
 from shardbench.trainer.strategies.base import Context, Strategy, lr_lambda, make_adamw, param_groups
 
 
 class TorchStrategy(Strategy):
-    """Shared by DDP and FSDP: a torch optimizer, autocast or GradScaler, clip, LambdaLR."""
+    """Shared by DDP and FSDP: a torch optimizer, autocast or GradScaler, clip, LambdaLR; the
+    layout's mesh and the tensor-parallel plan when the layout needs them."""
 
     def __init__(self, ctx: Context):
         super().__init__(ctx)
         # fp16 needs loss scaling; bf16 has fp32's range and does not.
         self.scaler = torch.amp.GradScaler(ctx.device.type) if ctx.precision == "fp16" else None
+        self.layout = ctx.layout
+        self.mesh = build_mesh(self.layout, ctx.device.type) if ctx.distributed and self.layout.needs_mesh else None
+
+    def apply_tp(self, model: torch.nn.Module) -> None:
+        if self.mesh is not None and self.layout.tp > 1:
+            tensor_parallel.apply_tp(model, self.mesh["tp"])
 
     def build_optimizer(self, model: torch.nn.Module) -> None:
         self.model = model
+        # Kept: DDP over tensor-parallel parameters swaps the module's parameters for its own
+        # views at each forward, so the list is taken once, as the optimizer holds it.
+        self.params = [p for p in model.parameters()]
         self.optimizer = make_adamw(param_groups(model, self.ctx.cfg.weight_decay), self.ctx)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(self.ctx.cfg))
 
     def no_sync(self, last: bool):
         return contextlib.nullcontext()
 
+    def loss_context(self):
+        """Tensor parallel: the loss and its backward on vocabulary-sharded logits."""
+        return tensor_parallel.loss_parallel() if self.layout.tp > 1 and self.mesh is not None \
+            else contextlib.nullcontext()
+
     def forward_backward(self, x, y, last):
-        with self.no_sync(last):
+        with self.no_sync(last), self.loss_context():
             with self.autocast():
                 _, loss = self.model(x, y)
             scaled = loss / self.ctx.grad_accum
             (self.scaler.scale(scaled) if self.scaler else scaled).backward()
-        return loss.detach()
+        loss = loss.detach()
+        return loss.full_tensor() if hasattr(loss, "full_tensor") else loss  # TP: a replicated DTensor
+
+    def total_norm(self) -> torch.Tensor:
+        """The global gradient norm."""
+        grads = [p.grad for p in self.params if p.grad is not None]
+        if self.mesh is not None:  # DTensor gradients on a mesh: see mesh_total_norm
+            return tensor_parallel.mesh_total_norm(grads)
+        return torch.nn.utils.get_total_norm(grads)
 
     def step(self, last):
         if not last:
@@ -41,10 +67,9 @@ class TorchStrategy(Strategy):
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
         # The norm is recorded every step (the loss check compares it), clipped or not.
+        self._norm = self.total_norm()
         if self.ctx.cfg.grad_clip > 0:
-            self._norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.ctx.cfg.grad_clip)
-        else:
-            self._norm = torch.nn.utils.get_total_norm([p.grad for p in self.model.parameters() if p.grad is not None])
+            torch.nn.utils.clip_grads_with_norm_(self.params, self.ctx.cfg.grad_clip, self._norm)
         if self.scaler:
             self.scaler.step(self.optimizer)
             self.scaler.update()
@@ -65,7 +90,7 @@ class TorchStrategy(Strategy):
         return []
 
     def model_state(self) -> RankModelState:
-        params = list(self.model.parameters())
+        params = self.params
         return model_state(self.ctx.dist.rank, params=params,
                            grads=[p.grad for p in params] + self.held_grads(),
                            optimizer=optimizer_state_tensors(self.optimizer))
@@ -76,13 +101,25 @@ class DDPStrategy(TorchStrategy):
 
     def setup(self, model):
         model = model.to(self.ctx.device)
-        if self.ctx.distributed:
+        self.apply_tp(model)
+        self.tp_group = None
+        if self.ctx.distributed and self.layout.dp > 1:
+            group = None  # the world, as before meshes
+            if self.mesh is not None:
+                group = self.mesh.get_group("dp_replicate")
+                self.tp_group = self.mesh.get_group("tp")
+                tensor_parallel.localize_for_ddp(model)
             # gradient_as_bucket_view: grads live in DDP's buckets instead of beside them.
             device_ids = [self.ctx.device.index] if self.ctx.device.type == "cuda" else None
             model = DDP(model, device_ids=device_ids, gradient_as_bucket_view=True,
-                        bucket_cap_mb=self.ctx.cfg.bucket_mib)
-            model.register_comm_hook(None, self.comm_hook())
+                        bucket_cap_mb=self.ctx.cfg.bucket_mib, process_group=group)
+            model.register_comm_hook(group, self.comm_hook())
         self.build_optimizer(model)
+
+    def total_norm(self) -> torch.Tensor:
+        if self.tp_group is None:
+            return super().total_norm()
+        return tensor_parallel.local_total_norm(self.params, self.tp_group)
 
     def comm_hook(self):
         """The gradient all-reduce in --grad-reduce-dtype, through Python's dist.all_reduce (the
@@ -112,7 +149,7 @@ class DDPStrategy(TorchStrategy):
 
     def no_sync(self, last):
         # Skip the all-reduce on every micro-step but the last: grads accumulate locally.
-        if self.ctx.distributed and not last:
+        if isinstance(self.model, DDP) and not last:
             return self.model.no_sync()
         return contextlib.nullcontext()
 

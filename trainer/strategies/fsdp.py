@@ -7,6 +7,10 @@ not resharded after forward (backward needs them first, so re-gathering them wou
 all-gathers); every other block is. Gradients are reduce-scattered after every micro-step by
 default (`--fsdp-grad-sync every_micro_step`, torchtitan's default: only sharded gradients are
 held between micro-steps); `last_micro_step` keeps unsharded gradients until the last one.
+
+On a mesh (trainer/parallel/): HSDP with --dp-replicate R (fully_shard over the 2-D replicate x
+shard mesh: sharded inside each group, gradients all-reduced across groups), and FSDP2 over the
+data-parallel dimensions of a model already split by tensor parallelism (2-D FSDP + TP).
 """
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ import contextlib
 
 import torch
 
+from shardbench.trainer.parallel.mesh import dp_mesh
 from shardbench.trainer.strategies.base import REDUCE_DTYPES
 from shardbench.trainer.strategies.ddp import TorchStrategy
 
@@ -27,36 +32,43 @@ def reshard_after_forward_plan(n_blocks: int, reshard: bool = True) -> list[bool
 class FSDPStrategy(TorchStrategy):
     name = "fsdp"
 
+    @property
+    def sharded(self) -> bool:
+        """FSDP wraps the model: more than one data-parallel rank (pure TP has one)."""
+        return self.ctx.distributed and self.layout.dp > 1
+
     def setup(self, model):
         model = model.to(self.ctx.device)
-        if self.ctx.distributed:
+        self.apply_tp(model)
+        if self.sharded:
             from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+            mesh = dp_mesh(self.mesh, self.layout) if self.mesh is not None else None  # None: the world
             mp = MixedPrecisionPolicy(param_dtype=self.ctx.amp_dtype,
                                       reduce_dtype=REDUCE_DTYPES[self.ctx.cfg.grad_reduce_dtype])
             plan = reshard_after_forward_plan(len(model.blocks), self.ctx.cfg.reshard_after_forward)
             for block, reshard in zip(model.blocks, plan):
-                fully_shard(block, mp_policy=mp, reshard_after_forward=reshard)
-            fully_shard(model, mp_policy=mp, reshard_after_forward=False)
+                fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
+            fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
         self.build_optimizer(model)
 
     @property
     def compute_path(self) -> str:
         if self.ctx.amp_dtype is None:
             return "fp32"
-        if not self.ctx.distributed:
+        if not self.sharded:
             return f"torch.autocast {self.ctx.precision} over fp32 parameters and gradients (unsharded)"
         return (f"parameters all-gathered in {self.ctx.precision} (MixedPrecisionPolicy param_dtype): "
                 f"every op runs in {self.ctx.precision}; fp32 sharded parameters, gradients and optimizer")
 
     def autocast(self):
         # Sharded: the mixed-precision policy casts parameters itself; unsharded: autocast.
-        if self.ctx.distributed:
+        if self.sharded:
             return contextlib.nullcontext()
         return super().autocast()
 
     def no_sync(self, last):
-        if self.ctx.distributed and self.ctx.cfg.fsdp_grad_sync == "last_micro_step":
+        if self.sharded and self.ctx.cfg.fsdp_grad_sync == "last_micro_step":
             # Non-final micro-steps keep unsharded gradients locally instead of reduce-scattering.
             self.model.set_requires_gradient_sync(last)
         return super().no_sync(last)
@@ -64,7 +76,7 @@ class FSDPStrategy(TorchStrategy):
     def held_grads(self) -> list[torch.Tensor]:
         """Gradients FSDP keeps outside the sharded parameters' .grad: unsharded gradients
         accumulated between micro-steps without reduce-scatter."""
-        if not self.ctx.distributed:
+        if not self.sharded:
             return []
         from torch.distributed.fsdp import FSDPModule
 
