@@ -85,6 +85,9 @@ with the configuration hash only it computes (trainer.contract.run_id), so no --
 {{- if and .Values.checkpoint.enabled (not .Values.persistence.enabled) }}
 {{- fail "checkpoint.enabled needs persistence.enabled: checkpoints live on the results volume" }}
 {{- end }}
+{{- if and .Values.ray.enabled (ne .Values.rdma.mode "none") }}
+{{- fail (printf "ray.enabled with rdma.mode %s: the RayJob's pods get no RDMA devices (only the MPIJob is wired for RDMA), so NCCL would fall back to TCP sockets between nodes: set rdma.mode=none to run the RayJob over sockets knowingly, or use the MPIJob" .Values.rdma.mode) }}
+{{- end }}
 {{- if and (eq .Values.rdma.mode "sriov") (not .Values.rdma.networks) }}
 {{- fail "rdma.mode sriov needs rdma.networks: the Multus network(s) of the VFs, e.g. rdma-vf,rdma-vf (k8s.v1.cni.cncf.io/networks)" }}
 {{- end }}
@@ -301,8 +304,9 @@ Container securityContext: non-root, no privilege escalation, every capability d
 with (dict "root" $ "privileged" bool), plus "asRoot" and "worker" from the MPIJob: rdma.mode
 host-network workers are privileged (the only way a container may open the host's
 /dev/infiniband devices). The RDMA modes run as root (templates/_rdma.tpl: IPC_LOCK is effective
-only for root); root keeps the runtime's default capabilities (its sshd switches users and
-chroots) but NET_RAW, and a worker adds IPC_LOCK, which RDMA memory registration needs.
+only for root); a root worker keeps the runtime's default capabilities (its sshd switches users
+and chroots) but NET_RAW and adds IPC_LOCK, which RDMA memory registration needs; the root
+launcher only runs mpirun and ssh (reading keys root owns) and drops every capability.
 */}}
 {{- define "shardbench.containerSecurityContext" -}}
 {{- $v := .root.Values -}}
@@ -314,9 +318,11 @@ runAsNonRoot: false
 runAsUser: 0
 runAsGroup: 0
 capabilities:
-  drop: [NET_RAW]
   {{- if .worker }}
+  drop: [NET_RAW]
   add: {{ include "shardbench.addedCapabilities" .root }}
+  {{- else }}
+  drop: [ALL]
   {{- end }}
 {{- else }}
 runAsNonRoot: true

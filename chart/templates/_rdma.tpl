@@ -22,6 +22,18 @@ runtime's memlock limit; the pre-flight checks that limit on every rank either w
 {{- end }}
 
 {{/*
+The device plugin resource a worker requests in shared-device and sriov mode: rdma.resourceName,
+else the mode's entry of rdma.resources (sriov's VFs are another resource than the shared device).
+*/}}
+{{- define "shardbench.rdmaResource" -}}
+{{- $name := .Values.rdma.resourceName | default (get (.Values.rdma.resources | default dict) .Values.rdma.mode) }}
+{{- if not $name }}
+{{- fail (printf "rdma.mode %s needs the device plugin resource to request: set rdma.resources.%s (or rdma.resourceName)" .Values.rdma.mode .Values.rdma.mode) }}
+{{- end }}
+{{- $name }}
+{{- end }}
+
+{{/*
 Devices (shared-device) or VFs (sriov) per worker: rdma.count, else for sriov one VF per Multus
 network attachment of rdma.networks (OCI: 16 x rdma-vf on BM.GPU.H100.8), else 1.
 */}}
@@ -70,8 +82,8 @@ seccompProfile:
 {{/* checkov skips of the MPIJob's pods in root mode ("CKV_ID=reason", JSON list); .worker adds IPC_LOCK's. */}}
 {{- define "shardbench.rootSkips" -}}
 {{- $why := "rdma.mode: NCCL's RDMA memory registration needs IPC_LOCK, which only root can use (no ambient capabilities); OCI runs its RDMA MPIJobs as root" }}
-{{- $s := list (printf "CKV_K8S_23=%s" $why) (printf "CKV_K8S_40=%s" $why) (printf "CKV_K8S_37=%s; root's sshd needs the default set to switch users, NET_RAW is dropped" $why) }}
-{{- if .worker }}{{ $s = append $s (printf "CKV_K8S_25=%s" $why) }}{{ end }}
+{{- $s := list (printf "CKV_K8S_23=%s" $why) (printf "CKV_K8S_40=%s" $why) }}
+{{- if .worker }}{{ $s = concat $s (list (printf "CKV_K8S_37=%s; root's sshd needs the default set to switch users, NET_RAW is dropped" $why) (printf "CKV_K8S_25=%s" $why)) }}{{ end }}
 {{- if not (include "shardbench.rdmaRoot" .root) }}{{ $s = list }}{{ end }}
 {{- toJson $s }}
 {{- end }}

@@ -102,3 +102,37 @@ def test_sriov_selects_its_vfs_by_prefix_and_requests_one_per_nic(values):
 def test_nccl_ib_hca_set_by_hand_wins():
     _, worker = _worker(_job("h100.yaml", "sriov", "nccl.NCCL_IB_HCA=mlx5_18"))
     assert _env(worker)["NCCL_IB_HCA"] == "mlx5_18"
+
+
+# --- issue 34 --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode,resource,other", [("sriov", "nvidia.com/rdma-vf", "rdma/rdma_shared_device_a"),
+                                                 ("shared-device", "rdma/rdma_shared_device_a", "nvidia.com/rdma-vf")])
+def test_each_device_mode_requests_its_own_resource(mode, resource, other):
+    """Before: one rdma.resourceName defaulting to the shared device plugin's, so sriov asked for
+    the shared device instead of VFs."""
+    sets = ("rdma.mode=" + mode, "workers=2") + (("rdma.networks=rdma-vf\\,rdma-vf",) if mode == "sriov" else ())
+    _, worker = _worker(one(render("helm3", ("h100.yaml",), sets), "MPIJob"))
+    assert resource in worker["resources"]["limits"] and other not in worker["resources"]["limits"]
+    assert worker["resources"]["requests"][resource] == worker["resources"]["limits"][resource]
+    # rdma.resourceName still overrides the mode's entry.
+    _, named = _worker(one(render("helm3", ("h100.yaml",), (*sets, "rdma.resourceName=example.com/rdma")), "MPIJob"))
+    assert "example.com/rdma" in named["resources"]["limits"] and resource not in named["resources"]["limits"]
+
+
+@pytest.mark.parametrize("mode", [m for m in RDMA_MODES if m != "none"])
+def test_the_root_launcher_drops_every_capability(mode):
+    """It only runs mpirun and ssh: root needs no capability for either (it owns its keys)."""
+    launcher = _job("h100.yaml", mode)["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
+    sc = launcher["securityContext"]
+    assert sc["runAsUser"] == 0 and sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["allowPrivilegeEscalation"] is False and sc["privileged"] is False
+
+
+def test_the_readme_creates_every_namespace_it_labels():
+    import re
+
+    text = (CHART / "README.md").read_text()
+    for m in re.finditer(r"kubectl label (?:ns|namespace) (\S+)", text):
+        created = re.search(rf"kubectl create (?:ns|namespace) {re.escape(m.group(1))}\b", text[:m.start()])
+        assert created, f"chart/README.md labels namespace {m.group(1)} without creating it first"

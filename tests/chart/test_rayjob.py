@@ -18,7 +18,8 @@ from shardbench.trainer.launchers import LaunchPlan, build_command
 from shardbench.suite.backends.rayjob import rayjob_errors
 
 CRD = Path(__file__).resolve().parent / "vendor" / "ray.io_rayjobs.v1.7.0.yaml.gz"
-RAY = ("ray.enabled=true", "ray.maxRestarts=2", "checkpoint.enabled=true", "persistence.enabled=true")
+# rdma.mode none: the RayJob's pods have no RDMA wiring (the chart refuses an RDMA mode with Ray).
+RAY = ("ray.enabled=true", "ray.maxRestarts=2", "checkpoint.enabled=true", "persistence.enabled=true", "rdma.mode=none")
 
 
 @lru_cache(maxsize=1)
@@ -82,3 +83,10 @@ def test_the_schema_misses_what_the_backend_checks():
 def test_disabled_by_default():
     docs = render("helm3", ("cpu.yaml",))
     assert not [d for d in docs if d["kind"] == "RayJob"] and one(docs, "MPIJob")
+
+
+def test_a_rayjob_on_an_rdma_mode_is_refused_naming_sockets():
+    """Before: h100.yaml's host-network mode rendered a RayJob whose pods had no RDMA devices, so
+    NCCL silently used TCP sockets between nodes."""
+    err = template_error("helm3", ("h100.yaml",), tuple(s for s in RAY if not s.startswith("rdma.")))
+    assert "ray.enabled with rdma.mode host-network" in err and "TCP sockets" in err and "rdma.mode=none" in err

@@ -80,8 +80,15 @@ class RayJobAttempt(Attempt):
     def values(self) -> dict[str, Any]:
         # The MPIJob's values (run, image, this attempt's checkpoint directory; the matrix lays the
         # run out over the shape's nodes: MatrixSpec.ray_cluster) with the RayJob switched on.
-        return deep_merge(super().values(), {"launcher": "mpirun",  # the chart's; a RayJob's trainer is told ray
-                                             "ray": {"enabled": True, "maxRestarts": self.spec.max_restarts}})
+        values = super().values()
+        mode = (values.get("rdma") or {}).get("mode", "none")
+        if mode != "none":  # the chart refuses a RayJob on an RDMA mode: sockets, said out loud
+            self.log.line(f"[shardbench] warning: shape {self.spec.shape} has rdma.mode {mode}, which the RayJob's "
+                          "pods are not wired for: NCCL uses TCP sockets between nodes (rdma.mode none), so "
+                          "its numbers are not comparable with the MPIJob's")
+        return deep_merge(values, {"launcher": "mpirun",  # the chart's; a RayJob's trainer is told ray
+                                   "ray": {"enabled": True, "maxRestarts": self.spec.max_restarts},
+                                   "rdma": {"mode": "none"}})
 
     def precheck(self, values: dict[str, Any]) -> dict[str, Any] | None:
         refused = kube_fault_errors(self.spec.fault)
