@@ -10,7 +10,8 @@ launcher; and None for a strategy-specific setting that does not apply: fsdp_gra
 reshard_after_forward, bucket_mib). Records with neither have only the fields they carry. So a
 new RunConfig knob joins every grouping without a list to edit here.
 
-- verdict (and summary) groups: everything but the strategy and its launcher;
+- verdict (and summary) groups: everything but the layout (strategy, tp, dp_replicate) and the
+  strategy's launcher;
 - loss groups (one trajectory): everything but the run's layout (world size, nodes) and the
   knobs marked `same_loss` (strategy, launcher, micro-batch, grad-accum, bucket size, ...), with
   the same resolved global batch;
@@ -30,8 +31,11 @@ from shardbench.trainer.config import RunConfig, build_parser, measured_fields
 
 LAYOUT = frozenset({"world_size", "nodes"})
 """The run's shape (measured_fields adds them; not knobs)."""
-VERDICT_EXCEPT = frozenset({"strategy", "launcher"})
-"""What a verdict compares: the strategy, and the launcher that comes with it."""
+LAYOUT_KNOBS = frozenset({"tp", "dp_replicate"})
+"""The mesh degrees beside the strategy (trainer/parallel/layout.py): part of the layout."""
+VERDICT_EXCEPT = frozenset({"strategy", "launcher"}) | LAYOUT_KNOBS
+"""What a verdict compares: the layout (strategy and its mesh degrees), and the launcher that
+comes with the strategy: "same settings except the layout"."""
 LOSS_EXCEPT = LAYOUT | knobs.same_loss()
 BASE_EXCEPT = LAYOUT | knobs.per_world()
 
