@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from shardbench.trainer import contract, rules
+from shardbench.trainer import contract, knobs, rules
 from shardbench.trainer.config import RunConfig, id_fields
 from shardbench.suite import safe_yaml
 from shardbench.suite.fault_grammar import fault_errors, kube_fault_errors
@@ -79,6 +79,8 @@ def default_matrix() -> MatrixSpec:
 
 def save_matrix(spec: MatrixSpec, path: str | os.PathLike) -> None:
     data = asdict(spec)
+    if data.get("layouts") is None:
+        data.pop("layouts", None)  # the usual matrix: every combination
     data.update(data.pop("options"))
     Path(path).write_text(yaml.safe_dump(data, sort_keys=False))
 
@@ -196,6 +198,10 @@ def _suite_errors(m: MatrixSpec) -> list[str]:
     for name, value in m.options.items():
         if isinstance(value, list) and (not value or len(set(map(repr, value))) != len(value)):
             errors.append(f"{name} must be a non-empty list of distinct values, got {value!r}")
+    if m.layouts is not None and (not isinstance(m.layouts, list) or not m.layouts or any(
+            not isinstance(e, dict) or "strategy" not in e or set(e) - {"strategy", *LAYOUT_KEYS} for e in m.layouts)):
+        errors.append(f"layouts must be a list of mappings with a strategy and optional {', '.join(LAYOUT_KEYS)}, "
+                      f"got {m.layouts!r}")
     return errors
 
 
@@ -238,6 +244,19 @@ def _option_combinations(m: MatrixSpec) -> list[tuple[tuple[str, Any], ...]]:
     return [tuple(zip(names, combo)) for combo in itertools.product(*values)]
 
 
+LAYOUT_KEYS = ("tp", "dp_replicate")
+"""The mesh degrees a `layouts:` entry may name beside the strategy."""
+
+
+def _listed_layout(m: MatrixSpec, strategy: str, options) -> bool:
+    """Whether `layouts:` (if any) lists this strategy with these mesh degrees."""
+    if not m.layouts:
+        return True
+    given = {"strategy": strategy, **{k: v for k, v in options if k in LAYOUT_KEYS}}
+    return any(all(given.get(k, knobs.default(k)) == entry.get(k, knobs.default(k)) for k in LAYOUT_KEYS)
+               and entry.get("strategy") == strategy for entry in m.layouts)
+
+
 def _trainer_config(strategy: str, seq: int, options) -> RunConfig:
     """RunConfig's defaults, the matrix's overrides (grad_accum is derived when global_batch is set)."""
     knob_values = dict(options)
@@ -273,6 +292,8 @@ def expand(matrix: MatrixSpec, limit: int | None = CONFIRM_ABOVE) -> tuple[list[
     specs: list[RunSpec] = []
     for strategy, world, seq, options, fault in itertools.product(
             matrix.strategies, matrix.world_sizes, matrix.seq_lens, _option_combinations(matrix), matrix.faults):
+        if not _listed_layout(matrix, strategy, options):
+            continue
         made = _configuration(matrix, shape, strategy, world, seq, options, fault)
         if isinstance(made, list):
             errors += made

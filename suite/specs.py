@@ -54,6 +54,10 @@ class MatrixSpec:
     optimizer step S; suite/faults.py). A faulty run checkpoints and is relaunched."""
     max_restarts: int = 2
     """Relaunches of a run that failed (with --resume auto from its checkpoints), for faulty runs."""
+    layouts: list[dict[str, Any]] | None = None
+    """Only these combinations of strategy and mesh degrees (tp, dp_replicate; a degree left out
+    is 1), e.g. [{strategy: fsdp, dp_replicate: 2}, {strategy: ddp, tp: 2}]: the strategies and
+    degree axes are swept and every other combination is left out; None: every combination."""
     results: str = "results/default"
     """Results directory: results/<run id>/ for every run (a suite locks it while it writes)."""
     options: dict[str, Any] = field(default_factory=dict)
