@@ -6,6 +6,7 @@ the same grad-accum (the global batch grows with the world size) or, failing tha
 global batch (grad-accum derived from the world size). Nothing else may differ: the old base
 pooled grad-accum, threads, activation checkpointing and compile (0.68 [0.46, 0.90] where the
 truth was 0.95).
+A configuration whose group has ok runs at only one world size has no efficiency, only a note.
 """
 from __future__ import annotations
 
@@ -34,6 +35,17 @@ def _note(strategy: Any, base: int, rows: pd.DataFrame) -> str:
     return f"base {strategy} at {base} dev has no ok run: {statuses}"
 
 
+def _one_world_size(df: pd.DataFrame, group: pd.DataFrame, by_config: dict[str, Any], world: int) -> None:
+    """No efficiency where a single world size was measured: 1.00 "by definition" read as a
+    measured scaling (and was plotted at 1.0)."""
+    note = f"only {world} dev measured: scaling needs ok runs at two world sizes"
+    df.loc[group.index, "scaling_note"] = note
+    for config_id in set(group["config_id"].astype(str)):
+        c = by_config.get(config_id)
+        if c is not None:
+            c.efficiency, c.efficiency_note = None, note
+
+
 def fill(df: pd.DataFrame, configs: list[Any]) -> None:
     """scaling_* columns of df's runs and efficiency / base_world_size / efficiency_note of configs."""
     runs = df[(df["status"] != metrics.UNREADABLE) & df["world_size"].notna()]
@@ -42,6 +54,9 @@ def fill(df: pd.DataFrame, configs: list[Any]) -> None:
     by_config = {str(c.config_id): c for c in configs}
     for _, group in runs.groupby(runs["settings"].map(groups.base_key), sort=False):
         base = int(group["world_size"].min())
+        if _ok(group)["world_size"].nunique() < 2:
+            _one_world_size(df, group, by_config, base)
+            continue
         base_runs = group[group["world_size"] == base]
         for config_id, rows in group.groupby(group["config_id"].astype(str), sort=False):
             first = rows.iloc[0]

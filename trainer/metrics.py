@@ -189,6 +189,14 @@ def model_state(rank: int, params: Iterable, grads: Iterable = (), master: Itera
                           comm_buffer_bytes=c, total_bytes=p + g + m + o + c)
 
 
+def with_comm_buffer_bytes(state: RankModelState, comm: int) -> RankModelState:
+    """`state` with its communication buffers counted as `comm` bytes (buffers that existed during
+    the sampled phase but were freed before the sample: ZeRO-1/2's reduce buckets)."""
+    state.total_bytes += comm - state.comm_buffer_bytes
+    state.comm_buffer_bytes = comm
+    return state
+
+
 def peak_model_state(samples: list[tuple[str, RankModelState]]) -> RankModelState | None:
     """The sample with the largest total, labelled with where it was taken."""
     if not samples:

@@ -15,15 +15,16 @@ from pathlib import Path
 import torch
 
 from shardbench.trainer.contract import STRATEGIES
-from shardbench.trainer.ds_knobs import match_knobs
-from shardbench.trainer.metrics import model_state, optimizer_state_tensors
+from shardbench.trainer import ds_knobs
+from shardbench.trainer.metrics import StorageCounter, model_state, optimizer_state_tensors, with_comm_buffer_bytes
 from shardbench.trainer.record import RankModelState
 from shardbench.trainer.strategies.base import Context, Strategy, lr_lambda, make_adamw, param_groups
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "ds_configs"
 
 
-def deepspeed_config(ctx: Context) -> dict:
+def deepspeed_config(ctx: Context, model=None) -> dict:
+    """The DeepSpeed config of this run; `model` (TinyGPT) sizes ZeRO-3's prefetch to one block."""
     cfg = ctx.cfg
     path = Path(cfg.deepspeed_config) if cfg.deepspeed_config else CONFIG_DIR / f"{cfg.strategy}.json"
     ds = json.loads(path.read_text())
@@ -39,7 +40,12 @@ def deepspeed_config(ctx: Context) -> dict:
     # One gradient-reduction dtype for every strategy (DeepSpeed's default follows the model's
     # dtype: bf16 gradients would move half the bytes of DDP's and FSDP's fp32 reductions).
     ds["communication_data_type"] = cfg.grad_reduce_dtype
-    match_knobs(ds, cfg.bucket_mib, cfg.reshard_after_forward, stage, ctx.precision)
+    unit = None
+    if stage == 3 and model is not None:
+        threshold = int(ds["zero_optimization"].get("stage3_param_persistence_threshold", 100_000))
+        unit = max(ds_knobs.unit_numel([p.numel() for p in b.parameters()], threshold) for b in model.blocks)
+    ds_knobs.match_knobs(ds, cfg.bucket_mib, cfg.reshard_after_forward, stage, ctx.precision,
+                         cfg.grad_reduce_dtype, unit)
     ds.pop("optimizer", None)  # ours is passed in: see the module docstring
     ds.pop("scheduler", None)
     return ds
@@ -64,6 +70,27 @@ MASTER_ATTRS = ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat
 # (stage 1/2: two when overlap_comm double-buffers).
 
 
+def _bucket_tensors(opt) -> list[torch.Tensor]:
+    buckets = getattr(opt, "ipg_buckets", None) or {}
+    return [t for b in buckets.values() for t in _tensors(getattr(b, "buffer", None))]
+
+
+def persist_root(optimizer, params: list) -> None:
+    """Make ZeRO-3 keep the model's root parameters gathered, as FSDP keeps its root unit
+    (tied embedding / lm_head, position embedding, final LayerNorm): without it the tied
+    embedding was all-gathered at each of its four uses per micro-step. DeepSpeed 0.19 has no
+    per-parameter setting, only a size threshold (which would persist every block too), so this
+    does what its own threshold does at init: `ds_persist` (never released by the coordinator),
+    the parameter in `persistent_parameters` (partitioned before the optimizer step, all-gathered
+    after it) and gathered now."""
+    added = [p for p in params if not getattr(p, "ds_persist", True)]
+    for p in added:
+        p.ds_persist = True
+        optimizer.persistent_parameters.append(p)  # the same list as parameter_offload's
+    if added:
+        added[0].all_gather(added)
+
+
 def import_deepspeed():
     """DeepSpeed, without the mlflow its autotuner imports when installed (the `tracking` extra):
     0.85 of DeepSpeed's 2.0 s import on every rank here, for a feature the trainer never uses."""
@@ -85,7 +112,7 @@ class ZeroStrategy(Strategy):
 
     def setup(self, model):
         deepspeed = import_deepspeed()
-        self.ds_config = deepspeed_config(self.ctx)
+        self.ds_config = deepspeed_config(self.ctx, model)
         optimizer = make_adamw(param_groups(model, self.ctx.cfg.weight_decay), self.ctx)
         schedule = lr_lambda(self.ctx.cfg)
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
@@ -96,6 +123,26 @@ class ZeroStrategy(Strategy):
             dist_init_required=False,  # trainer.train set up the process group already
         )
         self.model = self.engine.module
+        if STRATEGIES[self.ctx.cfg.strategy].zero_stage == 3:
+            persist_root(self.optimizer, [p for name, p in self.model.named_parameters()
+                                          if not name.startswith("blocks.")])
+        else:
+            self._count_buckets()
+
+    def _count_buckets(self) -> None:
+        """ZeRO-1/2 allocate their reduce buckets at backward's first gradient (setup_buckets)
+        and free them at its end, before model_state() samples: remember what they were as
+        allocated (their bytes, never the tensors: a reference would keep them alive)."""
+        opt, setup = self.optimizer, getattr(self.optimizer, "setup_buckets", None)
+        self.bucket_bytes = 0
+        if setup is None:
+            return
+
+        def counted():
+            setup()
+            held = StorageCounter().add(_bucket_tensors(opt))
+            self.bucket_bytes = max(self.bucket_bytes, held)
+        opt.setup_buckets = counted
 
     def forward_backward(self, x, y, last):
         # The engine casts for bf16/fp16 and scales the loss by 1/grad_accum itself.
@@ -135,8 +182,8 @@ class ZeroStrategy(Strategy):
         masters = []
         for name in MASTER_ATTRS:
             masters += _tensors(getattr(opt, name, None))
-        buckets = getattr(opt, "ipg_buckets", None) or {}
-        buffers = [t for b in buckets.values() for t in _tensors(getattr(b, "buffer", None))]
         inner = getattr(opt, "optimizer", opt)
-        return model_state(self.ctx.dist.rank, params=params, grads=grads, master=masters,
-                           optimizer=optimizer_state_tensors(inner), comm_buffers=buffers)
+        state = model_state(self.ctx.dist.rank, params=params, grads=grads, master=masters,
+                            optimizer=optimizer_state_tensors(inner), comm_buffers=_bucket_tensors(opt))
+        # ZeRO-1/2: the buckets the backward just sampled held (freed at its end), as allocated.
+        return with_comm_buffer_bytes(state, max(state.comm_buffer_bytes, getattr(self, "bucket_bytes", 0)))
