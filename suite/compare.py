@@ -119,7 +119,7 @@ def _verdict(change: Estimate | None, ca: Config, cb: Config, higher: bool, time
     # As in the report: noise flags block timed metrics; memory is counted, only a broken run blocks it.
     flagged = [side for side, c in (("A", ca), ("B", cb)) if c.broken or (timed and c.flags)]
     if flagged:
-        return f"flagged in {' and '.join(flagged)}: re-measure (shardbench run --rerun-flagged)"
+        return f"flagged in {' and '.join(flagged)}: re-measure (command below)"
     if change is None:
         return "no test (A's mean is 0)"
     if not change.has_interval:
@@ -190,6 +190,11 @@ def text(cmp: Comparison) -> str:
     for side, names in (("A", cmp.only_a), ("B", cmp.only_b)):
         if names:
             lines.append(f"only in {side}: {', '.join(names)}")
+    for side, path in (("A", cmp.a), ("B", cmp.b)):
+        if any(side in c.verdict.split(":")[0] for c in cmp.changes if c.verdict.startswith("flagged in")):
+            # The whole command: --rerun-flagged alone re-measures the default matrix in results/default.
+            lines.append(f"re-measure {side}'s flagged runs: shardbench run --matrix MATRIX.yaml --results {path} "
+                         f"--rerun-flagged   (MATRIX.yaml: the matrix that wrote {path})")
     sig = cmp.significant()
     lines.append(f"{len(sig)} significant change(s) in {len(cmp.changes)} comparison(s)"
                  + (f" ({len(cmp.significant(worse_only=True))} worse)" if sig else ""))

@@ -8,6 +8,7 @@ import argparse
 import signal
 import sys
 import threading
+from pathlib import Path
 
 from shardbench.suite.backends import cluster_options
 from shardbench.suite.cli_input import effective_matrix, fail
@@ -32,8 +33,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.save_matrix:
         save_matrix(matrix, args.save_matrix)
     if args.dry_run:
-        _print_runs(specs)
-        return 0
+        return _dry_run(args, matrix, specs)
     try:
         runner, view = _prepare(args, matrix, specs)
     except _Refused as exc:
@@ -41,18 +41,46 @@ def cmd_run(args: argparse.Namespace) -> int:
     return _execute(args, matrix, runner, view)
 
 
-def _print_runs(specs) -> None:
+NOTE = {"run": "", "re-measure": " [re-measure: its result moves to attempts/]", "skip (done)": " [skip: done, kept]"}
+
+
+def _print_runs(specs, what: dict[str, str]) -> None:
     for s in specs:
         fault = f" [fault {s.fault}, up to {s.max_restarts} restarts]" if s.fault != "none" else ""
-        print(s.run_id, s.launcher, " ".join(s.trainer_args()) + fault)
+        print(s.run_id, s.launcher, " ".join(s.trainer_args()) + fault + NOTE[what[s.run_id]])
+
+
+def _dry_run(args: argparse.Namespace, matrix, specs) -> int:
+    """Every run with what a real invocation would do to it: run, re-measure (--force,
+    --rerun-flagged: the kept result moves to attempts/) or skip (resume keeps its result)."""
+    from shardbench.suite.rerun import selection
+    from shardbench.suite.store import ResultsDir
+
+    force = selection(args.force, args.rerun_flagged, specs, matrix.results)
+    if isinstance(force, str):
+        return fail(force)
+    store = ResultsDir(matrix.results)  # read only: trusted() takes no lock
+    what = {}
+    for s in specs:
+        done = Path(matrix.results).is_dir() and store.trusted(s)[0] is not None
+        chosen = force is True or (isinstance(force, set) and s.run_id in force)
+        what[s.run_id] = "re-measure" if done and chosen else "skip (done)" if done else "run"
+    _print_runs(specs, what)
+    counts = {w: list(what.values()).count(w) for w in ("run", "re-measure", "skip (done)")}
+    print(f"{len(specs)} run(s): " + ", ".join(f"{n} {w}" for w, n in counts.items() if n), file=sys.stderr)
+    return 0
 
 
 def _prepare(args: argparse.Namespace, matrix, specs):
     """The runner, opened, and its view; every refusal comes before any progress display."""
     from shardbench.suite.rerun import selection
     from shardbench.suite.runner import Runner
-    from shardbench.suite.store import ResultsDirError
+    from shardbench.suite.store import ResultsDir, ResultsDirError
 
+    try:  # an unusable results dir (read-only, full, taken) is refused before planning or any run
+        ResultsDir(matrix.results).open().close()
+    except ResultsDirError as exc:
+        raise _Refused(str(exc)) from None
     predictions = _predict(args, specs)
     backend = _backend(args, matrix)
     force = selection(args.force, args.rerun_flagged, specs, matrix.results)
