@@ -14,7 +14,7 @@ not the fabric, is the bottleneck); exit 0 otherwise.
 An RDMA mode (--rdma-mode) adds two checks on every rank: memory can be locked (RLIMIT_MEMLOCK
 unlimited or CAP_IPC_LOCK effective; else NCCL's ibv_reg_mr fails), checked before NCCL starts,
 and the network NCCL chose (its "Using network X" line, read from a per-rank NCCL_DEBUG_FILE) is
-not its Socket fallback. torch and the standard library only: it runs in the image.
+not its Socket fallback. Rank 0 also reports whether GPUDirect RDMA is in use (NCCL's GDRDMA). torch and the standard library only: it runs in the image.
 """
 from __future__ import annotations
 
@@ -92,6 +92,33 @@ def nccl_network(log_text: str) -> str | None:
     marker = "NCCL INFO Using network "
     found = [line.split(marker, 1)[1].strip() for line in log_text.splitlines() if marker in line]
     return found[-1] if found else None
+
+
+def gpudirect_rdma(log_text: str) -> bool | None:
+    """Whether NCCL moves data between GPU memory and the NIC directly (GPUDirect RDMA), from its
+    INFO log: its connection lines end "via NET/<net>/<dev>/GDRDMA" when it does (transport/net.cc);
+    else its "GPU Direct RDMA Enabled/Disabled for HCA" lines (net_ib.cc); None when it says
+    neither (one node: no network connection)."""
+    via = [line for line in log_text.splitlines() if " via NET/" in line]
+    if via:
+        return any("/GDRDMA" in line for line in via)
+    if "GPU Direct RDMA Enabled" in log_text:
+        return True
+    if "GPU Direct RDMA Disabled" in log_text:
+        return False
+    return None
+
+
+def gdr_line(gdr: bool | None, mode: str) -> str:
+    """Rank 0's report of GPUDirect RDMA; without it under an RDMA mode every transfer is staged
+    through host memory (nvidia-peermem or dma-buf missing), a bandwidth loss but no failure."""
+    if gdr is None:
+        return "preflight: GPUDirect RDMA: unknown (no network connection in NCCL's log)"
+    if gdr:
+        return "preflight: GPUDirect RDMA: in use"
+    hint = (": NCCL stages every transfer through host memory; check nvidia-peermem (or dma-buf: "
+            "NCCL_DMABUF_ENABLE) on the nodes") if mode != "none" else ""
+    return f"preflight: GPUDirect RDMA: not in use{hint}"
 
 
 def transport_problem(network: str | None, mode: str) -> str | None:
@@ -215,7 +242,8 @@ def main(argv: list[str]) -> int:
                 print(f"preflight: busbw plateaued at {mib:g} MiB", flush=True)
             break
     dist.destroy_process_group()
-    network = "gloo (TCP)" if device.type != "cuda" else read_network(nccl_log)
+    nccl_text = read_nccl_log(nccl_log) if device.type == "cuda" else None
+    network = "gloo (TCP)" if device.type != "cuda" else (nccl_network(nccl_text) if nccl_text is not None else None)
     problem = transport_problem(network, args.rdma_mode)
     if problem:  # every rank: one rank's fallback slows the whole ring
         print(f"preflight: FAIL: {where}: {problem}", file=sys.stderr, flush=True)
@@ -224,6 +252,8 @@ def main(argv: list[str]) -> int:
         return 0
     best = max(busbws)
     print(f"preflight: transport: {network or 'unknown (NCCL_DEBUG_FILE set by the user)'}", flush=True)
+    if nccl_text is not None:
+        print(gdr_line(gpudirect_rdma(nccl_text), args.rdma_mode), flush=True)
     problem = verdict(best, args.expected_busbw_gbps, args.min_fraction, nodes)
     if problem:
         print(problem, file=sys.stderr, flush=True)
@@ -233,12 +263,12 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def read_network(pattern: str | None) -> str | None:
-    """NCCL's chosen network from this rank's debug file (NCCL expands %h/%p; ours has neither)."""
+def read_nccl_log(pattern: str | None) -> str | None:
+    """This rank's NCCL debug file (NCCL expands %h/%p; ours has neither); None when the user
+    chose NCCL_DEBUG_FILE."""
     if pattern is None:
         return None
-    text = "".join(open(path, errors="replace").read() for path in glob.glob(pattern))
-    return nccl_network(text)
+    return "".join(open(path, errors="replace").read() for path in glob.glob(pattern))
 
 
 if __name__ == "__main__":

@@ -144,3 +144,24 @@ def test_a_rank_without_lockable_memory_fails_naming_the_fix(tmp_path):
     assert _run_preflight(tmp_path, *locked_down, args=("--rdma-mode", "none", "--sizes-mib", "1")).returncode == 0
     ok = _run_preflight(tmp_path, "prlimit", "--memlock=65536:65536", args=("--rdma-mode", "sriov", "--sizes-mib", "1"))
     assert ok.returncode == 0 and "preflight: ok" in ok.stdout, ok.stderr
+
+
+# NCCL's connection lines (transport/net.cc) and its IB plugin's GDR line (net_ib.cc), as in NCCL_DEBUG_FILE.
+NCCL_GDR_LOG = NCCL_IB_LOG + \
+    "h100-0:1234:1300 [0] NCCL INFO NET/IB : GPU Direct RDMA Enabled for HCA 0 'mlx5_0'\n" \
+    "h100-0:1234:1300 [0] NCCL INFO Channel 00/0 : 0[0] -> 8[0] [send] via NET/IB/0/GDRDMA\n"
+NCCL_NO_GDR_LOG = NCCL_IB_LOG + \
+    "h100-0:1234:1300 [0] NCCL INFO NET/IB : GPU Direct RDMA Disabled for HCA 0 'mlx5_0' (no module)\n" \
+    "h100-0:1234:1300 [0] NCCL INFO Channel 00/0 : 0[0] -> 8[0] [send] via NET/IB/0\n"
+
+
+def test_preflight_reports_whether_gpudirect_rdma_is_in_use():
+    """Issue 34: the pre-flight said which network NCCL chose, not whether it reads GPU memory
+    directly (without GPUDirect RDMA every transfer is staged through host memory)."""
+    assert preflight.gpudirect_rdma(NCCL_GDR_LOG) is True
+    assert preflight.gpudirect_rdma(NCCL_NO_GDR_LOG) is False
+    assert preflight.gpudirect_rdma(NCCL_IB_LOG) is None  # no connection to another node
+    assert preflight.gdr_line(True, "sriov") == "preflight: GPUDirect RDMA: in use"
+    assert "nvidia-peermem" in preflight.gdr_line(False, "host-network")
+    assert preflight.gdr_line(False, "none") == "preflight: GPUDirect RDMA: not in use"
+    assert preflight.gdr_line(None, "sriov").startswith("preflight: GPUDirect RDMA: unknown")
