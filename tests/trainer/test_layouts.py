@@ -1,0 +1,182 @@
+"""Layouts beyond data parallelism (issue 28): TinyGPT with separate q/k/v trains to the fused
+model's numbers; HSDP, tensor parallelism (+ sequence parallel, vocabulary-parallel loss), 2-D
+FSDP + TP and DDP + TP train the same tokens to the same loss and gradient norm as one process;
+impossible degrees are one line and exit 2 in the trainer and the matrix; the record carries the
+layout and every rank's mesh coordinates; the layouts matrix expands to its five layouts."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.trainer.conftest import REPO, cpu_env, run_trainer
+from shardbench.trainer.config import RunConfig
+
+STEPS = 6
+# The configuration tests/trainer/test_strategies.py trains: 8 sequences per step.
+COMMON = ["--model", "tiny", "--seq-len", "64", "--global-batch", "8", "--steps", str(STEPS),
+          "--warmup-steps", "1", "--precision", "fp32", "--seed", "7", "--lr", "1e-3", "--lr-warmup-steps", "2"]
+
+# Recorded at world size 1 (micro-batch 4, grad-accum 2) with the fused-qkv TinyGPT of commit
+# 40aca72, before q, k and v were split: (loss per step, gradient norm per step).
+OLD = {
+    "ddp": ([9.538299560546875, 9.453372955322266, 9.342321395874023, 9.362028121948242, 9.38119888305664, 9.34618854522705],
+            [1.996125340461731, 1.8229141235351562, 1.7261614799499512, 1.4150848388671875, 1.3783684968948364, 1.415234088897705]),
+    "fsdp": ([9.538299560546875, 9.453372955322266, 9.342321395874023, 9.362028121948242, 9.38119888305664, 9.34618854522705],
+             [1.996125340461731, 1.8229141235351562, 1.7261614799499512, 1.4150848388671875, 1.3783684968948364, 1.415234088897705]),
+    "zero1": ([9.538299560546875, 9.453372955322266, 9.342321395874023, 9.362027168273926, 9.381200790405273, 9.34618854522705],
+              [1.9962525367736816, 1.8232734203338623, 1.7271232604980469, 1.415849208831787, 1.3791061639785767, 1.415842056274414]),
+    "zero2": ([9.538299560546875, 9.453372955322266, 9.342321395874023, 9.362027168273926, 9.381200790405273, 9.34618854522705],
+              [1.9962525367736816, 1.8232734203338623, 1.7271232604980469, 1.415849208831787, 1.3791061639785767, 1.415842056274414]),
+    "zero3": ([9.538299560546875, 9.453372955322266, 9.342321395874023, 9.362027168273926, 9.381200790405273, 9.34618854522705],
+              [1.9962523665016472, 1.823273573362593, 1.7271232087087522, 1.4158492611237163, 1.379106029310233, 1.4158419582926787]),
+}
+# The fused model, in-process: one forward and backward of 4 rows of step 0 (seed 7).
+OLD_ONE_STEP = {"loss": 9.553335189819336, "grad_norm": 2.4026801586151123, "wte_sum": -12.717992815295581}
+ULP = 1.2e-7
+"""float32's relative spacing (2^-23): splitting one matmul into three reorders sums."""
+
+
+def test_separate_qkv_draws_the_fused_weights_and_gives_its_loss():
+    import torch
+
+    from shardbench.trainer.data import row_tokens
+    from shardbench.trainer.model import PRESETS, TinyGPT
+
+    torch.manual_seed(7)
+    model = TinyGPT(PRESETS["tiny"])
+    rows = torch.stack([row_tokens(7, 0, i, 64, 16384) for i in range(4)])
+    _, loss = model(rows[:, :-1].contiguous(), rows[:, 1:].contiguous())
+    loss.backward()
+    norm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters()])
+    assert loss.item() == OLD_ONE_STEP["loss"]
+    assert norm.item() == pytest.approx(OLD_ONE_STEP["grad_norm"], rel=ULP)
+    # The random stream after q, k, v is the fused model's: the embedding drawn first, the
+    # head (tied) last, both identical.
+    assert model.wte.weight.double().sum().item() == OLD_ONE_STEP["wte_sum"]
+    assert model.lm_head.weight is model.wte.weight
+    assert not any("qkv" in name for name, _ in model.named_parameters())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", list(OLD))
+def test_every_strategy_trains_to_the_fused_models_numbers(tmp_path, strategy):
+    run = run_trainer(["--strategy", strategy, "--micro-batch", "4", *COMMON], tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    losses, norms = OLD[strategy]
+    r = run.record
+    for step, (new, old) in enumerate(zip(r["loss_per_step"], losses)):
+        assert abs(new - old) <= ULP * old, (step, new, old)  # one float32 ulp at 9.4
+    for step, (new, old) in enumerate(zip(r["grad_norm_per_step"], norms)):
+        assert abs(new - old) <= 2.5e-7, (step, new, old)  # two float32 ulps at 1.4-2.0
+    assert r["layout"] == {"dp_replicate": 1, "dp_shard": 1, "tp": 1}
+
+
+# --- loss parity of the layouts ------------------------------------------------------------------
+
+LAYOUTS = {
+    # name: (ranks, strategy, degree flags, expected layout)
+    "hsdp-2": (2, "fsdp", ["--dp-replicate", "2"], {"dp_replicate": 2, "dp_shard": 1, "tp": 1}),
+    "tp-2": (2, "ddp", ["--tp", "2"], {"dp_replicate": 1, "dp_shard": 1, "tp": 2}),
+    "fsdp+tp-2": (2, "fsdp", ["--tp", "2"], {"dp_replicate": 1, "dp_shard": 1, "tp": 2}),
+    "hsdp-2x2": (4, "fsdp", ["--dp-replicate", "2"], {"dp_replicate": 2, "dp_shard": 2, "tp": 1}),
+    "tp-4": (4, "ddp", ["--tp", "4"], {"dp_replicate": 1, "dp_shard": 1, "tp": 4}),
+    "fsdp+tp-2x2": (4, "fsdp", ["--tp", "2"], {"dp_replicate": 1, "dp_shard": 2, "tp": 2}),
+    "ddp+tp-2x2": (4, "ddp", ["--tp", "2"], {"dp_replicate": 2, "dp_shard": 1, "tp": 2}),
+}
+LOSS_TOL = 1e-5
+GRAD_NORM_TOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory) -> dict:
+    run = run_trainer(["--strategy", "ddp", "--micro-batch", "4", *COMMON], tmp_path_factory.mktemp("one"))
+    assert run.returncode == 0, run.stderr[-3000:]
+    return run.record
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_layout_trains_to_one_process_loss_and_grad_norm(tmp_path, one_process, name):
+    ranks, strategy, flags, layout = LAYOUTS[name]
+    micro = 8 // (ranks // layout["tp"]) // 2  # grad-accum 2 whatever the data-parallel degree
+    run = run_trainer(["--strategy", strategy, "--micro-batch", str(micro), *flags, *COMMON], tmp_path,
+                      launcher="torchrun", nproc=ranks)
+    assert run.returncode == 0, run.stderr[-3000:]
+    r = run.record
+    assert r["status"] == "ok" and r["layout"] == layout
+    assert r["global_batch"] == 8 and r["grad_accum"] == 2
+    for step, (got, want) in enumerate(zip(r["loss_per_step"], one_process["loss_per_step"], strict=True)):
+        assert abs(got - want) <= LOSS_TOL, (step, got, want)
+    # The one-process run's norm is torch's float32 norm kernel, which loses 3e-4 of the tied
+    # embedding gradient's norm on CPU (6e-5 of the total); the mesh path sums shards' squares
+    # in float64. So the norm is held to the accurate one-process norm (DeepSpeed's, recorded
+    # above) within 1e-5, and to the float32 one within 1e-4.
+    for step, got in enumerate(r["grad_norm_per_step"]):
+        assert abs(got - OLD["zero1"][1][step]) <= GRAD_NORM_TOL, (step, got, OLD["zero1"][1][step])
+        assert got == pytest.approx(one_process["grad_norm_per_step"][step], rel=1e-4)
+    coords = r["mesh_coords"]
+    assert [c["rank"] for c in coords] == list(range(ranks))
+    assert [c["local_rank"] for c in coords] == list(range(ranks))  # one host here
+    tp = layout["tp"]
+    assert [c["tp"] for c in coords] == [rank % tp for rank in range(ranks)]
+    assert all(c["dp_replicate"] * layout["dp_shard"] + c["dp_shard"] == rank // tp for rank, c in enumerate(coords))
+
+
+# --- bad degrees: one line, exit 2 -----------------------------------------------------------
+
+@pytest.mark.parametrize("world, knobs, words", [
+    (4, dict(strategy="fsdp", tp=3), "world size 4 is not divisible by --tp 3 x --dp-replicate 1 = 3"),
+    (6, dict(strategy="ddp", tp=3), "--tp 3 does not divide the model's 4 heads"),
+    (8, dict(strategy="ddp", tp=8), "--tp 8 does not divide the model's 4 heads"),
+    (2, dict(strategy="zero2", tp=2), "--tp 2 is not supported with zero2"),
+    (4, dict(strategy="ddp", dp_replicate=2), "--dp-replicate 2 applies to fsdp (HSDP)"),
+    (4, dict(strategy="fsdp", dp_replicate=3), "world size 4 is not divisible by --tp 1 x --dp-replicate 3 = 3"),
+    (4, dict(strategy="fsdp", tp=2, seq_len=63), "--tp 2 does not divide the sequence length 63"),
+])
+def test_impossible_degrees_are_one_line(world, knobs, words):
+    from shardbench.trainer import rules
+
+    errors = rules.validate(RunConfig(**knobs), world)
+    assert len(errors) == 1 and words in errors[0], errors
+
+
+def test_tp_must_divide_the_gpus_per_worker():
+    from shardbench.trainer import rules
+
+    assert rules.check_gpus_per_worker(RunConfig(strategy="ddp", tp=2), 8) is None
+    said = rules.check_gpus_per_worker(RunConfig(strategy="ddp", tp=4), 6)
+    assert said and "--tp 4 does not divide the 6 GPUs (ranks) per worker" in said
+
+
+def test_the_trainer_refuses_impossible_degrees_in_one_line():
+    proc = subprocess.run([sys.executable, "-m", "shardbench.trainer", "--strategy", "fsdp", "--tp", "2",
+                           "--model", "tiny", "--steps", "2", "--warmup-steps", "1"],
+                          cwd=REPO, env=cpu_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = [line for line in proc.stderr.splitlines() if "not divisible" in line]
+    assert len(lines) == 1 and "world size 1 is not divisible by --tp 2" in lines[0], proc.stderr[-2000:]
+
+
+def test_the_matrix_refuses_impossible_degrees_in_one_line():
+    from shardbench.suite.matrix import expand
+    from shardbench.suite.specs import MatrixSpec
+
+    specs, errors = expand(MatrixSpec(strategies=["fsdp"], world_sizes=[2], tp=[1, 4], steps=3, warmup_steps=1))
+    assert specs == [] and errors == ["world size 2 is not divisible by tp 4 x dp_replicate 1 = 4: pick degrees "
+                                      "whose product divides the world size"]
+    specs, errors = expand(MatrixSpec(strategies=["ddp"], world_sizes=[4], tp=2, shape="cpu", max_world_size=4,
+                                      steps=3, warmup_steps=1))
+    assert errors == [] and len(specs) == 1
+
+
+def test_the_layouts_matrix_expands_to_five_layouts_at_four_devices():
+    from shardbench.suite.matrix import expand, load_matrix
+
+    m = load_matrix(REPO / "suite" / "matrices" / "layouts-4dev.yaml")
+    specs, errors = expand(m)
+    assert errors == []
+    got = sorted((s.strategy, s.config.tp, s.config.dp_replicate) for s in specs if s.repeat == 0)
+    assert got == [("ddp", 1, 1), ("ddp", 2, 1), ("fsdp", 1, 1), ("fsdp", 1, 2), ("fsdp", 2, 1)]
+    assert {s.world_size for s in specs} == {4} and {s.global_batch for s in specs} == {8}
