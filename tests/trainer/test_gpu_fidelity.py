@@ -14,16 +14,27 @@ What is proven on CPU:
   (ddp, fsdp, zero1/2/3 at world size 2 on gloo).
 - The Ray launcher's device mapping with several GPUs per node (a faked device count and
   CUDA_VISIBLE_DEVICES): every rank's `set_device(int(os.environ["LOCAL_RANK"]))` gets a valid
-  ordinal, and a run's ranks are packed per node by a placement group.
+  ordinal, and a run's ranks are packed per node by a placement group (a two-node Ray cluster
+  with fake GPUs, slow).
+- NUMA binding: OpenMPI 5's mapper on synthetic two-socket NPS1 and NPS4 topologies puts local
+  ranks 0-3 on socket 0 and 4-7 on socket 1.
+- The allocator figures (record memory, the exporter's gauges) and the pre-flight's size cap
+  read torch.cuda's counters (faked); a GPU rank joins NCCL with TORCH_NCCL_ENABLE_TIMING set
+  before its group is made (the counter's seconds depend on it).
 
 What only a GPU can still show:
 - NCCL itself: that the completion hook fires for every timed work under TORCH_NCCL_ENABLE_TIMING,
+  with sequence numbers matching `_get_sequence_number_for_group` (coalesced works included),
   the durations it reports, and that the watchdog's copies of a work hold no outputs.
-- The CUDA caching allocator's figures (max_memory_allocated) as opposed to the tensor peak,
+- The pre-flight end to end on NCCL (CUDA tensors cannot exist here: its collectives are checked
+  on meta), and the async checkpoint's poll on a real NCCL group.
+- The CUDA caching allocator's own figures (max_memory_allocated) as opposed to the tensor peak,
   and stream-ordering effects on memory reuse.
 - NVLink/P2P and GPUDirect RDMA transports, NCCL's topology detection, real busbw numbers.
-- NVML's readings (the exporter reads no NVML today: nothing to fake there).
-- OpenMPI's binding on real sockets/NUMA nodes (the mapper is checked on synthetic topologies).
+- NVML readings: nothing in the trainer or the exporter reads NVML today (no pynvml), so there
+  is no NVML branch to fake.
+- OpenMPI's binding on real sockets/NUMA nodes and the GPUs' real socket affinity (the mapper is
+  checked on synthetic topologies that assume GPUs 0-3 on socket 0).
 """
 from __future__ import annotations
 
@@ -417,3 +428,73 @@ def test_ray_launcher_packs_ranks_per_node_and_maps_their_gpus(tmp_path):
         assert sorted(by_rank[r]["gpu"] for r in node) == ["0", "1"], probes  # one GPU each
         assert by_rank[node[0]]["raylet"] == by_rank[node[1]]["raylet"], probes  # packed per node
     assert by_rank[0]["raylet"] != by_rank[2]["raylet"], probes
+
+
+# --- 8. the other CUDA-only branches: allocator figures, the process group, the pre-flight's cap ---
+
+class FakeAllocator:
+    """torch.cuda's allocator counters as a GPU rank reads them (GiB-sized, distinct values)."""
+
+    GiB = 2**30
+
+    def __init__(self, monkeypatch) -> None:
+        self.resets = 0
+        fake = {"synchronize": lambda device=None: None,
+                "memory_allocated": lambda device=None: 3 * self.GiB,
+                "memory_reserved": lambda device=None: 5 * self.GiB,
+                "max_memory_allocated": lambda device=None: 4 * self.GiB,
+                "max_memory_reserved": lambda device=None: 6 * self.GiB,
+                "memory_stats": lambda device=None: {"num_alloc_retries": 2, "num_ooms": 1},
+                "reset_peak_memory_stats": lambda device=None: setattr(self, "resets", self.resets + 1),
+                "mem_get_info": lambda device=None: (30 * self.GiB, 80 * self.GiB)}
+        for name, fn in fake.items():
+            monkeypatch.setattr(torch.cuda, name, fn)
+
+
+GPU = torch.device("cuda", 0)  # a device object only: nothing is allocated on it
+
+
+def test_memory_figures_read_the_cuda_allocator(monkeypatch):
+    from shardbench.trainer import exporter, metrics
+
+    alloc = FakeAllocator(monkeypatch)
+    assert metrics.end_setup_memory(GPU) == 4 * alloc.GiB and alloc.resets == 1  # training's peak alone
+    mem = metrics.rank_memory(0, GPU, setup_peak=7)
+    assert (mem.setup_peak_bytes, mem.train_peak_bytes, mem.train_reserved_peak_bytes) == (7, 4 * alloc.GiB,
+                                                                                         6 * alloc.GiB)
+    assert (mem.num_alloc_retries, mem.num_ooms) == (2, 1)
+    assert exporter._memory(GPU) == {"allocated": 3 * alloc.GiB, "reserved": 5 * alloc.GiB,
+                                     "peak_allocated": 4 * alloc.GiB}
+    assert exporter._memory(torch.device("cpu")) == {}
+
+
+def test_preflight_caps_its_sweep_at_a_third_of_free_gpu_memory(monkeypatch):
+    alloc = FakeAllocator(monkeypatch)
+    assert preflight.memory_cap(GPU, local_size=8) == 10 * alloc.GiB  # per GPU: not shared like host RAM
+    args = preflight.parse(["--min-size-mib", "1", "--max-size-mib", "65536"])
+    assert preflight.sweep_sizes(args, preflight.memory_cap(GPU, 8))[-1] == 8192
+
+
+def test_a_gpu_rank_joins_nccl_with_its_timer_on(monkeypatch):
+    """The counter's seconds need NCCL's per-work timer, read when the group is made: the
+    variable is set before init_process_group, which is asked for NCCL on the rank's device."""
+    import os
+
+    from shardbench.trainer import process
+    from shardbench.trainer.config import RunConfig
+    from shardbench.trainer.dist_env import DistEnv
+
+    seen = {}
+    monkeypatch.delenv("TORCH_NCCL_ENABLE_TIMING", raising=False)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: seen.setdefault("device", device))
+    monkeypatch.setattr(dist, "init_process_group", lambda backend, **kw: seen.update(
+        backend=backend, timing=os.environ.get("TORCH_NCCL_ENABLE_TIMING")))
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.setenv(name, os.environ.get(name, ""))  # restored after the test
+    from torch.distributed import distributed_c10d as c10d
+    for name in ("default_pg_timeout", "default_pg_nccl_timeout"):  # the function sets them
+        monkeypatch.setattr(c10d, name, getattr(c10d, name))
+    denv = DistEnv(rank=1, world_size=2, local_rank=1, local_world_size=2, master_addr="127.0.0.1",
+                   master_port=29500, launcher="torchrun")
+    assert process.init_process_group(RunConfig(strategy="fsdp"), denv, torch.device("cuda", 1)) is True
+    assert seen == {"device": torch.device("cuda", 1), "backend": "nccl", "timing": "1"}
