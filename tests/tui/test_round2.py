@@ -92,10 +92,12 @@ async def test_results_flag_opens_on_results_or_hints(tmp_path, fixture_values):
         await wait_until(pilot, lambda: "result(s) in" in app.results_screen.source, 30, "results")
         await pilot.pause()
         assert "one level down" in app.results_screen.source
-        assert app.current_mode == "matrix"
-        assert any("one level down" in n.message for n in app._notifications)
+        assert app.current_mode == "results"  # at once, and it stays: the hint is on the screen
+        from shardbench.tui.app.app import HINT_TIMEOUT_S
+        assert any("one level down" in n.message and n.timeout == HINT_TIMEOUT_S for n in app._notifications)
     app = BenchApp(results_dir=results, availability=FIXED_AVAILABILITY, show_results=True)
     async with app.run_test(size=SIZE) as pilot:
+        assert app.current_mode == "results"  # from the start, not once the results have loaded
         await wait_until(pilot, lambda: "1 result(s)" in app.results_screen.source, 30, "results")
         await pilot.pause()
         assert app.current_mode == "results"

@@ -33,6 +33,8 @@ from shardbench.suite.matrix import MatrixSpec, default_matrix, load_matrix, sav
 MODES = ("matrix", "runs", "logs", "results")
 
 
+HINT_TIMEOUT_S = 3600.0
+"""A hint the person must act on (where the results are) stays: 15 s was gone before it was read."""
 SCREENS = Binding.Group("screens", compact=False)
 
 
@@ -81,7 +83,10 @@ class BenchApp(App):
             self.add_mode(name, lambda screen=screen: screen)
 
     def on_mount(self) -> None:
-        self.switch_mode("matrix")
+        # --results: the Results screen at once, loading (it showed the Matrix screen for 5-8 s).
+        self.switch_mode("results" if self.show_results else "matrix")
+        if self.show_results:
+            self.results_screen.show(self.results_screen.view, f"loading the results in {self.results_dir}…")
 
     def on_ready(self) -> None:
         # After the first paint: these import kubernetes and pandas, which would delay it.
@@ -326,10 +331,8 @@ class BenchApp(App):
         self.results_screen.show(message.view, message.source)
         if self.show_results:  # the first load of a result set opened with --results
             self.show_results = False
-            if message.view.rows:
-                self.switch_mode("results")
-            else:
-                self.notify(message.source, severity="warning", timeout=15)
+            if not message.view.rows:  # the hint (where the results are) stays until dismissed
+                self.notify(message.source, severity="warning", timeout=HINT_TIMEOUT_S)
 
     def action_reload_results(self) -> None:
         self.refresh_results()
