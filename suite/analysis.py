@@ -94,8 +94,8 @@ def show(e: Estimate | None, spec: str = "{:.4g}", unit: str = "") -> str:
         return "-"
     unit = f" {unit}" if unit else ""
     if e.has_interval and e.lo != e.hi:  # no spread (a counted value): no interval to show
-        if e.lo > 0 and e.hi / e.lo > WIDE_SPREAD:  # '[69, 25,732]' says only "too noisy to tell"
-            return f"{spec.format(e.mean)}{unit} (wide: n={e.n}, spread x{e.hi / e.lo:.0f})"
+        if e.lo > 0 and e.hi / e.lo > WIDE_SPREAD:  # type: ignore[operator]  # '[69, 25,732]' says only "too noisy to tell"
+            return f"{spec.format(e.mean)}{unit} (wide: n={e.n}, spread x{e.hi / e.lo:.0f})"  # type: ignore[operator]
         return f"{spec.format(e.mean)} [{spec.format(e.lo)}, {spec.format(e.hi)}]{unit} (n={e.n})"
     return f"{spec.format(e.mean)}{unit} (n={e.n})"
 
@@ -284,7 +284,7 @@ def _flag(c: Config, runs: list[dict[str, Any]]) -> None:
     """Append the configuration's flags; `runs` are its ok runs' FLAG_INPUTS."""
     e = c.efficiency
     # The interval's low end, not the point: a noisy 1.08 [0.9, 1.3] is not evidence of more than linear.
-    if e is not None and (e.lo if e.has_interval else e.mean) > EFFICIENCY_LIMIT:
+    if e is not None and (e.lo if e.has_interval else e.mean) > EFFICIENCY_LIMIT:  # type: ignore[operator]
         shown = f"{e.mean:.2f} [{e.lo:.2f}, {e.hi:.2f}]" if e.has_interval else f"{e.mean:.2f} (n=1)"
         c.flags.append(f"scaling efficiency {shown} above {EFFICIENCY_LIMIT}: more than linear")
     noisy = noise_flag(c.est.get("tokens_per_s"))

@@ -108,7 +108,7 @@ def _changes(ca: Config, cb: Config) -> list[Change]:
             continue
         r = ratio(eb, ea)
         # B/A - 1 with the ratio's own (log-scale, asymmetric) interval shifted the same way
-        change = None if r is None else Estimate(r.n, r.mean - 1, r.sd, *((r.lo - 1, r.hi - 1) if r.has_interval
+        change = None if r is None else Estimate(r.n, r.mean - 1, r.sd, *((r.lo - 1, r.hi - 1) if r.has_interval  # type: ignore[operator]
                                                                            else (None, None)))
         timed = metric not in UNTIMED
         out.append(Change(ca.name, ca.label, metric, unit, ea, eb, change, _verdict(change, ca, cb, higher, timed)))
@@ -124,7 +124,7 @@ def _verdict(change: Estimate | None, ca: Config, cb: Config, higher: bool, time
         return "no test (A's mean is 0)"
     if not change.has_interval:
         return "one repeat: no test"
-    if change.lo <= 0 <= change.hi:
+    if change.lo <= 0 <= change.hi:  # type: ignore[operator]
         return "no significant change"
     better = (change.mean > 0) == higher
     return f"significant ({'better' if better else 'worse'})"

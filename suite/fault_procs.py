@@ -72,7 +72,7 @@ def launcher_pid(marker: str) -> int | None:
 
 def inject(fault: Fault, marker: str) -> str:
     """Send the fault's signal; returns what was done (for the log)."""
-    pid = launcher_pid(marker) if fault.kind == "kill-launcher" else rank_pid(marker, fault.rank)
+    pid = launcher_pid(marker) if fault.kind == "kill-launcher" else rank_pid(marker, fault.rank)  # type: ignore[arg-type]
     if pid is None:
         return f"fault {fault}: no such process found (it already ended?)"
     os.kill(pid, signal.SIGSTOP if fault.kind == "stop-rank" else signal.SIGKILL)

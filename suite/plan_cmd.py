@@ -7,8 +7,12 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
+
+if TYPE_CHECKING:  # torch-free, but imported only once a plan is made
+    from shardbench.trainer.plan.inputs import PlanInput
 
 
 GiB = 2 ** 30
@@ -138,7 +142,7 @@ def calibration(records: list[dict], inp) -> dict | None:
     return best
 
 
-def plan_inputs(args) -> list[tuple[object, str | None]]:
+def plan_inputs(args) -> list[tuple[PlanInput, str | None]]:
     """(PlanInput, shape) of every configuration `shardbench run` would make with these flags
     (repeat 0, one per distinct input), expanded and validated as run does; ValueError (one
     line) when the matrix is invalid."""
@@ -159,7 +163,7 @@ def plan_inputs(args) -> list[tuple[object, str | None]]:
     if errors:
         more = f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
         raise ValueError(f"{errors[0]}{more}")
-    out: dict[str, tuple[object, str | None]] = {}
+    out: dict[str, tuple[PlanInput, str | None]] = {}
     for spec in specs:
         inp = plan_input(spec)
         out.setdefault(json.dumps([inp.to_dict(), spec.shape], sort_keys=True, default=str), (inp, spec.shape))
@@ -180,7 +184,7 @@ def _varying(inputs) -> list[str]:
     return [k for k in names if len({repr(getattr(i, k)) for i in inputs}) > 1]
 
 
-def table(preds: list[dict], varying: list[str] = ()) -> list[str]:
+def table(preds: list[dict], varying: list[str] = ()) -> list[str]:  # type: ignore[assignment]
     """One row per prediction; `varying`: fields shown in a config column (a sweep)."""
     unit = GiB if any(p["peak_bytes"] >= GiB for p in preds) else 2 ** 20
     name = "GiB" if unit == GiB else "MiB"

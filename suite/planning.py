@@ -98,9 +98,9 @@ def over_memory(specs, predictions: dict[str, dict]) -> list[str]:
     lines = []
     for s in specs:
         p = predictions.get(s.run_id)
-        if planned(p) and p.get("fits") is False:
-            lines.append(f"{s.run_id}: predicted peak {p['peak_bytes'] / 2 ** 30:.1f} GiB per rank > "
-                         f"{p['device_memory_bytes'] / 2 ** 30:.0f} GiB on {s.shape} (shardbench plan shows why)")
+        if planned(p) and p.get("fits") is False:  # type: ignore[union-attr]
+            lines.append(f"{s.run_id}: predicted peak {p['peak_bytes'] / 2 ** 30:.1f} GiB per rank > "  # type: ignore[index]
+                         f"{p['device_memory_bytes'] / 2 ** 30:.0f} GiB on {s.shape} (shardbench plan shows why)")  # type: ignore[index]
     return lines
 
 
@@ -114,9 +114,9 @@ def plan_lines(specs, predictions: dict[str, dict]) -> list[str]:
             lines.append(f"{s.strategy} w{s.world_size}: " + (f"not modelled: {why}" if (p or {}).get("not_modelled")
                                                             else f"no prediction ({why})" if why else "no prediction"))
             continue
-        fits = {True: "fits", False: "DOES NOT FIT", None: "fit unknown"}[p.get("fits")]
-        step = (p.get("step_time") or {}).get("seconds")
+        fits = {True: "fits", False: "DOES NOT FIT", None: "fit unknown"}[p.get("fits")]  # type: ignore[union-attr]
+        step = (p.get("step_time") or {}).get("seconds")  # type: ignore[union-attr]
         lines.append(f"{s.strategy} w{s.world_size} s{s.seq_len} mb{s.micro_batch} ga{s.grad_accum}: "
-                     f"peak {p['peak_bytes'] / 2 ** 20:,.0f} MiB/rank, {fits}"
+                     f"peak {p['peak_bytes'] / 2 ** 20:,.0f} MiB/rank, {fits}"  # type: ignore[index]
                      + (f", step {step:.3g} s" if step else ""))
     return lines

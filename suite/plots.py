@@ -66,7 +66,7 @@ def series(an: Analysis, metric: str) -> dict[str, list[tuple[int, float, float,
         if e is None or not finite(e.mean):
             continue
         lo, hi = (e.lo, e.hi) if e.has_interval and finite(e.lo) and finite(e.hi) else (e.mean, e.mean)
-        out.setdefault(_label(c, varying), []).append((int(c.world_size), e.mean, lo, hi))
+        out.setdefault(_label(c, varying), []).append((int(c.world_size), e.mean, lo, hi))  # type: ignore[arg-type]
     return {k: sorted(v) for k, v in sorted(out.items())}
 
 
@@ -107,7 +107,7 @@ def _label(c: Config, varying: list[str]) -> str:
     for col in varying:
         value = c.settings.get(col)
         if col in ("seq_len", "micro_batch") and finite(value):
-            parts.append(f"{'s' if col == 'seq_len' else 'mb'}{int(value)}")
+            parts.append(f"{'s' if col == 'seq_len' else 'mb'}{int(value)}")  # type: ignore[arg-type]
         elif col in ("model", "precision", "launcher") and value is not None:
             parts.append(str(value))
         elif (text := groups.shown(col, value)) is not None:
@@ -243,7 +243,7 @@ def write_plots(an: Analysis, out_dir: str | Path) -> tuple[list[Path], list[str
     out_dir = Path(out_dir)
     written, skipped = [], []
     jobs = [(p.filename, p.metric, lambda path, p=p: draw(an, p, path)) for p in PLOTS]
-    jobs.insert(2, (STATE_PLOT, "the model-state breakdown", lambda path: draw_model_state(an, path)))
+    jobs.insert(2, (STATE_PLOT, "the model-state breakdown", lambda path: draw_model_state(an, path)))  # type: ignore[arg-type,misc]
     for filename, what, job in jobs:
         path = out_dir / filename
         path.unlink(missing_ok=True)  # a stale plot from an earlier report must not survive

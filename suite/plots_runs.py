@@ -44,15 +44,15 @@ def draw_loss(an: Analysis, path: Path) -> bool:
         # a tuple, or an array('d') when the records were compacted on load (suite/record_slim.py)
         if isinstance(curve, Sequence) and len(curve) and all(finite(v) for v in curve):
             label = f"{_label(c, varying)} @ {int(c.world_size)} dev" + (" (broken)" if c.broken else "")
-            curves.append((label, list(curve), row.get("warmup_steps")))
+            curves.append((label, list(curve), row.get("warmup_steps")))  # type: ignore[union-attr]
     if not curves:
         return False
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
     for label, curve, _ in curves[:MAX_CURVES]:
         ax.plot(range(1, len(curve) + 1), curve, marker=".", linewidth=1, label=label)
     warm = [w for _, _, w in curves if finite(w)]
-    if warm and max(warm) > 0:
-        ax.axvspan(0.5, max(warm) + 0.5, color="grey", alpha=0.12, label="warm-up (not measured)")
+    if warm and max(warm) > 0:  # type: ignore[operator,type-var]
+        ax.axvspan(0.5, max(warm) + 0.5, color="grey", alpha=0.12, label="warm-up (not measured)")  # type: ignore[operator,type-var]
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("loss (mean over micro-steps and ranks)")
     ax.set_title(f"Loss per step, first repeat of each configuration\n{_context(an)}", fontsize="medium")
@@ -111,10 +111,10 @@ def write_run_plots(an: Analysis, records: list[dict], out_dir: str | Path) -> t
     jobs = [
         (LOSS_PLOT, "a loss per step", lambda p: draw_loss(an, p)),
         (STATE_PLOT, "model state per rank at 2+ ranks", lambda p: _bars(
-            _per_rank(by_id, an, "model_state", lambda r: r.get("total_bytes")),
+            _per_rank(by_id, an, "model_state", lambda r: r.get("total_bytes")),  # type: ignore[arg-type]
             "Model state held by each rank (first repeat)", "MiB per rank", an, p)),
         (PEAK_PLOT, "memory per rank at 2+ ranks", lambda p: _bars(
-            _per_rank(by_id, an, "memory", lambda r: r.get(peak_field)),
+            _per_rank(by_id, an, "memory", lambda r: r.get(peak_field)),  # type: ignore[arg-type]
             "GPU training peak of each rank (allocated)" if gpu else
             "Peak RSS of each rank: a footprint (libraries, activations), not compared",
             "MiB per rank", an, p)),

@@ -72,7 +72,7 @@ def _state_part(part: str) -> Callable[[dict], Any]:
         ranks = [r for r in record.get("model_state") or [] if isinstance(r, dict)]
         if not ranks:
             return None
-        top = max(ranks, key=lambda r: r.get("total_bytes") if _number(r.get("total_bytes")) else -1)
+        top = max(ranks, key=lambda r: r.get("total_bytes") if _number(r.get("total_bytes")) else -1)  # type: ignore[arg-type,return-value]
         return _gib(top.get(f"{part}_bytes"))
     return get
 
@@ -82,7 +82,7 @@ def _rank_max(record: dict, key: str) -> Any:
     memory = record.get("memory")
     ranks = [memory] if isinstance(memory, dict) else memory if isinstance(memory, list) else []
     values = [m.get(key) for m in ranks if isinstance(m, dict) and _number(m.get(key))]
-    return max(values) if values else None
+    return max(values) if values else None  # type: ignore[type-var]
 
 
 def _train_peak(record: dict) -> Any:
@@ -98,7 +98,7 @@ def _rss(record: dict) -> Any:
     rss = _rank_max(record, "rss_peak_bytes")
     if rss is None:
         old = [m.get("rss_bytes") for m in record.get("peak_memory") or [] if isinstance(m, dict)]
-        rss = max([v for v in old if _number(v)], default=None)
+        rss = max([v for v in old if _number(v)], default=None)  # type: ignore[type-var]
     return _gib(rss)
 
 
@@ -110,7 +110,7 @@ def _comm_ops(record: dict) -> dict[str, dict]:
 def _comm_total(key: str) -> Callable[[dict], Any]:
     def get(record: dict) -> Any:
         values = [v.get(key) for v in _comm_ops(record).values() if _number(v.get(key))]
-        return math.fsum(values) if values else None
+        return math.fsum(values) if values else None  # type: ignore[arg-type]
     return get
 
 
@@ -120,7 +120,7 @@ def _comm_text(record: dict) -> Any:
     if not ops:
         return None
     ops.sort(key=lambda kv: -kv[1]["bytes"])
-    return "; ".join(f"{k} {_num_text(v.get('calls'))} x {fmt_bytes(v['bytes'] / v['calls'])}"
+    return "; ".join(f"{k} {_num_text(v.get('calls'))} x {fmt_bytes(v['bytes'] / v['calls'])}"  # type: ignore[arg-type]
                      if _number(v.get("calls")) and v["calls"] else f"{k} {fmt_bytes(v['bytes'])}"
                      for k, v in ops)
 

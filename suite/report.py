@@ -171,7 +171,7 @@ def results_section(an: Analysis) -> str:
             c.strategy, int(c.world_size), fmt(c.seq_len, "{:.0f}"), f"{fmt(c.micro_batch, '{:.0f}')} x {fmt(c.grad_accum, '{:.0f}')}",
             c.n, show(e("tokens_per_s"), "{:,.0f}"), show(e("step_time_mean_s"), "{:.4f}"),
             show(e("model_state_gib_per_rank"), "{:.4g}"), show(e("train_peak_gib"), "{:.3f}"),
-            fmt(e("rss_footprint_gib").mean if e("rss_footprint_gib") else None, "{:.3f}"),
+            fmt(e("rss_footprint_gib").mean if e("rss_footprint_gib") else None, "{:.3f}"),  # type: ignore[union-attr]
             _eff(c), show(c.speedup, "{:.2f}") + (f" {c.speedup_note}" if c.speedup else f" ({c.speedup_note})"),
             show(e("mfu"), "{:.3f}"), show(e("cost_usd_per_mtok"), "{:.4g}"),
             "; ".join(c.flags) or "-",

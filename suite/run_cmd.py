@@ -234,7 +234,7 @@ def _print_summary(records: list[dict]) -> None:
         mem = r.get("peak_memory_bytes")
         print(f"{r.get('run_id', '?'):<44} {r.get('status', '?'):<9} {num(r.get('tokens_per_s'), '{:,.0f}'):>10} "
               f"{num(step, '{:.4f}'):>8} {num(mem / 2 ** 30 if isinstance(mem, int) else None, '{:.3f}'):>9}")
-    counts = {}
+    counts: dict[str, int] = {}
     for r in records:
         counts[r.get("status", "?")] = counts.get(r.get("status", "?"), 0) + 1
     ok = counts.pop("ok", 0)

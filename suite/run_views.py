@@ -38,7 +38,7 @@ class RichView:
                                  console=self.console, transient=False)
         self.matrix = self.progress.add_task("matrix", total=total, info="")
         self.current = self.progress.add_task("run", total=1, info="", visible=False)
-        self.index = {}
+        self.index: dict[str, int] = {}
         self.total = total
 
     def __enter__(self):
@@ -67,7 +67,7 @@ class RichView:
                                  info=f"{event.phase} {tps} {loss}".strip())
         elif isinstance(event, ev.RunFinished):
             r = event.record
-            tps = r.get("tokens_per_s")
+            tps = r.get("tokens_per_s")  # type: ignore[assignment]
             style = "green" if r.get("status") == "ok" else "red"
             detail = f"{tps:,.0f} tok/s" if isinstance(tps, (int, float)) else str(r.get("error") or "")[:160]
             self.progress.console.print(f"[{style}]{r.get('status'):>7}[/] {event.run_id}  {detail}",

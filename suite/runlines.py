@@ -17,7 +17,7 @@ def progress_event(run_id: str, p: dict[str, Any]) -> RunProgress:
         return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
     steps = p.get("steps") if isinstance(p.get("steps"), int) else 0
-    return RunProgress(run_id=run_id, step=p["step"], steps=steps, tokens_per_s=num("tokens_per_s"),
+    return RunProgress(run_id=run_id, step=p["step"], steps=steps, tokens_per_s=num("tokens_per_s"),  # type: ignore[arg-type]
                        loss=num("loss"), elapsed_s=num("elapsed_s"), eta_s=num("eta_s"),
                        phase=str(p.get("phase") or ""))
 

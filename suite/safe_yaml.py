@@ -25,7 +25,7 @@ class _Refused(Exception):
 
 def _walk(node: yaml.Node) -> None:
     """Count the expanded nodes and the depth; a node met again on its own path is a cycle."""
-    count, path = 0, []
+    count, path = 0, list[yaml.Node]()
 
     def visit(n: yaml.Node) -> None:
         nonlocal count

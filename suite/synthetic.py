@@ -60,7 +60,8 @@ def record(strategy: str = "ddp", world_size: int = 1, tokens_per_s: float = 100
 def records(n: int, seed: int = 0) -> list[dict[str, Any]]:
     """n records over strategies x world sizes x repeats with noisy throughput; ~5% failed."""
     rng = random.Random(seed)
-    out, strategies, worlds = [], ["ddp", "fsdp", "zero1", "zero2", "zero3"], [1, 2, 4, 8]
+    out: list[dict[str, Any]] = []
+    strategies, worlds = ["ddp", "fsdp", "zero1", "zero2", "zero3"], [1, 2, 4, 8]
     i = 0
     while len(out) < n:
         strategy, world = strategies[i % 5], worlds[(i // 5) % 4]

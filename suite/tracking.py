@@ -140,7 +140,7 @@ def _ms(record: dict) -> int:
 
     stamp = record.get("finished_at") or record.get("started_at")
     try:
-        return int(datetime.fromisoformat(stamp).timestamp() * 1000)
+        return int(datetime.fromisoformat(stamp).timestamp() * 1000)  # type: ignore[arg-type]
     except (TypeError, ValueError):
         import time
 

@@ -43,7 +43,7 @@ from shardbench.suite.stats import Estimate, estimate
 APPLIES: dict[str, Any] = {
     "fsdp_grad_sync": lambda s: s.engine == "fsdp",
     "reshard_after_forward": lambda s: "params" in s.sharded,
-    "bucket_mib": lambda s: s.engine in BUCKETED_ENGINES,
+    "bucket_mib": lambda s: s.engine in BUCKETED_ENGINES,  # type: ignore[has-type]
 }
 """Which layouts a layout-specific knob acts on, from the contract's strategy attributes (never
 a strategy's name): the FSDP2 engine's gradient sync; re-sharding after forward where parameters
@@ -87,7 +87,7 @@ def search_space(strategy: str, per_rank_batch: int, given: dict[str, list] | No
     by_name = {k.name: k for k in space}
     if "grad_accum" in (given or {}):
         del by_name["micro_batch"]  # the batch axis searched by its grad-accum: micro-batch follows
-    for name, values in (given or {}).items():
+    for name, values in (given or {}).items():  # type: ignore[assignment]
         by_name[name] = Knob(name, tuple(values))
     return [k for k in by_name.values() if applies(k.name, strategy)]
 
@@ -210,7 +210,7 @@ class Tuner:
         trials = [{"number": t.number, "state": t.state.name, "params": t.params, "value": t.value,
                    **t.user_attrs} for t in study.trials]
         feasible = [t for t in study.trials if t.value and t.user_attrs.get("feasible")]
-        best = max(feasible, key=lambda t: t.value).params if feasible else None
+        best = max(feasible, key=lambda t: t.value).params if feasible else None  # type: ignore[arg-type,return-value]
         return Tuning(strategy, default, best, trials)
 
     def _objective(self, trial, strategy: str, space: list[Knob]) -> float:
@@ -228,7 +228,7 @@ class Tuner:
             trial.set_user_attr("feasible", False)
             trial.set_user_attr("rejected", over_limit)
             trial.set_user_attr("fate", "rejected before launch")
-            trial.set_constraint("memory", predicted - self.limit)
+            trial.set_constraint("memory", predicted - self.limit)  # type: ignore[operator]
             return 0.0
         record, pruned = self._run_trial(trial, spec)
         trial.set_user_attr("status", record.get("status"))
@@ -251,8 +251,8 @@ class Tuner:
         if not ok:
             trial.set_user_attr("reason", str(record.get("error") or "")[:200])
         elif over > 0:
-            trial.set_user_attr("reason", f"measured tensor peak {measured / 2**20:.1f} MiB > limit "
-                                          f"{self.limit / 2**20:.1f} MiB")
+            trial.set_user_attr("reason", f"measured tensor peak {measured / 2**20:.1f} MiB > limit "  # type: ignore[operator]
+                                          f"{self.limit / 2**20:.1f} MiB")  # type: ignore[operator]
         return float(record["tokens_per_s"]) if ok else 0.0
 
     def over_limit(self, predicted: int) -> str | None:
@@ -266,7 +266,7 @@ class Tuner:
         from shardbench.suite.events import RunProgress
         from shardbench.suite.runner import Runner
 
-        pruned = []
+        pruned: list[float] = []
 
         def watch(event):
             self.emit(event)
@@ -298,7 +298,7 @@ class Tuner:
         if not specs:
             return
         records = Runner(specs, self.backend, self.out / "remeasure", self.emit, order_seed=self.seed).run()
-        tps = {}
+        tps: dict[str, list[float]] = {}
         for r in records:
             if r.get("status") == "ok":
                 tps.setdefault(r["run_id"].rsplit("-r", 1)[0], []).append(r["tokens_per_s"])
@@ -362,7 +362,7 @@ def write_outputs(tuner: Tuner, results: list[Tuning]) -> Path:
 
 def _write_tuned_matrix(tuner: Tuner, t: Tuning) -> None:
     base = tuner.base
-    best = _batch_params(t.best, tuner._per_rank_batch())
+    best = _batch_params(t.best, tuner._per_rank_batch())  # type: ignore[arg-type]
     tuned = replace(base, strategies=[t.strategy], micro_batch=best.get("micro_batch", base.micro_batch),
                     options={**base.options, **{k: v for k, v in best.items() if k != "micro_batch"}})
     data = _matrix_dict(tuned)

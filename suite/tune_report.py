@@ -50,7 +50,7 @@ def tuned_section(records: list[dict], tuning: dict) -> str:
     tps: dict[str, list[float]] = {}
     for r in records:
         if r.get("status") == "ok":
-            tps.setdefault(_config_of(r), []).append(r.get("tokens_per_s"))
+            tps.setdefault(_config_of(r), []).append(r.get("tokens_per_s"))  # type: ignore[arg-type]
     flags = _flags(records)
     rows = []
     for strategy, t in tuning.items():
@@ -59,7 +59,7 @@ def tuned_section(records: list[dict], tuning: dict) -> str:
         same = bool(tuned) and tuned["config_id"] == default["config_id"]
         b = estimate(tps.get(tuned["config_id"], [])) if tuned else None
         over = default.get("over_limit")
-        r = ratio(b, d) if b and d and not same else None
+        r = ratio(b, d) if b and d and not same else None  # type: ignore[assignment]
         d_flags = flags.get(default["config_id"], [])
         b_flags = flags.get(tuned["config_id"], []) if tuned and not same else []
         if over:
@@ -74,7 +74,7 @@ def tuned_section(records: list[dict], tuning: dict) -> str:
         shown = "; ".join(f"{name}: {'; '.join(f)}" for name, f in (("default", d_flags), ("tuned", b_flags)) if f)
         rows.append([strategy, _params(default["params"]), "not run (over the limit)" if over else _fmt(d),
                      _params(tuned["params"]) if tuned else "none feasible", _fmt(b),
-                     "-" if r is None else _fmt(r, "{:.3f}"), verdict, shown or "-"])
+                     "-" if r is None else _fmt(r, "{:.3f}"), verdict, shown or "-"])  # type: ignore[arg-type]
     return ("## Tuned vs default\n\nTokens/s per strategy, mean [95% interval] over the re-measured "
             "repeats (interleaved), of the default configuration and of the best trial of "
             "`shardbench tune`; the ratio's interval propagates both (delta method). The verdict is the "

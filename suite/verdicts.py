@@ -170,7 +170,7 @@ def holm_rejected(pvalues: list[float | None], alpha: float) -> list[bool]:
     p rejects nothing."""
     if any(p is None for p in pvalues):
         return [False] * len(pvalues)
-    order = sorted(range(len(pvalues)), key=lambda i: pvalues[i])  # type: ignore[index]
+    order = sorted(range(len(pvalues)), key=lambda i: pvalues[i])  # type: ignore[arg-type,return-value]
     out, m = [False] * len(pvalues), len(pvalues)
     for rank, i in enumerate(order):
         if pvalues[i] > alpha / (m - rank):  # type: ignore[operator]

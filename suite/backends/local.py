@@ -115,7 +115,7 @@ class _LogPump(threading.Thread):
                     log.flush()
                 except OSError as exc:
                     self.log_error = f"log.txt incomplete: {exc.strerror or exc}"
-                    log = _close_quietly(log)
+                    log = _close_quietly(log)  # type: ignore[func-returns-value]
             try:
                 self._handle(raw)
             except Exception:  # noqa: BLE001 - never stop draining
@@ -237,7 +237,7 @@ class LocalBackend:
         return None
 
     def _record(self, spec, run_dir, returncode, stopped, timeout_s, pump: _LogPump) -> dict[str, Any]:
-        found = pump.collector.result()
+        found = pump.collector.result()  # type: ignore[union-attr]
         record, notes, where = found.record, list(found.notes), pump.where()
         if pump.log_error:
             notes.append(pump.log_error)

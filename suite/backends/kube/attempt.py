@@ -244,7 +244,7 @@ class Attempt:
     def _follow(self) -> dict[str, Any]:
         launcher, ended = self._wait_for_launcher()
         if launcher is None:
-            return ended
+            return ended  # type: ignore[return-value]
         self.start_s = time.monotonic() - self.installed_at
         deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
         launches: list[tuple[dict, LaunchWatch, float]] = []

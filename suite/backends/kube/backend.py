@@ -86,7 +86,7 @@ class KubeBackend:
         from kubernetes import client
 
         try:
-            client.VersionApi(api).get_code(_request_timeout=5, _preload_content=False).release_conn()
+            client.VersionApi(api).get_code(_request_timeout=5, _preload_content=False).release_conn()  # type: ignore[attr-defined]
         except Exception as exc:  # noqa: BLE001
             return False, f"cluster at {api.configuration.host} unreachable: {type(exc).__name__}: {kapi.short(exc)}"
         if not kapi.serves(api, kapi.MPIJOB):

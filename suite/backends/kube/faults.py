@@ -53,13 +53,13 @@ class LaunchWatch:
         try:
             pod = self.pod() if callable(self.pod) else self.pod
             if not pod:
-                return f"fault {self.fault}: no pod is known to hold rank {self.fault.rank}; nothing deleted"
+                return f"fault {self.fault}: no pod is known to hold rank {self.fault.rank}; nothing deleted"  # type: ignore[union-attr]
             found = kapi.delete_pod(self.api, self.namespace, pod)
         except Exception as exc:  # noqa: BLE001 - a failed injection is said, the run goes on
-            return f"fault {self.fault}: deleting the worker pod of rank {self.fault.rank} failed: {kapi.short(exc)}"
+            return f"fault {self.fault}: deleting the worker pod of rank {self.fault.rank} failed: {kapi.short(exc)}"  # type: ignore[union-attr]
         if not found:
             return f"fault {self.fault}: worker pod {pod} not found (it already ended?)"
-        return f"fault {self.fault}: deleted worker pod {pod} (it holds rank {self.fault.rank})"
+        return f"fault {self.fault}: deleted worker pod {pod} (it holds rank {self.fault.rank})"  # type: ignore[union-attr]
 
     def resumed_from(self) -> int:
         """The step this launch resumed after: its first reported step less one."""

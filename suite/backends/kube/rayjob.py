@@ -134,10 +134,10 @@ class RayJobAttempt(Attempt):
     LOG_SOURCE = "the submitter's log"
 
     def _phase(self) -> str | None:
-        return deployment(self.watch.job)
+        return deployment(self.watch.job)  # type: ignore[union-attr]
 
     def _failure_note(self) -> str | None:
-        return why_failed(self.watch.job) if deployment(self.watch.job) in FAILED else None
+        return why_failed(self.watch.job) if deployment(self.watch.job) in FAILED else None  # type: ignore[union-attr]
 
     # -- kill-rank: the pod Ray put the rank on --------------------------------------------
     def _on_line(self, text: str) -> None:
@@ -155,7 +155,7 @@ class RayJobAttempt(Attempt):
 
     def _rank_pod(self) -> str:
         """The release's pod on the node of the fault's rank: by IP, else by name (hostname)."""
-        host, ip = self.rank_nodes.get(self.fault.rank, ("", ""))
+        host, ip = self.rank_nodes.get(self.fault.rank, ("", ""))  # type: ignore[arg-type,union-attr]
         pods = kapi.list_pods(self.api, self.namespace, {dx.INSTANCE_LABEL: self.release})
         by_ip = [dx.name_of(p) for p in pods if ip and (p.get("status") or {}).get("podIP") == ip]
         by_name = [dx.name_of(p) for p in pods if host and dx.name_of(p) == host]
