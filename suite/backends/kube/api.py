@@ -130,7 +130,7 @@ def delete_pod(api, namespace: str, name: str) -> bool:
     from kubernetes.client.rest import ApiException
 
     try:
-        client.CoreV1Api(api).delete_namespaced_pod(name, namespace, grace_period_seconds=0,
+        client.CoreV1Api(api).delete_namespaced_pod(name, namespace, grace_period_seconds=0,  # type: ignore[attr-defined]
                                                     _preload_content=False, _request_timeout=30).release_conn()
     except ApiException as exc:
         if exc.status == 404:
@@ -146,8 +146,8 @@ def log_tail(api, namespace: str, name: str, lines: int = 5) -> list[str]:
     try:
         resp = client.CoreV1Api(api).read_namespaced_pod_log(name, namespace, tail_lines=lines,
                                                              _preload_content=False, _request_timeout=30)
-        text = resp.data.decode("utf-8", errors="replace")
-        resp.release_conn()
+        text = resp.data.decode("utf-8", errors="replace")  # type: ignore[attr-defined]
+        resp.release_conn()  # type: ignore[attr-defined]
     except Exception:  # noqa: BLE001 - a missing log only makes the reason shorter
         return []
     return [line for line in text.splitlines() if line.strip()]

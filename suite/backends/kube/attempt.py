@@ -325,7 +325,7 @@ class Attempt:
         """After kill-rank deleted a worker pod: why its replacement failed, or None (kube/faults.py)."""
         if not self.kill or self.kill[0].injected_at is None:
             return None
-        return replacement_failure(self.api, self.namespace, self.kill[1], self.fault)
+        return replacement_failure(self.api, self.namespace, self.kill[1], self.fault)  # type: ignore[arg-type]
 
     def _with_fault(self, record: dict[str, Any], launches: list[tuple[dict, LaunchWatch, float]]) -> dict[str, Any]:
         """The run's record with the fault's detection, restart and redone steps over all launches."""
@@ -336,7 +336,7 @@ class Attempt:
             # A launch that printed no record says where it resumed by its first step.
             mid = {"checkpoint": {"resumed_from_step": watch.resumed_from()}}
             attempts.append((record if k == len(launches) - 1 else mid, watch, ended))
-        return merge(self.spec, attempts, self.began)
+        return merge(self.spec, attempts, self.began)  # type: ignore[arg-type]
 
     # Hooks of the job kind (rayjob.py overrides them): its final phases, where its log comes
     # from, and what its status says when it failed.
@@ -344,10 +344,10 @@ class Attempt:
     LOG_SOURCE = "the launcher log"
 
     def _phase(self) -> str | None:
-        return dx.job_phase(self.watch.job)
+        return dx.job_phase(self.watch.job)  # type: ignore[union-attr]
 
     def _failure_note(self) -> str | None:
-        job = self.watch.job
+        job = self.watch.job  # type: ignore[union-attr]
         return f"MPIJob {dx.job_message(job) or 'Failed'}" if dx.job_phase(job) == "Failed" else None
 
     def _wait_final_phase(self) -> None:
