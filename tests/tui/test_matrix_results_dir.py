@@ -49,3 +49,15 @@ async def test_a_matrix_loaded_in_the_app_gets_its_own_results_dir(tmp_path):
         app.load_matrix(str(copy))
         await pilot.pause()
         assert app.matrix_screen.query_one("#results", Input).value == "results/benchtui-nightly"
+
+
+def test_help_says_where_runs_go_and_lists_the_screens(capsys):
+    import pytest
+
+    from shardbench.tui.app.main import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["--help"])
+    out = capsys.readouterr().out
+    assert "results/benchtui-<file" in out and "F4 Logs" in out and "ctrl+l plan" in out
+    assert "re-measure (asks first)" in out

@@ -11,14 +11,29 @@ from shardbench.suite.backends import add_cluster_flags, cluster_options
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="benchtui",
-        description="Pick a DDP/FSDP/ZeRO benchmark matrix, run it on this machine or on a Kubernetes "
-                    "cluster (one Helm release per run), tail the logs live and compare the results.")
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Pick a DDP/FSDP/ZeRO benchmark matrix, run it on this machine or on a Kubernetes\n"
+                    "cluster (one Helm release per run), tail the logs live and compare the results.",
+        epilog="""\
+screens and keys (F1 in the app lists them all):
+  F2 Matrix   the runs to make: ctrl+r run, ctrl+f re-measure (asks first), ctrl+l plan, ctrl+s/ctrl+o save/load
+  F3 Runs     state, tok/s, loss, time, ETA and why a run failed; c cancel one, x cancel all
+  F4 Logs     the selected run's log: / search, e last error, f follow, [ ] other run
+  F5 Results  mean [95% interval] per configuration, verdicts, plots; w writes the report
+  q quits (asks while runs are in progress; enter stops them)
+
+examples:
+  benchtui                                  the default matrix, runs into results/benchtui
+  benchtui --matrix my.yaml                 runs into my.yaml's results dir (or results/benchtui-my)
+  benchtui --results results/default        make bench's results, on the Results screen
+  benchtui --backend kubernetes --namespace bench   one Helm release per run on the cluster""")
     parser.add_argument("--results", metavar="DIR",
-                        help="open this result set read-only, on the Results screen (default: the matrix's results "
-                             "directory; benchtui's own runs go to the Matrix screen's Results dir field, "
-                             "results/benchtui unless --matrix names one)")
+                        help="open this result set on the Results screen at once (default: the matrix's results "
+                             "directory). Runs started in the app go to the Matrix screen's Results dir field")
     parser.add_argument("--matrix", metavar="FILE",
-                        help="matrix YAML file to start from (default: suite/matrices/default.yaml)")
+                        help="matrix YAML file to start from (default: suite/matrices/default.yaml); its runs go "
+                             "to the file's results directory, or results/benchtui-<file name> when that is "
+                             "make bench's results/default")
     parser.add_argument("--backend", choices=BACKENDS, help="backend to preselect (overrides the matrix file's)")
     parser.add_argument("--ray-cluster", action="store_true", default=None,
                         help="backend ray as KubeRay RayJobs on the cluster (the matrix's ray_cluster: true)")
