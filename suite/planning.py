@@ -46,14 +46,14 @@ def predict_specs(specs, timeout_s: float = 600) -> tuple[dict[str, dict], str |
     """({run id: prediction}, why none were made). One subprocess plans every distinct input."""
     from shardbench.suite.plan_cmd import shape_context
 
-    from shardbench.trainer.plan.layout import NotModelled, layout
+    from shardbench.trainer.plan.layout import NotModelled
 
     jobs, keys, refused = {}, {}, {}
     try:
         for s in specs:
             inp = plan_input(s)
             try:
-                layout(inp.strategy)
+                inp.layout  # the strategy's, and the mesh degrees'
             except NotModelled as exc:  # said in one line by run, the report and benchtui
                 refused[s.run_id] = {"input": inp.to_dict(), "not_modelled": str(exc)}
                 continue

@@ -6,8 +6,9 @@ Row g of global step s depends only on (seed, s, g), so each rank generates only
 not the global one: data-parallel rank r of D (world / tp) takes, at micro-step m, global rows
 [(m * D + r) * micro_batch, ... + micro_batch), and the ranks of one tensor-parallel group take
 the same rows. Every row is used exactly once per step, and the step's mean loss is the same
-however the rows are split. Without tensor parallelism D is the world size and r the rank. Tokens follow a skewed (Zipf-like)
-unigram distribution and repeat the previous token 30% of the time, so the model has something
+however the rows are split. Without tensor parallelism D is the world size and r the rank.
+
+Tokens follow a skewed (Zipf-like) unigram distribution and repeat the previous token 30% of the time, so the model has something
 to learn within tens of steps and the loss falls (uniform noise would sit at ln(V) for ever and
 hide a broken optimizer step).
 """

@@ -32,13 +32,24 @@ class PlanInput:
     """--bucket-mib: DDP's bucket cap and DeepSpeed's bucket sizes (trainer/ds_knobs.py)."""
     reshard_after_forward: bool = True
     """--reshard-after-forward: ZeRO-3 frees gathered parameters after each block's forward."""
+    tp: int = 1
+    """--tp: tensor-parallel degree (trainer/parallel/); not modelled beyond 1."""
+    dp_replicate: int = 1
+    """--dp-replicate: HSDP's replicate degree; not modelled beyond 1."""
 
     @property
     def layout(self) -> StrategyInfo:
-        """The strategy's layout (trainer/plan/layout.py): NotModelled when the planner has none."""
-        from shardbench.trainer.plan.layout import layout
+        """The strategy's layout (trainer/plan/layout.py): NotModelled when the planner has none,
+        and for the mesh layouts of trainer/parallel/ (tensor parallel, HSDP) beyond it."""
+        from shardbench.trainer.plan.layout import NotModelled, layout
 
-        return layout(self.strategy)
+        info = layout(self.strategy)
+        if self.tp > 1:
+            raise NotModelled(f"tensor parallel (--tp {self.tp}): the planner models data-parallel layouts only")
+        if self.dp_replicate > 1:
+            raise NotModelled(f"HSDP (--dp-replicate {self.dp_replicate}): the planner models one data-parallel "
+                              "dimension only")
+        return info
 
     def model_config(self) -> ModelConfig:
         base = PRESETS[self.model]
@@ -67,7 +78,10 @@ class PlanInput:
                    device=r.get("device") or "cpu",
                    weight_decay=float((r.get("optimizer") or {}).get("weight_decay", 0.01)),
                    bucket_mib=float(r.get("bucket_mib") or 25.0),
-                   reshard_after_forward=r.get("reshard_after_forward") is not False, **over)
+                   reshard_after_forward=r.get("reshard_after_forward") is not False,
+                   tp=int((r.get("layout") or {}).get("tp") or 1),
+                   dp_replicate=int((r.get("layout") or {}).get("dp_replicate") or 1)
+                   if r.get("strategy") == "fsdp" else 1, **over)
 
 
 @dataclass
@@ -79,7 +93,7 @@ class Params:
     @classmethod
     def of(cls, cfg: ModelConfig) -> "Params":
         d, V, B = cfg.n_embd, cfg.vocab_size, cfg.block_size
-        out = [("wte.weight", (V, d)), ("wpe.weight", (B, d))]
+        out: list[tuple[str, tuple[int, ...]]] = [("wte.weight", (V, d)), ("wpe.weight", (B, d))]
         for i in range(cfg.n_layer):
             b = f"blocks.{i}."
             out += [(b + "ln_1.weight", (d,)), (b + "ln_1.bias", (d,)),

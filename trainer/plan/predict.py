@@ -116,6 +116,7 @@ def predict(inp: PlanInput, device_memory_bytes: int | None = None, links: dict 
     from shardbench.trainer.plan import timing
 
     layout(inp.strategy)  # NotModelled (one line: why) before anything is traced
+    inp.layout  # and for the mesh degrees beyond data parallelism (tensor parallel, HSDP)
     if trace_fsdp is None:
         trace_fsdp = inp.world_size <= TRACE_FSDP_UP_TO
     cats, total, method, traced_comm = memory(inp, trace_fsdp)
