@@ -59,7 +59,7 @@ def choose(root: Path, resume: str) -> tuple[Path | None, list[str], list[str]]:
         return path, [], []
     warnings = [f"checkpoint {p.name} ignored: never committed (the run stopped while writing it)"
                 for p in sorted(root.glob(TMP_PREFIX + "*"))] if root.is_dir() else []
-    rejected = []
+    rejected: list[str] = []
     for _, path in committed(root):
         problem = verify(path)
         if problem is None:
@@ -237,7 +237,7 @@ class Checkpointer:
 
             future = dcp.async_save(self._model_optim()[0], checkpoint_id=str(tmp / "dcp"),
                                     process_group=self._async_group, no_dist=not self._group())
-            self._pending = (future, tmp, final, t0)
+            self._pending = (future, tmp, final, t0)  # type: ignore[assignment]
             blocked = time.perf_counter() - t0
             self.stats.blocking_s.append(blocked)
             return blocked
@@ -303,7 +303,7 @@ class Checkpointer:
                 path, warnings, self.rejected = choose(self.root, self.cfg.resume)
                 chosen = (str(path) if path else None, warnings, None)
             except RuntimeError as exc:
-                chosen = (None, [], str(exc))
+                chosen = (None, [], str(exc))  # type: ignore[assignment]
             for partial in self.root.glob(TMP_PREFIX + "*") if self.root.is_dir() else []:
                 shutil.rmtree(partial, ignore_errors=True)  # never committed: debris of a crash
         path, warnings, error = self._broadcast(chosen)

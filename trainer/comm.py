@@ -219,7 +219,7 @@ class CommCounter:
                 counter._expect(pg, op, before)
             return result
 
-        counted.__shardbench_counted__ = True
+        counted.__shardbench_counted__ = True  # type: ignore[attr-defined]
         return counted
 
     def install(self) -> None:
@@ -241,7 +241,7 @@ class CommCounter:
         try:
             import torch.distributed._functional_collectives as funcol
         except ImportError:
-            funcol = None
+            funcol = None  # type: ignore[assignment]
         if funcol is not None:
             for name, (op, pos, key) in _FUNCOL_OPS.items():
                 original = getattr(funcol, name, None)

@@ -64,9 +64,9 @@ def knob(default: Any = MISSING, *, section: str, min: float | None = None, abov
 
 @dataclass
 class RunConfig:
-    strategy: StrategyName = knob(section="parallelism", same_loss=True, chart=True)
+    strategy: StrategyName = knob(section="parallelism", same_loss=True, chart=True)  # type: ignore[valid-type]
     """Distributed strategy (required)."""
-    model: PresetName = knob("tiny", section="model", chart=True)
+    model: PresetName = knob("tiny", section="model", chart=True)  # type: ignore[valid-type]
     """Model preset (trainer/presets.py)."""
     n_layer: int | None = knob(None, section="model", min=1)
     """Override of the preset's layer count."""

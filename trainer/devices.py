@@ -44,7 +44,7 @@ def cuda_problem(driver: dict[str, str | None], built: str | None = None) -> str
         return (f"--device cuda: no NVIDIA driver here (no /proc/driver/nvidia/version, no libcuda.so.1); "
                 f"{torch_is} is {needs}: run on a GPU node with the NVIDIA container runtime and a GPU requested")
     has = f"driver {driver.get('driver') or '?'} supports CUDA up to {driver.get('driver_cuda') or '?'}"
-    if driver.get("driver_cuda") and int(driver["driver_cuda"].split(".")[0]) < major:
+    if driver.get("driver_cuda") and int(driver["driver_cuda"].split(".")[0]) < major:  # type: ignore[union-attr]
         return (f"--device cuda: the {has}, but {torch_is} is {needs}: build the image with "
                 f"--build-arg {OLD_DRIVER_VARIANT} or upgrade the driver")
     visible = ", ".join(f"{k}={os.environ[k]!r}" for k in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")

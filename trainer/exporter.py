@@ -224,7 +224,7 @@ class Exporter:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(Collector(self))
         self.server = _Server((host, port), _Handler)
-        self.server.exporter = self
+        self.server.exporter = self  # type: ignore[attr-defined]
         self.port = self.server.server_address[1]
         import threading
 
@@ -245,14 +245,14 @@ class Exporter:
             i = bisect.bisect_left(self.buckets, dt)
             if i < len(counts):
                 counts[i] += 1
-            new.update(step_last_s=dt, bucket_counts=tuple(counts), step_sum=s.step_sum + dt,
+            new.update(step_last_s=dt, bucket_counts=tuple(counts), step_sum=s.step_sum + dt,  # type: ignore[call-overload]
                        step_count=s.step_count + 1)
             if self.tokens_per_step:
                 new["tokens_per_s"] = self.tokens_per_step / dt
-        new["comm"] = _comm_totals() if measured else s.comm
-        new["memory"] = _memory(trainer.device)
+        new["comm"] = _comm_totals() if measured else s.comm  # type: ignore[assignment]
+        new["memory"] = _memory(trainer.device)  # type: ignore[assignment]
         new.update(_checkpoints(trainer))
-        self.snap = replace(s, **new)
+        self.snap = replace(s, **new)  # type: ignore[arg-type]
 
     def finish(self, record) -> None:
         """The end of the run: this rank's model state by category (the untimed memory step), the

@@ -13,7 +13,7 @@ from functools import cache
 def field_docs(cls: type) -> dict[str, str]:
     """{field name: its docstring, white space folded}."""
     tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-    body = tree.body[0].body
+    body = tree.body[0].body  # type: ignore[attr-defined]
     docs = {}
     for node, nxt in zip(body, body[1:]):
         if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)

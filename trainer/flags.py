@@ -77,8 +77,11 @@ def add_flags(parser, cls: type, *, names: Iterable[str] | None = None, defaults
     order = {name: i for i, name in enumerate(sections)}
     groups = {name: parser.add_argument_group(section_title.format(name)) for name in sections
               if any(f.metadata.get("section") == name for f in chosen)}
-    for f in sorted(chosen, key=lambda f: order.get(f.metadata.get("section"), len(order))):
-        target = groups.get(f.metadata.get("section"), parser)
+    def section(f: Field) -> str:
+        return f.metadata.get("section") or ""
+
+    for f in sorted(chosen, key=lambda f: order.get(section(f), len(order))):
+        target = groups.get(section(f), parser)
         target.add_argument(flag(f.name), **argument(f, hints[f.name], docs.get(f.name, ""), defaults=defaults,
                                                      value_type=value_type, dest=dest(f.name) if dest else None,
                                                      help_suffix=help_suffix))

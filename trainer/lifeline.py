@@ -50,7 +50,8 @@ def _cmdline(pid: int) -> str:
 
 def launcher_ancestors(pid: int | None = None) -> list[tuple[int, str]]:
     """(pid, identity) of the chain of launcher processes above `pid` (nearest first)."""
-    chain, current = [], os.getpid() if pid is None else pid
+    chain: list[tuple[int, str]] = []
+    current = os.getpid() if pid is None else pid
     while True:
         fields = _stat(current)
         parent = int(fields[1]) if fields and len(fields) > 1 else 0

@@ -66,7 +66,7 @@ def peak_flops_for(device_name: str, precision: str, given_tflops: float | None,
         return Peak(given, f"--peak-tflops {given_tflops:g} (device not in the table)", given)
     key, tflops = found
     peak = Peak(tflops * 1e12, f"device table: {key} dense {dtype} {tflops:g} TFLOP/s", given)
-    if given is not None and abs(given - peak.flops) > 0.01 * peak.flops:
+    if given is not None and abs(given - peak.flops) > 0.01 * peak.flops:  # type: ignore[operator]
         peak.warning = (f"--peak-tflops {given_tflops:g} (the shape's) disagrees with the detected "
                         f"{device_name}'s dense {dtype} peak {tflops:g} TFLOP/s: MFU uses the device's")
     return peak
@@ -172,7 +172,7 @@ class StorageCounter:
 
 
 def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
-    out = []
+    out: list[torch.Tensor] = []
     for state in optimizer.state.values():
         out.extend(v for v in state.values() if isinstance(v, torch.Tensor) and v.dim() > 0)
     return out

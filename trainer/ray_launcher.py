@@ -94,7 +94,7 @@ class RankActor:
         import ray
 
         yield {"pid": self.proc.pid, "host": socket.gethostname(), "ip": ray.util.get_node_ip_address()}
-        for raw in iter(self.proc.stdout.readline, b""):
+        for raw in iter(self.proc.stdout.readline, b""):  # type: ignore[union-attr]
             yield raw.decode("utf-8", "replace")
         yield {"exit": self.proc.wait()}
 
@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     # cancel stops the ranks gracefully and they report what they measured.
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    actor_cls = ray.remote(num_cpus=1, num_gpus=args.gpus_per_rank, max_concurrency=2)(RankActor)
+    actor_cls = ray.remote(num_cpus=1, num_gpus=args.gpus_per_rank, max_concurrency=2)(RankActor)  # type: ignore[call-overload]
     code = 1
     try:
         for attempt in range(args.max_restarts + 1):

@@ -30,7 +30,7 @@ def _field_rule_errors(cfg: RunConfig) -> list[str]:
     return errors
 
 
-def _check_value(value: Any, kind: Any, meta: dict) -> str | None:
+def _check_value(value: Any, kind: Any, meta: typing.Mapping[str, Any]) -> str | None:
     args = typing.get_args(kind)
     if value is None:
         return None if type(None) in args else "is required"

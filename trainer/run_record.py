@@ -68,7 +68,7 @@ def finish_record(r: ResultRecord, losses: list[float], d: DistEnv, device: torc
     r.final_loss = r.loss_per_step[-1] if r.loss_per_step else None
     r.nccl_env, r.nccl_env_disagreement = env_info.nccl_env_across_ranks(lambda o: gather(o, d.world_size))
     everyone = gather(mine, d.world_size)
-    layout = Layout(**r.layout) if r.layout else None
+    layout = Layout(**r.layout) if r.layout else None  # type: ignore[arg-type]
     places = gather((socket.gethostname(), d.local_rank), d.world_size)
     r.mesh_coords = [{"rank": rank, "host": host, "local_rank": local, **(layout.coords(rank) if layout else {})}
                      for rank, (host, local) in enumerate(places)]
@@ -81,7 +81,7 @@ def finish_record(r: ResultRecord, losses: list[float], d: DistEnv, device: torc
         r.model_state = states
         r.model_state_bytes_per_rank = max(s.total_bytes for s in states)
     if device.type == "cuda":
-        r.peak_memory_bytes = max(m.train_peak_bytes for m in r.memory)
+        r.peak_memory_bytes = max(m.train_peak_bytes for m in r.memory)  # type: ignore[type-var]
         r.peak_memory_source = "gpu: max allocated during training (peak statistics reset after set-up)"
     elif r.model_state_bytes_per_rank is not None:
         r.peak_memory_bytes = r.model_state_bytes_per_rank
@@ -99,7 +99,7 @@ def fill_timings(r: ResultRecord, step_times: list[float], h2d_gbps: float | Non
         r.tokens_per_s = r.tokens_per_step * len(step_times) / sum(step_times)
         r.tokens_per_s_per_device = r.tokens_per_s / r.world_size
         if r.peak_flops:
-            r.mfu = r.flops_per_token * r.tokens_per_s / (r.world_size * r.peak_flops)
+            r.mfu = r.flops_per_token * r.tokens_per_s / (r.world_size * r.peak_flops)  # type: ignore[operator]
     r.h2d_gbps = h2d_gbps
 
 

@@ -79,7 +79,7 @@ class StepRunner:
         samples.append(("optimizer step", self.strategy.model_state()))
         self.sync()
         self.tensor_peak = tracker.peak
-        return peak_model_state(samples)
+        return peak_model_state(samples)  # type: ignore[return-value]
 
     def count_h2d(self) -> None:
         """Add the last step's copies to the totals (measured steps only)."""

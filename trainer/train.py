@@ -93,17 +93,17 @@ class Trainer:
         next_batches = self.data.step_batches(first)
         loop_start = time.perf_counter()
         self.record.load_avg_1m_start, self.record.cpu_count = load_avg_1m(), os.cpu_count()
-        self.steps.sync()
+        self.steps.sync()  # type: ignore[union-attr]
         for step in range(first, cfg.steps):
             measured = step >= cfg.warmup_steps
             COMM.active = measured
-            dt, step_loss = self.steps.timed(next_batches)
+            dt, step_loss = self.steps.timed(next_batches)  # type: ignore[union-attr]
             COMM.active = False
             # Outside the timer: the next step's tokens, the loss read-back, the bookkeeping.
             next_batches = self.data.step_batches(step + 1)
             loss = (step_loss / self.grad_accum).item()
             h.losses.append(loss)
-            h.grad_norms.append(self.steps.grad_norm())
+            h.grad_norms.append(self.steps.grad_norm())  # type: ignore[union-attr]
             if h.time_to_first_step is None:
                 h.time_to_first_step = time.time() - process_start
             # A checkpoint step is reported on its own, never in the step-time statistics.
@@ -113,7 +113,7 @@ class Trainer:
                     h.step_times.append(dt)
                 h.measured_here += 1
                 h.comm_per_step = COMM.per_step(h.measured_here)
-                self.steps.count_h2d()
+                self.steps.count_h2d()  # type: ignore[union-attr]
             self._progress(step, dt, loss, time.perf_counter() - loop_start)
             for observer in self.observers:  # e.g. the metrics exporter (trainer/exporter.py)
                 observer.after_step(self, step, dt, loss, measured)
@@ -123,7 +123,7 @@ class Trainer:
         if self.ckpt:
             self.ckpt.ckpt.wait()
         self.record.load_avg_1m_end = load_avg_1m()
-        self.state = self.steps.memory_step(next_batches)
+        self.state = self.steps.memory_step(next_batches)  # type: ignore[assignment,union-attr]
 
     def _progress(self, step: int, dt: float, loss: float, elapsed: float) -> None:
         """Rank 0's progress line (SHARDBENCH_PROGRESS {...}) every --progress-every steps and at the last."""

@@ -30,7 +30,7 @@ def apply_tp(model: torch.nn.Module, tp_mesh) -> None:
     })
     gather_sequence = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
                                          use_local_output=True)
-    for block in model.blocks:
+    for block in model.blocks:  # type: ignore[union-attr]
         parallelize_module(block, tp_mesh, {
             "ln_1": SequenceParallel(),
             "attn": gather_sequence,
@@ -43,7 +43,7 @@ def apply_tp(model: torch.nn.Module, tp_mesh) -> None:
         })
     # The plan gave wte and lm_head a sharded Parameter each: tie them again (same placement,
     # Shard(0) over the vocabulary), so both uses add into one gradient as in the plain model.
-    model.lm_head.weight = model.wte.weight
+    model.lm_head.weight = model.wte.weight  # type: ignore[union-attr]
 
 
 def loss_parallel():
@@ -73,9 +73,9 @@ def localize_for_ddp(model: torch.nn.Module) -> None:
 
 
 def _tie(model: torch.nn.Module) -> None:
-    if model.lm_head.weight is not model.wte.weight:
-        del model.lm_head.weight  # a Parameter slot takes no plain DTensor: free the name first
-        model.lm_head.weight = model.wte.weight
+    if model.lm_head.weight is not model.wte.weight:  # type: ignore[union-attr]
+        del model.lm_head.weight  # type: ignore[union-attr]  # a Parameter slot takes no plain DTensor: free the name first
+        model.lm_head.weight = model.wte.weight  # type: ignore[union-attr]
 
 
 def local_total_norm(params: list[torch.Tensor], tp_group) -> torch.Tensor:
@@ -83,7 +83,7 @@ def local_total_norm(params: list[torch.Tensor], tp_group) -> torch.Tensor:
     squares of sharded gradients summed over the tensor-parallel group, replicated ones once."""
     import torch.distributed as dist
 
-    sharded, replicated = [], []
+    sharded, replicated = list[torch.Tensor](), list[torch.Tensor]()
     for p in params:
         if p.grad is not None:
             spec = getattr(p, "_st_info", None)
@@ -120,7 +120,7 @@ def mesh_total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
         for group in groups:
             dist.all_reduce(squares, group=group)
         total = squares if total is None else total + squares
-    return total.sqrt()
+    return total.sqrt()  # type: ignore[union-attr]
 
 
 def _squares(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:

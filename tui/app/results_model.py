@@ -113,7 +113,7 @@ def compute(records: list[dict]) -> ResultsView:
     # Winners and flagged candidates first: the lines a reader acts on, before the ties.
     order = {"winner": 0, "flagged": 1, "one repeat": 2}
     view.verdicts = [_verdict_line(v) for v in sorted(an.verdicts, key=lambda v: order.get(v.kind, 3))]
-    view.series = {metric: plots.series(an, metric) for metric, _, _ in PLOTS}
+    view.series = {metric: plots.series(an, metric) for metric, _, _ in PLOTS}  # type: ignore[misc]
     from shardbench.suite import faults_report
 
     view.fault_table = faults_report.text_lines(records)

@@ -57,7 +57,7 @@ class HelpScreen(ModalScreen[None]):
     def on_mount(self) -> None:
         self.query_one("#help-box").focus()  # the keys scroll it at once
 
-    def action_dismiss(self) -> None:
+    def action_dismiss(self) -> None:  # type: ignore[override]
         self.dismiss(None)
 
 

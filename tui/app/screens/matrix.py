@@ -190,7 +190,7 @@ class MatrixScreen(Screen):
         if self.problems:
             count.update(f"[b]{len(self.problems)} problem(s)[/b]: nothing will run")
         else:
-            count.update(run_count_text(len(self.specs), self.done, spec.results))
+            count.update(run_count_text(len(self.specs), self.done, spec.results))  # type: ignore[union-attr]
         self.query_one("#problems", Static).update("\n".join(f"• {p}" for p in self.problems))
         self.update_backend_note()
 

@@ -90,7 +90,7 @@ class ResultsScreen(Screen):
     def compose(self) -> ComposeResult:
         yield Header()
         yield Static(id="results-source")
-        table = DataTable(id="results-table", cursor_type="row", zebra_stripes=True)
+        table: DataTable[str] = DataTable(id="results-table", cursor_type="row", zebra_stripes=True)
         for column, header, _ in COLUMNS:
             table.add_column(header, key=column)
         yield table
@@ -155,7 +155,7 @@ class ResultsScreen(Screen):
         plt.title(title)
         plt.xlabel("devices")
         plt.ylabel(unit)
-        limits = plots.y_limits(series)  # intervals cut at the means' range xCLIP, as in the report's plots
+        limits = plots.y_limits(series)  # type: ignore[arg-type]  # intervals cut at the means' range xCLIP, as in the report's plots
         colors = self._colors()
         for strategy, points in series.items():
             xs, ys = [p[0] for p in points], [p[1] for p in points]

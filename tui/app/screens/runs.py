@@ -50,7 +50,7 @@ class RunsScreen(Screen):
         yield Header()
         yield Static("No matrix started yet: pick one on the Matrix screen (F2) and press ctrl+r.",
                      id="matrix-progress")
-        table = DataTable(id="runs-table", cursor_type="row", zebra_stripes=True)
+        table: DataTable[str] = DataTable(id="runs-table", cursor_type="row", zebra_stripes=True)
         for title, key in COLUMNS:
             table.add_column(title, key=key)
         yield table
