@@ -52,7 +52,8 @@ RUN_COLUMNS: list[tuple[str, str]] = [
     ("host_overloaded", "yes when the 1-minute load average at the run's start or end exceeded the host's CPUs + 1; empty when not recorded"),
     ("loss_max_rel_diff", "largest relative difference of this run's loss per step from its group's per-step median"),
     ("grad_norm_max_rel_diff", "largest relative difference of this run's gradient norm per step from its group's per-step median"),
-    ("loss_check", "ok, broken (loss or gradient norm off the reference beyond the tolerance), or empty when the run had no group"),
+    ("loss_check_failed", "what was off the reference: loss, gradient norm, or loss and gradient norm"),
+    ("loss_check", "ok, broken (loss or gradient norm off the reference beyond the tolerance), disagree (no majority of its group agrees: an even split), or empty when the run had no group"),
 ]
 
 
@@ -176,6 +177,7 @@ def analyze(records: list[dict[str, Any]]) -> Analysis:
         df[col] = None
     df["host_overloaded"] = [_overloaded(r) for r in df[OVERLOAD_INPUTS].to_dict("records")]
     df["grad_norm_max_rel_diff"] = None
+    df["loss_check_failed"] = None
     loss_groups = losscheck.check(df)
     configs = _configs(df)
     scaling.fill(df, configs)
@@ -183,7 +185,8 @@ def analyze(records: list[dict[str, Any]]) -> Analysis:
     per_run = df[FLAG_INPUTS].to_dict("index")
     for c in configs:
         _flag(c, [per_run[i] for i in c.index])
-    for col in ("scaling_base_world_size", "scaling_efficiency", "speedup_vs_best_1dev", "loss_max_rel_diff"):
+    for col in ("scaling_base_world_size", "scaling_efficiency", "speedup_vs_best_1dev", "loss_max_rel_diff",
+                "grad_norm_max_rel_diff"):
         df[col] = pd.to_numeric(df[col], errors="coerce")
     verdicts = _verdicts(configs)
     an = Analysis(df, configs, verdicts, loss_groups, [])
@@ -277,7 +280,7 @@ def _overloaded(row: dict[str, Any]) -> str | None:
 
 
 FLAG_INPUTS = ["host_overloaded", "load_avg_1m_start", "load_avg_1m_end", "host_cpus", "loss_check",
-               "loss_max_rel_diff"]
+               "loss_max_rel_diff", "grad_norm_max_rel_diff", "loss_check_failed"]
 
 
 def _flag(c: Config, runs: list[dict[str, Any]]) -> None:
@@ -298,9 +301,22 @@ def _flag(c: Config, runs: list[dict[str, Any]]) -> None:
     broken = [r for r in runs if r["loss_check"] == "broken"]
     if broken:
         c.broken = True
-        worst_rel = max((r["loss_max_rel_diff"] for r in broken if finite(r["loss_max_rel_diff"])), default=math.inf)
-        c.flags.append(f"broken: loss off the reference in {len(broken)} of {len(runs)} runs "
-                       f"(up to {worst_rel:.2g} relative)")
+        c.flags.append(f"broken: {_off(broken)} off the reference in {len(broken)} of {len(runs)} runs")
+    split = [r for r in runs if r["loss_check"] == "disagree"]
+    if split:
+        c.flags.append(f"loss check: its group splits evenly, no majority to judge by ({len(split)} of {len(runs)} runs; "
+                       "the report's loss check lists each side)")
+
+
+def _off(broken: list[dict[str, Any]]) -> str:
+    """What was off in these broken runs, each quantity with its largest relative difference."""
+    parts = []
+    for name, col in (("loss", "loss_max_rel_diff"), ("gradient norm", "grad_norm_max_rel_diff")):
+        hit = [r for r in broken if name in str(r["loss_check_failed"] or "").split(" and ")]
+        if hit:
+            worst = max((r[col] for r in hit if finite(r[col])), default=math.inf)
+            parts.append(f"{name} (up to {'not finite' if math.isinf(worst) else f'{worst:.2g} relative'})")
+    return " and ".join(parts) or "loss"
 
 
 def _int(x: Any) -> str:

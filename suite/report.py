@@ -36,6 +36,10 @@ class Report:
     """The Summary as terminal text (suite/summary.text), what the CLI prints last."""
 
 
+def _tolerances(by_precision: dict[str, float]) -> str:
+    return ", ".join(f"{v:g} ({k})" for k, v in by_precision.items())
+
+
 RULES = f"""\
 - Every summary value is the mean over a configuration's ok repeats with its 95% confidence
   interval, shown as `mean [low, high] (n=...)`. For positive quantities the interval is taken on
@@ -62,9 +66,10 @@ RULES = f"""\
 - Loss check: runs with all settings equal except strategy and data layout (world size,
   micro-batch, grad-accum) at the same global batch must follow one trajectory. Each run's loss
   and gradient norm (before clipping) at every step are compared with the group's per-step
-  median; more than {an_mod.LOSS_TOLERANCE['fp32']:g} relative in the loss (fp32; {an_mod.OTHER_LOSS_TOLERANCE:g} with any 16-bit part)
-  or {losscheck.GRAD_NORM_TOLERANCE['fp32']:g} in the gradient norm (fp32; {losscheck.OTHER_GRAD_NORM_TOLERANCE:g} with any 16-bit part) at
-  any step marks the run broken.
+  median of its majority; more than {_tolerances(losscheck.LOSS_TOLERANCE)} relative in the loss
+  or {_tolerances(losscheck.GRAD_NORM_TOLERANCE)} in the gradient norm (an fp32 run reducing in bf16 takes bf16's; steps
+  without a norm, fp16's overflow skips, are left out) at any step marks the run broken; a group
+  split evenly is reported as disagreeing, side by side, with no run called broken.
 - Memory compares model state (tensors each rank holds; communication buckets are a part of
   their own) and, on GPU, the training peak; process RSS is only a footprint column."""
 
@@ -222,6 +227,8 @@ def loss_section(an: Analysis) -> str:
     lines = []
     for g in an.loss_groups:
         verdict = (f"{len(g.broken)} of {g.runs} runs BROKEN" if g.broken
+                   else f"the runs DISAGREE, no majority to judge by: " + " vs ".join(
+                       "[" + ", ".join(f"`{r}`" for r in side) + "]" for side in g.sides) if g.sides
                    else f"all {g.runs} runs agree")
         grad = (f"; gradient norm within {g.grad_tolerance:g} (largest difference {fmt(g.grad_max_rel, '{:.2g}')})"
                 if g.grad_tolerance is not None else "; no gradient norms recorded")
@@ -334,8 +341,8 @@ def report_from_records(records: list[dict], out_dir: Path, results_dir: Path) -
     from shardbench.suite import plan_report  # predicted vs measured (trainer/plan)
 
     fault_section = "\n\n".join(p for p in (fault_section, tune_report.markdown(records, results_dir)) if p)
-    text = (build_markdown(an, results_dir, plot_files, skipped, out_dir) + ("\n" + fault_section if fault_section else "")
-            + "\n" + plan_report.markdown(records) + "\n")
+    text = (build_markdown(an, results_dir, plot_files, skipped, out_dir)
+            + ("\n" + fault_section if fault_section else "") + "\n" + plan_report.markdown(records) + "\n")
     md.write_text(text)
     html = html_report.write_html(an, results_dir, plot_files, out_dir, text)  # the same sections
     return Report(md, csv, summary_csv, plot_files, skipped, len(an.runs), len(an.not_ok), html,

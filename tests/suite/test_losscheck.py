@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from tests.trainer.conftest import BIN, REPO, Run, cpu_env, free_port, run_trainer
-from shardbench.suite import analysis
+from shardbench.suite import analysis, report
+from shardbench.suite.synthetic import record
 
 COMMON = ["--model", "tiny", "--seq-len", "64", "--global-batch", "4", "--steps", "4", "--warmup-steps", "1",
           "--precision", "fp32", "--lr", "1e-3", "--lr-warmup-steps", "1"]
@@ -54,3 +55,63 @@ def test_ddp_summing_gradients_is_caught_by_the_gradient_norm(tmp_path: Path):
     assert runs.loc["ddp-w1-r0", "loss_check"] == runs.loc["fsdp-w2-r0", "loss_check"] == "ok"
     (group,) = an.loss_groups
     assert [rid for rid, _ in group.broken] == ["ddp-summing-r0"] and "gradient norm" in group.broken[0][1]
+
+
+# --- issue 31, finding 3: the check on made-up curves (fast) ----------------------------------
+
+LOSS = [9.0, 8.9, 8.8, 8.7, 8.6, 8.5]
+NORM = [2.0, 1.9, 1.8, 1.7, 1.6, 1.5]
+
+
+def _runs(curves: list[tuple[list, list]], precision: str = "fp32") -> list[dict]:
+    """One ok record per (loss, grad norm) curve pair, one loss group (strategies and layouts differ)."""
+    layouts = [("ddp", 1), ("ddp", 2), ("fsdp", 2), ("zero1", 2), ("zero2", 2), ("zero3", 2)]
+    out = []
+    for k, (loss, norm) in enumerate(curves):
+        strategy, world = layouts[k % len(layouts)]
+        out.append(record(strategy, world, micro_batch=4 // world, repeat=k // len(layouts), precision=precision,
+                          loss_per_step=loss, final_loss=loss[-1], grad_norm_per_step=norm))
+    return out
+
+
+def _scaled(curve: list, factor: float) -> list:
+    return [None if x is None else x * factor for x in curve]
+
+
+def test_an_fp16_overflow_skip_is_compared_only_where_both_norms_are_finite():
+    """Every run skipped step 0 (initial scale 65,536): the median had no value there, every run
+    was "broken" and every verdict blocked; one run skipping another step was broken too."""
+    skipped = [None, *NORM[1:]]
+    recs = _runs([(LOSS, skipped), (LOSS, skipped), (LOSS, [None, None, *NORM[2:]])], precision="fp16")
+    an = analysis.analyze(recs)
+    assert set(an.runs["loss_check"]) == {"ok"}
+    assert not any(c.broken or c.flags for c in an.configs)
+
+
+def test_the_flag_names_the_gradient_norm_when_only_it_is_off():
+    recs = _runs([(LOSS, NORM), (LOSS, NORM), (LOSS, _scaled(NORM, 2.0))])
+    an = analysis.analyze(recs)
+    (bad,) = [c for c in an.configs if c.broken]
+    (flag,) = [f for f in bad.flags if f.startswith("broken")]
+    assert flag == "broken: gradient norm (up to 1 relative) off the reference in 1 of 1 runs"
+    assert an.runs.set_index("run_id").loc[bad.run_ids[0], "loss_check_failed"] == "gradient norm"
+    recs = _runs([(LOSS, NORM), (LOSS, NORM), (_scaled(LOSS, 1.01), NORM)])
+    (bad,) = [c for c in analysis.analyze(recs).configs if c.broken]
+    assert bad.flags[-1] == "broken: loss (up to 0.01 relative) off the reference in 1 of 1 runs"
+
+
+def test_an_even_split_says_the_runs_disagree_and_lists_each_side():
+    """Two good runs and two bad: the median fell between them and marked all four broken."""
+    bad = _scaled(LOSS, 1.01)
+    recs = _runs([(LOSS, NORM), (bad, NORM), (LOSS, NORM), (bad, NORM)])
+    an = analysis.analyze(recs)
+    assert set(an.runs["loss_check"]) == {"disagree"} and not any(c.broken for c in an.configs)
+    (group,) = an.loss_groups
+    ids = [r["run_id"] for r in recs]
+    assert group.broken == [] and sorted(group.sides) == sorted([sorted(ids[0::2]), sorted(ids[1::2])])
+    text = report.loss_section(an)
+    assert "DISAGREE" in text and all(f"`{rid}`" in text for rid in ids)
+    assert all(any(f.startswith("loss check: its group splits evenly") for f in c.flags) for c in an.configs)
+    # one bad run of three: a majority, the bad one alone is broken
+    an = analysis.analyze(_runs([(LOSS, NORM), (bad, NORM), (LOSS, NORM)]))
+    assert list(an.runs["loss_check"]) == ["ok", "broken", "ok"]
