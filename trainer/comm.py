@@ -26,6 +26,12 @@ Work: a CUDA work holds its output tensors (ProcessGroupNCCL's "reference to NCC
 outputs"), so keeping it until the step ended kept every all-gathered buffer alive and raised
 the peak memory of fsdp and zero3 by about a model's size. Functional collectives (DTensor's)
 count their call only: their wait is inside the tensor.
+
+On a device mesh (trainer/parallel/mesh.py) each dimension's process group is named
+(`name_dims`), and calls and bytes are also counted per (dimension, operation): tensor
+parallelism's activation collectives apart from data parallelism's gradient ones
+(`per_dim_step`). A call on a group no dimension owns counts under "other", one on the world
+group under "world".
 """
 from __future__ import annotations
 
@@ -113,11 +119,42 @@ class CommCounter:
         self._depth = threading.local()
         self._lock = threading.Lock()
         self._installed = False
+        self._dims: dict[object, str] = {}  # process group -> mesh dimension name
+        self.dim_calls: dict[tuple[str, str], int] = {}  # (dimension, op) -> calls
+        self.dim_bytes: dict[tuple[str, str], int] = {}
+
+    def name_dims(self, groups: dict[str, object]) -> None:
+        """{dimension name: its process group}: count calls per mesh dimension from now on."""
+        self._dims.update({group: name for name, group in groups.items()})
+
+    def _dim_of(self, group) -> str:
+        """The mesh dimension a collective's group argument (a ProcessGroup, a group name, a
+        (mesh, dim) pair, None for the world) belongs to."""
+        import torch.distributed as dist
+
+        try:
+            if group is None or group is dist.group.WORLD:
+                return "world"
+            pg = group
+            if not isinstance(group, dist.ProcessGroup):
+                from torch.distributed._functional_collectives import _resolve_group_name
+
+                pg = dist.distributed_c10d._resolve_process_group(_resolve_group_name(group))
+            if pg is dist.distributed_c10d._get_default_group():
+                return "world"
+            return self._dims.get(pg, "other")
+        except Exception:  # noqa: BLE001 - an unknown group form is "other", never the run
+            return "other"
 
     def add(self, op: str, nbytes: int) -> None:
         with self._lock:
             self.calls[op] = self.calls.get(op, 0) + 1
             self.bytes[op] = self.bytes.get(op, 0) + nbytes
+
+    def add_dim(self, dim: str, op: str, nbytes: int) -> None:
+        with self._lock:
+            self.dim_calls[(dim, op)] = self.dim_calls.get((dim, op), 0) + 1
+            self.dim_bytes[(dim, op)] = self.dim_bytes.get((dim, op), 0) + nbytes
 
     def _begin(self, op: str) -> None:
         with self._lock:
@@ -157,9 +194,19 @@ class CommCounter:
         except Exception:  # noqa: BLE001 - an unknown group form: untimed
             return None
 
-    def _expect(self, pg, op: str, before: int) -> None:
+    @staticmethod
+    def _seq(pg) -> int | None:
+        """The group's collective sequence number (None: unreadable, the call goes untimed)."""
+        try:
+            return int(pg._get_sequence_number_for_group())
+        except Exception:  # noqa: BLE001 - never a failed collective for a figure
+            return None
+
+    def _expect(self, pg, op: str, before: int | None) -> None:
         """The works this call issued on `pg`: the collective sequence numbers it advanced."""
-        after = pg._get_sequence_number_for_group()
+        after = self._seq(pg)
+        if before is None or after is None:
+            return
         with self._lock:
             for seq in range(before + 1, after + 1):
                 self._expected[(pg, seq)] = op
@@ -185,6 +232,7 @@ class CommCounter:
         counter = self
 
         group_at = _param_position(fn, "group") if nccl_timed else None
+        group_param = _param_position(fn, "group")
 
         @functools.wraps(fn)
         def counted(*args, **kwargs):
@@ -198,10 +246,15 @@ class CommCounter:
             if cuda and group_at is not None:
                 group = kwargs["group"] if "group" in kwargs else (args[group_at] if group_at < len(args) else None)
                 pg = counter._timed_group(group)
-            before = pg._get_sequence_number_for_group() if pg is not None else 0
+            before = counter._seq(pg) if pg is not None else None
             if counting:
                 nbytes = _nbytes(buf)
-                counter.add(op, size_of(nbytes, args, kwargs) if size_of is not None else nbytes)
+                nbytes = size_of(nbytes, args, kwargs) if size_of is not None else nbytes
+                counter.add(op, nbytes)
+                if counter._dims:  # a mesh run: which dimension this call's group is
+                    group = kwargs["group"] if "group" in kwargs else (
+                        args[group_param] if group_param is not None and group_param < len(args) else None)
+                    counter.add_dim(counter._dim_of(group), op, nbytes)
                 if not cuda:  # on CUDA the call only enqueues: NCCL's timer is the time
                     counter._begin(op)
             counter._depth.n = depth + 1
@@ -257,6 +310,8 @@ class CommCounter:
             self.bytes.clear()
             self.seconds.clear()
             self._expected.clear()
+            self.dim_calls.clear()
+            self.dim_bytes.clear()
 
     def per_step(self, steps: int) -> dict[str, dict[str, float]]:
         """{op: {"calls", "bytes", "seconds": means per step}} over `steps` counted steps."""
@@ -265,6 +320,17 @@ class CommCounter:
         with self._lock:
             return {op: {"calls": self.calls[op] / steps, "bytes": self.bytes[op] / steps,
                          "seconds": self.seconds.get(op, 0.0) / steps} for op in sorted(self.calls)}
+
+
+    def per_dim_step(self, steps: int) -> dict[str, dict[str, dict[str, float]]]:
+        """{mesh dimension: {op: {"calls", "bytes": means per step}}}; empty off a mesh."""
+        if steps <= 0:
+            return {}
+        out: dict[str, dict[str, dict[str, float]]] = {}
+        with self._lock:
+            for (dim, op), calls in sorted(self.dim_calls.items()):
+                out.setdefault(dim, {})[op] = {"calls": calls / steps, "bytes": self.dim_bytes[(dim, op)] / steps}
+        return out
 
 
 def _param_position(fn: Callable, name: str) -> int | None:
