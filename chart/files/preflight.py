@@ -243,7 +243,10 @@ def main(argv: list[str]) -> int:
             break
     dist.destroy_process_group()
     nccl_text = read_nccl_log(nccl_log) if device.type == "cuda" else None
-    network = "gloo (TCP)" if device.type != "cuda" else (nccl_network(nccl_text) if nccl_text is not None else None)
+    if device.type != "cuda":
+        network = "gloo (TCP)"
+    else:
+        network = nccl_network(nccl_text) if nccl_text is not None else None
     problem = transport_problem(network, args.rdma_mode)
     if problem:  # every rank: one rank's fallback slows the whole ring
         print(f"preflight: FAIL: {where}: {problem}", file=sys.stderr, flush=True)

@@ -270,7 +270,7 @@ def test_counting_adds_nothing_to_the_tensor_peak(strategy):
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     outs = [p.communicate(timeout=300) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [o[1][-3000:] for o in outs]
-    line = next(l for l in outs[0][0].splitlines() if l.startswith("PEAKS "))
+    line = next(text for text in outs[0][0].splitlines() if text.startswith("PEAKS "))
     peaks = json.loads(line.split(" ", 1)[1])
     assert peaks["counted calls"] > 0 and peaks["uncounted calls"] == 0, peaks
     assert peaks["counted"] == peaks["uncounted"] == peaks["uncounted after counting"], peaks
@@ -419,7 +419,7 @@ def test_ray_launcher_packs_ranks_per_node_and_maps_their_gpus(tmp_path):
     env.pop("CUDA_VISIBLE_DEVICES")  # Ray refuses fake GPUs that an empty list hides
     proc = subprocess.run([sys.executable, "-c", script], env=env, cwd=tmp_path, capture_output=True,
                           text=True, timeout=300)
-    probes = [json.loads(l.split(" ", 1)[1]) for l in proc.stdout.splitlines() if l.startswith("PROBE ")]
+    probes = [json.loads(line.split(" ", 1)[1]) for line in proc.stdout.splitlines() if line.startswith("PROBE ")]
     assert len(probes) == 4, proc.stdout[-3000:] + proc.stderr[-3000:]
     by_rank = {p["rank"]: p for p in probes}
     assert all(p["ok"] for p in probes), probes
