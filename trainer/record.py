@@ -294,6 +294,10 @@ class ResultRecord:
     size (trainer/parallel/layout.py): ddp replicates over every data-parallel rank, fsdp shards
     over dp_shard and replicates over dp_replicate (HSDP), ZeRO shards; tp splits each layer.
     None in records before layouts."""
+    comm_per_step_by_dim: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
+    """On a device mesh: rank 0's collectives per measured step by mesh dimension and operation
+    ({"tp": {"all_gather": {"calls", "bytes"}}, "dp_shard": {...}}; "world" for the world group,
+    "other" for a group no dimension owns); empty for a run without a mesh (trainer/comm.py)."""
     mesh_coords: list[dict[str, Any]] = field(default_factory=list)
     """Per rank: its host, local rank and coordinate on each mesh dimension (dp_replicate,
     dp_shard, tp), gathered at the end of the run."""

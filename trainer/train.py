@@ -152,6 +152,7 @@ class Trainer:
         h = self.history
         run_record.fill_timings(r, h.step_times, self.steps.h2d_gbps if self.steps else None)
         r.comm_per_step, r.time_to_first_step_s = h.comm_per_step, h.time_to_first_step
+        r.comm_per_step_by_dim = COMM.per_dim_step(h.measured_here)
         r.grad_norm_per_step = list(h.grad_norms)  # global already: no averaging over ranks
         if self.ckpt:
             r.checkpoint = self.ckpt.cost(self.cfg)
