@@ -313,6 +313,10 @@ class Checkpointer:
             return 0, {}, warnings
         path = Path(path)
         state = json.loads((path / STATE).read_text())
+        if "attention" not in state["key"].get("model", {}):  # saved before q, k, v were split
+            raise RuntimeError(f"checkpoint {path} holds the fused-qkv TinyGPT of an earlier shardbench (its "
+                               "state-dict keys are gone): it cannot be resumed; use another --checkpoint-dir "
+                               "or --resume never")
         if state["key"] != resume_key(self.cfg, self.world):
             raise RuntimeError(f"checkpoint {path} belongs to another configuration (saved {state['key']}, "
                                f"this run {resume_key(self.cfg, self.world)}): use another --checkpoint-dir "
