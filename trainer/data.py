@@ -8,9 +8,9 @@ not the global one: data-parallel rank r of D (world / tp) takes, at micro-step 
 the same rows. Every row is used exactly once per step, and the step's mean loss is the same
 however the rows are split. Without tensor parallelism D is the world size and r the rank.
 
-Tokens follow a skewed (Zipf-like) unigram distribution and repeat the previous token 30% of the time, so the model has something
-to learn within tens of steps and the loss falls (uniform noise would sit at ln(V) for ever and
-hide a broken optimizer step).
+Tokens follow a skewed (Zipf-like) unigram distribution and repeat the previous token 30% of
+the time, so the model has something to learn within tens of steps and the loss falls (uniform
+noise would sit at ln(V) for ever and hide a broken optimizer step).
 """
 from __future__ import annotations
 
