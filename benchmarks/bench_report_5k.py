@@ -6,7 +6,10 @@ but schema-valid records the tests use), then `python -m shardbench.suite.cli re
 child process; its peak RSS is the child's ru_maxrss (getrusage RUSAGE_CHILDREN), its time the
 wall clock around it. Shapes: `repeats` = 20 configurations x 250 repeats; `configs` = 1,000
 configurations (seq len x micro-batch x strategy x world size) x 5 repeats, the harder case for
-the per-configuration tables and plots. Goal (issue 19): under 30 s and 300 MB on this machine.
+the per-configuration tables and plots. Every ok record carries a planner prediction, as records of
+`shardbench run` do (the real planner, run once per strategy x world size before the timing; its
+"Plan vs measurement" section was quadratic in the records). `--records 20000` for the larger set.
+Goal (issue 35): 5,000 records under 10 s and 300 MB on this machine.
 """
 from __future__ import annotations
 
@@ -47,13 +50,31 @@ def many_configs(n: int, steps: int, seed: int = 0) -> list[dict]:
     return out
 
 
+def predictions() -> dict[tuple[str, int], dict]:
+    """The planner's prediction per (strategy, world size) of the tiny model at seq len 32."""
+    from shardbench.suite.matrix import MatrixSpec, expand
+    from shardbench.suite.planning import predict_specs
+
+    specs, _ = expand(MatrixSpec(strategies=["ddp", "fsdp", "zero1", "zero2", "zero3"], world_sizes=[1, 2, 4, 8],
+                                 seq_lens=[32], repeats=1, shape=None, device="cpu", precision="fp32"))
+    found, why = predict_specs(specs)
+    if why:
+        raise SystemExit(f"planner: {why}")
+    return {(s.strategy, s.world_size): found[s.run_id] for s in specs if s.run_id in found}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--records", type=int, default=5000)
     p.add_argument("--shape", choices=["repeats", "configs"], default="configs")
     p.add_argument("--steps", type=int, default=100, help="steps per record (configs shape)")
+    p.add_argument("--no-plan", action="store_true", help="records without predictions")
     args = p.parse_args()
     records = synthetic.records(args.records) if args.shape == "repeats" else many_configs(args.records, args.steps)
+    plans = {} if args.no_plan else predictions()
+    for rec in records:
+        if rec.get("status") == "ok" and (rec["strategy"], rec["world_size"]) in plans:
+            rec["prediction"] = plans[(rec["strategy"], rec["world_size"])]
     with tempfile.TemporaryDirectory() as tmp:
         results = Path(tmp) / "results"
         for rec in records:

@@ -126,3 +126,29 @@ def test_preflight_busbw_replaces_the_assumed_link_bandwidth(tmp_path, capsys):
     (tmp_path / "empty.log").write_text("no table here\n")
     assert main(["plan", "--preflight-log", str(tmp_path / "empty.log")]) == 2
     assert "no pre-flight table" in capsys.readouterr().err
+
+
+class _CountingList(list):
+    """A list that counts full passes over it (iterations)."""
+
+    passes = 0
+
+    def __iter__(self):
+        type(self).passes += 1
+        return super().__iter__()
+
+
+def test_plan_rows_read_the_records_a_fixed_number_of_times():
+    """The plan section's calibration looks bases up in an index built once: the number of passes
+    over the records does not grow with the records (it was one pass per record: quadratic)."""
+    from shardbench.suite import plan_report, synthetic
+
+    passes = []
+    for n in (20, 80):
+        records = _CountingList(synthetic.record("ddp", 1 + i % 2, 1000.0 + i, repeat=i) for i in range(n))
+        for r in records:
+            r["prediction"] = {"input": {}, "assumptions": []}  # no valid input: calibration gives up
+        _CountingList.passes = 0
+        assert len(plan_report.rows(records)) == n
+        passes.append(_CountingList.passes)
+    assert passes[0] == passes[1] <= 3, passes
