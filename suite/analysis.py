@@ -130,6 +130,17 @@ class Config:
         raise AttributeError(name)
 
     @property
+    def strategy(self) -> str:
+        """The layout's name where the summary, verdicts and tables name a configuration: the
+        strategy, with its mesh degrees when it has any ('hsdp 2x2', 'fsdp+tp 2x2', 'tp 4';
+        suite/groups.py layout_name)."""
+        strategy = self.__dict__.get("key", {}).get("strategy")
+        settings = self.__dict__.get("settings") or {}
+        if int(settings.get("tp") or 1) == 1 and int(settings.get("dp_replicate") or 1) == 1:
+            return strategy
+        return groups.layout_name({**settings, "strategy": strategy, "world_size": self.key.get("world_size")})
+
+    @property
     def n(self) -> int:
         return len(self.run_ids)
 

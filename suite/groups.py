@@ -33,9 +33,23 @@ LAYOUT = frozenset({"world_size", "nodes"})
 """The run's shape (measured_fields adds them; not knobs)."""
 LAYOUT_KNOBS = frozenset({"tp", "dp_replicate"})
 """The mesh degrees beside the strategy (trainer/parallel/layout.py): part of the layout."""
-VERDICT_EXCEPT = frozenset({"strategy", "launcher"}) | LAYOUT_KNOBS
-"""What a verdict compares: the layout (strategy and its mesh degrees), and the launcher that
-comes with the strategy: "same settings except the layout"."""
+VERDICT_EXCEPT = frozenset({"strategy", "launcher", "grad_accum"}) | LAYOUT_KNOBS
+"""What a verdict compares: the layout (strategy and its mesh degrees), the launcher that comes
+with the strategy, and grad-accum, which at one global batch (resolved_global_batch, compared)
+and micro-batch (compared) follows the data-parallel degree, i.e. the layout (tp 2 of 4 ranks
+accumulates twice as many micro-steps): "same settings except the layout"."""
+
+
+def layout_name(s: dict[str, Any]) -> str:
+    """A run's layout in words, with its degrees: ddp, fsdp, hsdp 2x2, fsdp+tp 2x2, ddp+tp 2x2,
+    tp 4 (trainer/parallel/layout.py; the world size from the settings)."""
+    strategy, world = str(s.get("strategy")), int(s.get("world_size") or 1)
+    tp, rep = int(s.get("tp") or 1), int(s.get("dp_replicate") or 1)
+    dp = max(1, world // tp)
+    name = f"hsdp {rep}x{dp // rep}" if strategy == "fsdp" and rep > 1 else strategy
+    if tp == 1:
+        return name
+    return f"tp {tp}" if dp == 1 else f"{name}+tp {dp}x{tp}"
 LOSS_EXCEPT = LAYOUT | knobs.same_loss()
 BASE_EXCEPT = LAYOUT | knobs.per_world()
 
