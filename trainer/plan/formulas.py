@@ -1,8 +1,9 @@
 """Closed forms (torch-free) for what the trace cannot reach: DeepSpeed's ZeRO state, buckets
 and collectives (DeepSpeed cannot run on fake tensors), DDP's gradient buckets and all-reduces
 (DDP's C++ reducer cannot either), and FSDP's model state and collectives at world sizes too
-large to be worth tracing. Each is tested against the trace or, for DeepSpeed, measured runs
-(tests/trainer/test_plan*.py). DeepSpeed facts are those of 0.19 with trainer/ds_configs.
+large to be worth tracing (its peak there is fitted to its traces, predict._fitted). Each is
+tested against the trace or, for DeepSpeed, measured runs (tests/trainer/test_plan*.py). DeepSpeed facts are those of
+0.19 with trainer/ds_configs.
 """
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ from shardbench.trainer import ds_knobs
 from shardbench.trainer.plan.inputs import Params, PlanInput
 from shardbench.trainer.plan.layout import deepspeed, sharded, stage
 
-DDP_FIRST_BUCKET = 1 << 20        # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
 DDP_BUCKET = 25 << 20             # DDP's bucket_cap_mb default, 25 MiB (--bucket-mib's default)
 
 
@@ -26,8 +26,17 @@ def reduce_bytes(inp: PlanInput) -> int:
 
 
 def zero_config(inp: PlanInput) -> dict:
-    """The run's zero_optimization block: trainer/ds_configs with the shared knobs applied."""
-    return ds_knobs.zero_config(inp.strategy, inp.bucket_mib, inp.reshard_after_forward, inp.precision)
+    """The run's zero_optimization block: trainer/ds_configs with the shared knobs applied, as
+    the ZeRO strategy makes it (ZeRO-3's prefetch bucket: one block's gathered elements)."""
+    unit = None
+    if stage(inp.layout) == 3:
+        plain = ds_knobs.zero_config(inp.strategy, inp.bucket_mib, inp.reshard_after_forward, inp.precision,
+                                     inp.grad_reduce_dtype)
+        threshold = int(plain.get("stage3_param_persistence_threshold", 100_000))
+        block = Params.of(inp.model_config()).block(0)
+        unit = ds_knobs.unit_numel([Params.numel(s) for _, s in block], threshold) if block else None
+    return ds_knobs.zero_config(inp.strategy, inp.bucket_mib, inp.reshard_after_forward, inp.precision,
+                               inp.grad_reduce_dtype, unit)
 
 
 def fsdp_shard_numel(params: Params, world: int) -> int:
@@ -63,13 +72,38 @@ def model_state(inp: PlanInput) -> dict[str, int]:
 
 def buckets(inp: PlanInput) -> int:
     """Communication buffers held across steps: DeepSpeed's reduce buckets (reduce_bucket_size
-    elements in the communication dtype; stages 1 and 2 double-buffer them with overlap_comm).
-    DDP's buckets are its gradients (gradient_as_bucket_view), FSDP's are transient (traced)."""
+    elements; stages 1 and 2 double-buffer them with overlap_comm). DDP's buckets are its
+    gradients (gradient_as_bucket_view), FSDP's are transient (traced)."""
     if not deepspeed(inp.layout):
         return 0
     z = zero_config(inp)
     copies = 1 if stage(inp.layout) == 3 else (2 if z.get("overlap_comm") else 1)
-    return copies * int(z["reduce_bucket_size"]) * reduce_bytes(inp)
+    return copies * int(z["reduce_bucket_size"]) * bucket_element_bytes(inp)
+
+
+def bucket_element_bytes(inp: PlanInput) -> int:
+    """Bytes per element of a reduce bucket as DeepSpeed 0.19 allocates it: ZeRO-1/2 in the
+    model's dtype (stage_1_and_2 `_gradient_reduction_buffer_dtype`), ZeRO-3 in the
+    communication dtype (stage3's ipg buffers, keyed by communication_data_type = the trainer's
+    --grad-reduce-dtype): a bf16 ZeRO-3 run reducing in fp32 holds a 4-byte bucket."""
+    if stage(inp.layout) == 3:
+        return reduce_bytes(inp)
+    return 2 if _half(inp) else 4
+
+
+def reduce_bucket_flushes(params: Params, bucket_elements: int) -> int:
+    """Reductions DeepSpeed issues for one backward: gradients arrive in reverse registration
+    order (the tied embedding last) and are packed into the reduce bucket; a gradient that would
+    overflow a non-empty bucket first flushes it (stage_1_and_2 and stage3
+    reduce_independent_p_g_buckets_and_remove_grads), one larger than the bucket goes alone,
+    and what is left is flushed at the end of backward."""
+    count, elements = 0, 0
+    for _, shape in reversed(params.shapes):
+        n = Params.numel(shape)
+        if elements and elements + n > bucket_elements:
+            count, elements = count + 1, 0
+        elements += n
+    return count + (1 if elements else 0)
 
 
 def _padded(numel: int, world: int) -> int:
@@ -86,76 +120,59 @@ def _zero3_split(inp: PlanInput, shapes) -> tuple[list[int], list[int]]:
     return [_padded(n, N) for n in sizes if n > threshold], [_padded(n, N) for n in sizes if n <= threshold]
 
 
-def zero3_resharded(inp: PlanInput, gathered: int) -> bool:
-    """Whether ZeRO-3 frees each module's gathered parameters after its forward and backward:
-    a live-parameter budget (stage3_max_live_parameters, 0 under --reshard-after-forward)
-    smaller than the `gathered` elements. The knob gives 0 or 1e9 (ds_knobs); a budget between
-    would keep some (not modeled: either regime is predicted whole)."""
-    return int(zero_config(inp).get("stage3_max_live_parameters", ds_knobs.KEEP_GATHERED)) < gathered
+def zero3_resharded(inp: PlanInput) -> bool:
+    """Whether ZeRO-3 releases a block's gathered parameters after its forward (a reuse
+    distance of 0, --reshard-after-forward; ds_knobs) and gathers them again for backward."""
+    return int(zero_config(inp).get("stage3_max_reuse_distance", ds_knobs.KEEP_GATHERED)) == 0
 
 
-def zero3_uses(inp: PlanInput, params: Params) -> list[int]:
-    """Elements gathered per module use of a forward (the tied embedding twice: wte and lm_head)."""
-    uses = [sum(_zero3_split(inp, shapes)[0]) for _, shapes in params.module_uses()]
-    return [u for u in uses if u]
+def _zero3_units(inp: PlanInput, params: Params) -> tuple[int, list[int]]:
+    """(padded elements one block gathers, padded elements of every persistent parameter): the
+    trainer's ZeRO-3 makes every block a leaf module (one gather per block use, its parameters
+    together, as FSDP's units) and its root (tied embedding, wpe, ln_f) persistent, as FSDP keeps
+    its root gathered (strategies/zero.py persist_root); a block parameter at or under the
+    persistence threshold is persistent too."""
+    L = inp.model_config().n_layer
+    gathered, kept = _zero3_split(inp, [s for _, s in params.block(0)])
+    return sum(gathered), [_padded(Params.numel(s), inp.world_size) for _, s in params.root()] + L * kept
 
 
 def zero3_gathered(inp: PlanInput) -> int:
-    """ZeRO-3 at world size > 1, parameters gathered whole (model dtype) at the peak. Kept
-    (--no-reshard-after-forward): every non-persistent parameter stays gathered until the step.
-    Re-sharded: DeepSpeed fetches a module's parameters when it runs and frees them when it ends,
-    with no prefetch (the live budget, 0, leaves none): the largest module use's parameters."""
+    """ZeRO-3 at world size > 1: parameters held whole (model dtype) at the peak beyond the
+    partitions: the persistent ones always, and the blocks: re-sharded, the one computing and
+    the one prefetched (prefetch bucket = one block, live budget = two); kept
+    (--no-reshard-after-forward), every block from its forward to its backward."""
     if stage(inp.layout) != 3 or inp.world_size == 1:
         return 0
     params, wb = Params.of(inp.model_config()), 2 if _half(inp) else 4
-    gathered = sum(_zero3_split(inp, [s for _, s in params.shapes])[0])
-    if zero3_resharded(inp, gathered):
-        return wb * max(zero3_uses(inp, params), default=0)
-    return wb * gathered
+    block, kept = _zero3_units(inp, params)
+    L = inp.model_config().n_layer
+    return wb * (sum(kept) + block * (min(2, L) if zero3_resharded(inp) else L))
 
 
 def zero3_all_gather(inp: PlanInput, params: Params) -> dict[str, float]:
-    """ZeRO-3's all-gathers per optimizer step (DeepSpeed 0.19's partitioned_param_coordinator):
-    re-sharded, every module use gathers its parameters in forward and again in backward, one
-    call each; kept, each micro-step gathers every parameter once, coalesced by the prefetcher
-    into calls of up to stage3_prefetch_bucket_size elements. After the optimizer step each
-    persistent parameter is gathered back, one call each."""
-    A, wb = inp.grad_accum, 2 if _half(inp) else 4
-    gathered, kept = _zero3_split(inp, [s for _, s in params.shapes])
-    if zero3_resharded(inp, sum(gathered)):
-        uses = zero3_uses(inp, params)
-        calls, numel = 2 * len(uses), 2 * sum(uses)
-    else:
-        numel = sum(gathered)
-        calls = math.ceil(numel / max(1, int(zero_config(inp)["stage3_prefetch_bucket_size"])))
-    return {"calls": float(A * calls + len(kept)), "bytes": float(wb * (A * numel + sum(kept)))}
-
-
-def fsdp_gathered(inp: PlanInput) -> int:
-    """FSDP2 beyond tracing: the root (kept unsharded after forward) and two blocks (the one
-    computing and the one prefetched) gathered in the compute dtype, plus one block's unsharded
-    gradients in the reduce dtype before its reduce-scatter; --no-reshard-after-forward keeps
-    every block gathered from its forward to its backward."""
-    lay = inp.layout
-    if deepspeed(lay) or not sharded(lay, "params") or inp.world_size == 1:
-        return 0
-    params = Params.of(inp.model_config())
-    root = sum(Params.numel(s) for _, s in params.root())
-    block = sum(Params.numel(s) for _, s in params.block(0))
-    gb = 2 if _half(inp) else 4
-    blocks = inp.model_config().n_layer if not inp.reshard_after_forward else min(2, inp.model_config().n_layer)
-    return gb * (root + blocks * block) + reduce_bytes(inp) * block
+    """ZeRO-3's all-gathers per optimizer step (DeepSpeed 0.19's partitioned_param_coordinator,
+    blocks as leaf modules, prefetch one block ahead): each micro-step gathers every block once
+    in forward and, re-sharded, again in backward except the last (still gathered when its
+    backward starts, as FSDP's plan keeps it), one call per block; after the optimizer step
+    each persistent parameter is gathered back, one call each."""
+    A, wb, L = inp.grad_accum, 2 if _half(inp) else 4, inp.model_config().n_layer
+    block, kept = _zero3_units(inp, params)
+    uses = L + (L - 1 if zero3_resharded(inp) else 0)
+    return {"calls": float(A * uses + len(kept)), "bytes": float(wb * (A * uses * block + sum(kept)))}
 
 
 def ddp_bucket_count(params: Params, elem_bytes: int = 4, bucket: int = DDP_BUCKET) -> int:
-    """DDP's buckets: parameters in reverse order, the first bucket capped at 1 MiB, the others
-    at `bucket` bytes (--bucket-mib; torch's _compute_bucket_assignment_by_size, which a bucket
-    closes once full)."""
-    count, size, cap = 0, 0, DDP_FIRST_BUCKET
+    """DDP's buckets in a step after the first (what a run measures): torch 2.13 starts with one
+    bucket of every parameter and, after the first backward, rebuilds them in the order the
+    gradients became ready (reverse registration, the tied embedding last) with `bucket` bytes
+    as every bucket's cap (--bucket-mib; no smaller first bucket), a bucket closing once full
+    (checked against a real DDP's comm hook calls, tests/trainer/test_plan.py)."""
+    count, size = 0, 0
     for _, shape in reversed(params.shapes):
         size += Params.numel(shape) * elem_bytes
-        if size >= cap:
-            count, size, cap = count + 1, 0, bucket
+        if size >= bucket:
+            count, size = count + 1, 0
     return count + (1 if size else 0)
 
 
@@ -178,14 +195,14 @@ def comm(inp: PlanInput) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
     # Gradients not sharded (ZeRO-1): reduced once, at the last micro-step; else every micro-step.
     reductions = A if sharded(lay, "grads") else 1
+    per = reduce_bucket_flushes(params, int(z["reduce_bucket_size"]))
     if not sharded(lay, "params"):  # ZeRO-1/2
-        per = math.ceil(P / int(z["reduce_bucket_size"]))
         # + 2 small all-reduces (the overflow check and the gradient norm, 4 bytes each)
         out["all_reduce"] = {"calls": float(reductions * per + 2), "bytes": float(reductions * rb * P + 8)}
         if N > 1:  # updated partitions gathered back: one all-gather per parameter group
             out["all_gather"] = {"calls": 2.0, "bytes": float(wb * P)}
         return out
-    out["reduce_scatter"] = {"calls": float(A), "bytes": float(A * rb * P)}
+    out["reduce_scatter"] = {"calls": float(A * per), "bytes": float(A * rb * P)}
     out["all_reduce"] = {"calls": 2.0, "bytes": 16.0}
     if N > 1:
         out["all_gather"] = zero3_all_gather(inp, params)
@@ -228,4 +245,5 @@ def deepspeed_estimate(stage: int, total_params: int, largest_layer_params: int 
             2 * total_params + int(18 * total_params / gpus)
     largest = 4 * largest_layer_params
     cpu_params = largest_layer_params if zero_init else total_params
-    return int(cpu_params * 4 * gpus_per_node * additional_buffer_factor), largest + int(18 * total_params / gpus), largest
+    return (int(cpu_params * 4 * gpus_per_node * additional_buffer_factor), largest + int(18 * total_params / gpus),
+            largest)

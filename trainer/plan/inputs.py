@@ -118,19 +118,6 @@ class Params:
     def total(self) -> int:
         return sum(self.numel(s) for _, s in self.shapes)
 
-    def module_uses(self) -> list[tuple[str, list[tuple[int, ...]]]]:
-        """The modules a forward runs, in order, with the shapes of the parameters each uses:
-        registration order (trainer/model.py's forward follows it), then lm_head, which uses the
-        tied embedding a second time."""
-        out: list[tuple[str, list[tuple[int, ...]]]] = []
-        for name, shape in self.shapes:
-            module = name.rsplit(".", 1)[0]
-            if out and out[-1][0] == module:
-                out[-1][1].append(shape)
-            else:
-                out.append((module, [shape]))
-        return out + [("lm_head", [s for n, s in self.shapes if n == "wte.weight"])]
-
     def block(self, i: int) -> list[tuple[str, tuple[int, ...]]]:
         return [(n, s) for n, s in self.shapes if n.startswith(f"blocks.{i}.")]
 

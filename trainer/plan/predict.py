@@ -16,8 +16,9 @@ ALLOCATOR_OVERHEAD = 0.10
 VERSION = 1
 TRACE_FSDP_UP_TO = 16
 """FSDP is traced up to this world size (FSDP2 splits every parameter into world-size chunks:
-a 1024-rank trace of gpt2-1.3b takes minutes here); beyond, its closed form (tested against
-the trace) is used."""
+a 1024-rank trace of gpt2-1.3b takes minutes here); beyond, its peak is extrapolated from its
+own traces at FIT_AT ranks (`_fitted`), its state and collectives are closed forms (exact)."""
+FIT_AT = (TRACE_FSDP_UP_TO // 2, TRACE_FSDP_UP_TO)
 
 
 @functools.lru_cache(maxsize=64)
@@ -73,6 +74,16 @@ def _grads_not_yet_held(inp: PlanInput, state: dict[str, int]) -> int:
     return state["grads"] if inp.grad_accum == 1 and whole else 0
 
 
+def _fitted(inp: PlanInput) -> int:
+    """A sharded torch engine's tensor peak beyond TRACE_FSDP_UP_TO ranks, from its own trace's
+    scaling: per rank, peak(N) = replicated + sharded / N through the traces at FIT_AT ranks
+    (what is not sharded - activations, the gathered units, the root - stays; the rest divides).
+    The sharded part is never negative, so the prediction never rises with the degree."""
+    (na, qa), (nb, qb) = ((n, _trace(_trace_key(replace(inp, world_size=n))).peak_bytes) for n in FIT_AT)
+    sharded_part = max(0.0, (qa - qb) / (1 / na - 1 / nb))
+    return int(round(qb - sharded_part / nb + sharded_part / inp.world_size))
+
+
 def memory(inp: PlanInput, trace_fsdp: bool = True) -> tuple[dict[str, int], int, str, dict | None]:
     """(bytes by category, total tensor peak, method, traced comm or None)."""
     state = formulas.model_state(inp)
@@ -86,13 +97,18 @@ def memory(inp: PlanInput, trace_fsdp: bool = True) -> tuple[dict[str, int], int
                   "traced (the plain model; DDP's buckets as persistent gradients)" if t.engine == "ddp" else
                   "traced (the plain model on 1 rank)")
         comm = t.comm if t.engine == "fsdp" else None
+    elif not deepspeed(lay):  # sharded beyond tracing: state and collectives exact, peak fitted
+        total = max(_fitted(inp), sum(cats.values()))
+        method = (f"traced (FSDP2 on {FIT_AT[0]} and {FIT_AT[1]} fake ranks), fitted as replicated + "
+                  f"sharded / N to {N} ranks")
+        comm = None
     else:
         t = _trace(_plain_key(inp))
         # Activations and temporaries per micro-step are the plain model's; the optimizer's
         # temporaries scale with what this rank updates (its partition for ZeRO).
         act_fb = t.peak_fwd_bwd_bytes - t.state_before_bytes
         held = sum(state.values()) + cats["buckets"]
-        cats["gathered_params"] = formulas.zero3_gathered(inp) + formulas.fsdp_gathered(inp)
+        cats["gathered_params"] = formulas.zero3_gathered(inp)
         share = state["optimizer"] / max(1, t.optimizer_bytes) if t.optimizer_bytes else 1.0
         opt_peak = held + share * (t.peak_opt_bytes - t.before_opt_bytes)
         fwd_bwd = held + cats["gathered_params"] + act_fb
@@ -101,7 +117,11 @@ def memory(inp: PlanInput, trace_fsdp: bool = True) -> tuple[dict[str, int], int
             # the gradient partition from a micro-step's first reduction on (so in forward only
             # when an earlier micro-step of the same step made it).
             base = held - cats["buckets"] - state["grads"] - t.state_before_bytes
-            fwd = (state["grads"] if inp.grad_accum > 1 else 0) + t.peak_fwd_less_grads_bytes
+            # From the second micro-step on, the buckets made by the first backward are still
+            # held (DeepSpeed frees them at the step) and so are the whole gradients (ZeRO-1) or
+            # the partition (ZeRO-2).
+            later = state["grads"] + cats["buckets"] if inp.grad_accum > 1 else 0
+            fwd = later + t.peak_fwd_less_grads_bytes
             bwd = state["grads"] - _grads_not_yet_held(inp, state) + t.peak_bwd_less_grads_bytes + cats["buckets"]
             fwd_bwd = base + max(fwd, bwd)
         total = int(max(fwd_bwd, opt_peak))
@@ -138,11 +158,11 @@ def predict(inp: PlanInput, device_memory_bytes: int | None = None, links: dict 
         ],
     }
     if stage(inp.layout) == 3 and inp.world_size > 1:
-        out["assumptions"].append(
-            "ZeRO-3 " + ("re-sharded after forward: each module's parameters gathered when it runs, in forward "
-                         "and again in backward, freed when it ends (no prefetch)" if inp.reshard_after_forward else
-                         "parameters kept gathered from forward until the step") + "; persistent ones re-gathered "
-            "after the step")
+        out["assumptions"].append(  # type: ignore[attr-defined]
+            "ZeRO-3 blocks as leaf modules, prefetched one ahead; " + (
+                "re-sharded after forward: each block gathered in forward and again in backward (the last kept)"
+                if inp.reshard_after_forward else "blocks kept gathered from forward to backward")
+            + "; the root (tied embedding, wpe, ln_f) persistent, re-gathered after the step")
     out["links"] = links or {}
     out["step_time"] = timing.step_time(inp, comm, links or {}, calibration)
     return out

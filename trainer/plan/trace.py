@@ -134,7 +134,8 @@ class _Step:
         with unset_fake_temporarily():  # a mesh's rank table is a real tensor
             mesh = DeviceMesh("cpu", list(range(self.inp.world_size)))
         mp = MixedPrecisionPolicy(param_dtype=self.amp, reduce_dtype=REDUCE_DTYPES[self.inp.grad_reduce_dtype])
-        for block, reshard in zip(model.blocks, reshard_after_forward_plan(len(model.blocks), self.inp.reshard_after_forward)):
+        plan = reshard_after_forward_plan(len(model.blocks), self.inp.reshard_after_forward)
+        for block, reshard in zip(model.blocks, plan):
             fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
         fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
 
