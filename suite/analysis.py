@@ -45,15 +45,21 @@ SUMMARY_METRICS = ["tokens_per_s", "tokens_per_s_per_device", "step_time_mean_s"
 STATE_PARTS = ["params", "grads", "optimizer", "master", "comm_buffer"]
 
 RUN_COLUMNS: list[tuple[str, str]] = [
-    ("scaling_base_world_size", "the same strategy's smallest world size (same model, seq len, micro-batch, precision, shape, launcher)"),
-    ("scaling_efficiency", "tok/s / (mean tok/s of the ok base runs x world_size / base); empty when the base has no ok run"),
+    ("scaling_base_world_size", "the same strategy's smallest world size (same model, seq len, micro-batch, precision, "
+                                "shape, launcher)"),
+    ("scaling_efficiency", "tok/s / (mean tok/s of the ok base runs x world_size / base); empty when the base has no "
+                           "ok run"),
     ("scaling_note", "why scaling_efficiency is empty"),
-    ("speedup_vs_best_1dev", "tok/s / mean tok/s of the best single-device configuration of any strategy (same model, seq len, precision, shape)"),
-    ("host_overloaded", "yes when the 1-minute load average at the run's start or end exceeded the host's CPUs + 1; empty when not recorded"),
+    ("speedup_vs_best_1dev", "tok/s / mean tok/s of the best single-device configuration of any strategy (same model, "
+                             "seq len, precision, shape)"),
+    ("host_overloaded", "yes when the 1-minute load average at the run's start or end exceeded the host's CPUs + 1; "
+                        "empty when not recorded"),
     ("loss_max_rel_diff", "largest relative difference of this run's loss per step from its group's per-step median"),
-    ("grad_norm_max_rel_diff", "largest relative difference of this run's gradient norm per step from its group's per-step median"),
+    ("grad_norm_max_rel_diff", "largest relative difference of this run's gradient norm per step from its group's "
+                               "per-step median"),
     ("loss_check_failed", "what was off the reference: loss, gradient norm, or loss and gradient norm"),
-    ("loss_check", "ok, broken (loss or gradient norm off the reference beyond the tolerance), disagree (no majority of its group agrees: an even split), or empty when the run had no group"),
+    ("loss_check", "ok, broken (loss or gradient norm off the reference beyond the tolerance), disagree (no majority "
+                   "of its group agrees: an even split), or empty when the run had no group"),
 ]
 
 
@@ -175,7 +181,8 @@ class Analysis:
         return self.runs[self.runs["status"] != "ok"]
 
     def csv_columns(self) -> list[str]:
-        return [c for c, _, _ in metrics.COLUMNS] + [c for c, _ in metrics.DERIVED_COLUMNS] + [c for c, _ in RUN_COLUMNS]
+        return ([c for c, _, _ in metrics.COLUMNS] + [c for c, _ in metrics.DERIVED_COLUMNS]
+                + [c for c, _ in RUN_COLUMNS])
 
 
 # --- entry point ---------------------------------------------------------------------------
@@ -276,7 +283,8 @@ def _assign(df: pd.DataFrame, col: str, values: dict) -> None:
         df.loc[list(values), col] = pd.Series(values, dtype=object)
 
 
-OVERLOAD_INPUTS = ["host_cpus", "load_avg_1m_start", "load_avg_1m_end", "device", "devices_per_node", "threads_per_rank"]
+OVERLOAD_INPUTS = ["host_cpus", "load_avg_1m_start", "load_avg_1m_end", "device", "devices_per_node",
+                   "threads_per_rank"]
 
 
 def _overloaded(row: dict[str, Any]) -> str | None:
@@ -315,7 +323,8 @@ def _flag(c: Config, runs: list[dict[str, Any]]) -> None:
         c.flags.append(f"broken: {_off(broken)} off the reference in {len(broken)} of {len(runs)} runs")
     split = [r for r in runs if r["loss_check"] == "disagree"]
     if split:
-        c.flags.append(f"loss check: its group splits evenly, no majority to judge by ({len(split)} of {len(runs)} runs; "
+        c.flags.append(f"loss check: its group splits evenly, no majority to judge by ({len(split)} of {len(runs)} "
+                       "runs; "
                        "the report's loss check lists each side)")
 
 

@@ -9,7 +9,8 @@ run prints two records, a dying process writes binary junk. Rules, in order:
 1. The log is read line by line (a `Collector` is fed lines; memory is bounded by the largest
    record, not by the log), decoded as UTF-8 with bad bytes replaced, so junk never raises.
 2. A marker counts only at the start or the end of a line (after a launcher prefix): a marker
-   quoted inside the record (an error message) is followed by more JSON on its line, so it is data. Each START opens a block that ends at the next END, the
+   quoted inside the record (an error message) is followed by more JSON on its line, so it is data. Each START opens
+   a block that ends at the next END, the
    next START or the end of the log; a block larger than MAX_RECORD_BYTES is dropped.
 3. Inside a block every line that parses as a JSON object is a candidate. When none is a valid
    record, the lines from the first `{` are joined (the record was split across lines by another

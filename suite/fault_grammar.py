@@ -6,7 +6,8 @@
   the process-group timeout, --pg-timeout-s, ends them);
 - `kill-launcher@S`: SIGKILL the launcher at step S (the job's driver dies; its ranks follow it,
   trainer/lifeline.py).
-On a cluster (backend kubernetes, or ray with ray_cluster) only kill-rank is injected (KUBE_FAULT_KINDS). Pure: no processes, no I/O.
+On a cluster (backend kubernetes, or ray with ray_cluster) only kill-rank is injected (KUBE_FAULT_KINDS). Pure: no
+processes, no I/O.
 """
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 FAULT_KINDS = ("kill-rank", "stop-rank", "kill-launcher")
-_FAULT = re.compile(r"^(?P<kind>kill-rank|stop-rank):(?P<rank>\d+)@(?P<step>\d+)$|^(?P<lkind>kill-launcher)@(?P<lstep>\d+)$")
+_FAULT = re.compile(r"^(?P<kind>kill-rank|stop-rank):(?P<rank>\d+)@(?P<step>\d+)$"
+                    r"|^(?P<lkind>kill-launcher)@(?P<lstep>\d+)$")
 
 
 @dataclass(frozen=True)

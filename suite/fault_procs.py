@@ -50,7 +50,8 @@ def _is_rank(argv: list[str]) -> bool:
     if not argv or not argv[0]:
         return False
     args = argv[1:4]
-    return os.path.basename(argv[0]).startswith("python") and args[:2] == ["-m", "shardbench.trainer"] or args == ["-u", "-m", "shardbench.trainer"]
+    return (os.path.basename(argv[0]).startswith("python") and args[:2] == ["-m", "shardbench.trainer"]
+            or args == ["-u", "-m", "shardbench.trainer"])
 
 
 def rank_pid(marker: str, rank: int) -> int | None:

@@ -136,7 +136,8 @@ def _group(df: pd.DataFrame, group: pd.DataFrame, varying: list[str] = []) -> Lo
             if why:
                 broken.append((str(row["run_id"]), "; ".join(why)))
     split = [sorted(str(r["run_id"]) for r in side) for side in sides] if majority is None else []
-    return LossGroup(label, tol, len(group), strategies, worst, broken, gtol if gref is not None else None, gworst, split)
+    return LossGroup(label, tol, len(group), strategies, worst, broken, gtol if gref is not None else None, gworst,
+                     split)
 
 
 def _agree(a: Any, b: Any, tol: float, gtol: float) -> bool:
@@ -169,7 +170,8 @@ _IN_LABEL = {"model", "seq_len", "precision", "resolved_global_batch", "steps", 
 
 
 def _label(first: Any, varying: list[str], settings: dict[str, Any]) -> str:
-    text = f"{first['model']}, seq {_int(first['seq_len'])}, {first['precision']}, global batch {_int(first['global_batch'])}"
+    text = (f"{first['model']}, seq {_int(first['seq_len'])}, {first['precision']}, "
+            f"global batch {_int(first['global_batch'])}")
     if finite(first["lr"]):
         text += f", {_int(first['steps'])} steps, lr {first['lr']:g}, seed {_int(first['seed'])}"
     extra = [shown for k in varying if k not in _IN_LABEL and (shown := groups.shown(k, settings.get(k)))]

@@ -42,7 +42,8 @@ COLUMNS: list[tuple[str, str, Callable[[dict], Any]]] = [
     ("config_id", "configuration: runs that differ only by repeat share it", _config_id),
     ("repeat", "repeat index", _repeat),
     ("schema_version", "record schema version (1 or 2)", _get("schema_version")),
-    ("status", "ok, failed, oom, timeout, cancelled, or unreadable (the result.json could not be used)", _get("status")),
+    ("status", "ok, failed, oom, timeout, cancelled, or unreadable (the result.json could not be used)",
+     _get("status")),
     ("error", "why the run did not finish ok, or why its result.json is unreadable", _get("error")),
     ("strategy", "ddp, fsdp, zero1, zero2 or zero3", _get("strategy")),
     ("launcher", "mpirun, deepspeed, torchrun or none", _get("launcher")),
@@ -62,8 +63,10 @@ COLUMNS: list[tuple[str, str, Callable[[dict], Any]]] = [
     ("n_params", "trainable parameters", _get("n_params")),
     ("precision", "fp32, bf16 or fp16 (as run)", _get("precision")),
     ("grad_reduce_dtype", "dtype gradients were reduced in", _get("grad_reduce_dtype")),
-    ("reshard_after_forward", "fsdp/zero3: gathered parameters freed after forward (True) or kept until backward", _get("reshard_after_forward")),
-    ("bucket_mib", "gradient-communication bucket, MiB (DDP bucket_cap_mb, DeepSpeed bucket sizes); empty for fsdp", _get("bucket_mib")),
+    ("reshard_after_forward", "fsdp/zero3: gathered parameters freed after forward (True) or kept until backward",
+     _get("reshard_after_forward")),
+    ("bucket_mib", "gradient-communication bucket, MiB (DDP bucket_cap_mb, DeepSpeed bucket sizes); empty for fsdp",
+     _get("bucket_mib")),
     ("seq_len", "tokens per sequence", _get("seq_len")),
     ("micro_batch", "sequences per rank per micro-step", _get("micro_batch")),
     ("grad_accum", "micro-steps per optimizer step", _get("grad_accum")),
@@ -80,34 +83,41 @@ COLUMNS: list[tuple[str, str, Callable[[dict], Any]]] = [
     ("step_time_p50_s", "median step time, s", _get("step_time_s", "p50")),
     ("step_time_p90_s", "90th percentile step time, s", _get("step_time_s", "p90")),
     ("final_loss", "loss of the last step", _get("final_loss")),
-    ("model_state_gib_per_rank", "params + grads + optimizer state (+ master copies, comm buffers when recorded) held by one rank, max over ranks, GiB",
+    ("model_state_gib_per_rank", "params + grads + optimizer state (+ master copies, comm buffers when recorded) held "
+                                 "by one rank, max over ranks, GiB",
      lambda r: _gib(r.get("model_state_bytes_per_rank"))),
     ("model_state_params_gib", "parameters held by the rank holding the most model state, GiB", _state_part("params")),
     ("model_state_grads_gib", "gradients held by that rank, GiB", _state_part("grads")),
     ("model_state_optimizer_gib", "optimizer moments held by that rank, GiB", _state_part("optimizer")),
     ("model_state_master_gib", "fp32 master weights held by that rank, GiB (schema 2)", _state_part("master")),
-    ("model_state_comm_buffer_gib", "communication buffers held by that rank, GiB (schema 2)", _state_part("comm_buffer")),
-    ("train_peak_gib", "GPU peak allocated during training (after set-up), max over ranks, GiB; empty on CPU", _train_peak),
+    ("model_state_comm_buffer_gib", "communication buffers held by that rank, GiB (schema 2)",
+     _state_part("comm_buffer")),
+    ("train_peak_gib", "GPU peak allocated during training (after set-up), max over ranks, GiB; empty on CPU",
+     _train_peak),
     ("gpu_alloc_retries", "GPU allocator retries during the run, max over ranks (memory pressure; schema 2)",
      lambda r: _rank_max(r, "num_alloc_retries")),
     ("rss_footprint_gib", "process peak RSS of the largest rank, GiB: a footprint, never compared", _rss),
-    ("comm_bytes_per_step", "bytes moved by collectives per optimizer step, all operations (schema 2)", _comm_total("bytes")),
+    ("comm_bytes_per_step", "bytes moved by collectives per optimizer step, all operations (schema 2)",
+     _comm_total("bytes")),
     ("comm_calls_per_step", "collective calls per optimizer step, all operations (schema 2)", _comm_total("calls")),
     ("comm_per_step", "collectives per step by operation: calls x bytes per call (schema 2)", _comm_text),
     ("flops_per_token", "training FLOPs per token, 6N + 12LdT (PaLM appendix B)", _get("flops_per_token")),
     ("mfu", "model FLOPs utilization, 0-1 (empty when the peak is unknown)", _get("mfu")),
-    ("peak_tflops", "peak dense TFLOP/s of one device used for MFU", lambda r: r["peak_flops"] / 1e12 if _number(r.get("peak_flops")) else None),
+    ("peak_tflops", "peak dense TFLOP/s of one device used for MFU",
+     lambda r: r["peak_flops"] / 1e12 if _number(r.get("peak_flops")) else None),
     ("peak_flops_source", "where that peak came from", _get("peak_flops_source")),
     ("h2d_gbps", "host-to-device copy rate of the batches, GB/s (empty on CPU)", _get("h2d_gbps")),
     ("time_to_first_step_s", "process start to the end of the first step on rank 0, s", _get("time_to_first_step_s")),
-    ("launcher_startup_s", "launch command start to the start of the last rank's process (the launcher's own overhead), s", _get("launcher_startup_s")),
+    ("launcher_startup_s", "launch command start to the start of the last rank's process (the launcher's own "
+                           "overhead), s", _get("launcher_startup_s")),
     ("wall_time_s", "trainer wall time, s", _get("wall_time_s")),
     ("threads_per_rank", "CPU threads each rank used (schema 2)", _get("threads_per_rank")),
     ("cpu_affinity", "cores each rank was pinned to, one group per rank (schema 2)", _affinity),
     ("host_cpus", "logical CPUs of the host (record's cpu_count)", _get("cpu_count")),
     ("load_avg_1m_start", "host 1-minute load average when the run started (schema 2)", _get("load_avg_1m_start")),
     ("load_avg_1m_end", "host 1-minute load average when the run ended (schema 2)", _get("load_avg_1m_end")),
-    ("usd_per_gpu_hour", "price of one device-hour used for cost (record, else values/<shape>.yaml)", _get("usd_per_gpu_hour")),
+    ("usd_per_gpu_hour", "price of one device-hour used for cost (record, else values/<shape>.yaml)",
+     _get("usd_per_gpu_hour")),
     ("torch_version", "torch version", _get("versions", "torch")),
     ("deepspeed_version", "DeepSpeed version", _get("versions", "deepspeed")),
     ("nccl_version", "NCCL version (empty on CPU)", _get("versions", "nccl")),
@@ -124,7 +134,8 @@ _KNOB_COLUMNS = knobs.csv_columns({name for name, _, _ in COLUMNS})
 _AT = next(i for i, (name, _, _) in enumerate(COLUMNS) if name == "seed") + 1
 COLUMNS[_AT:_AT] = _KNOB_COLUMNS
 DERIVED_COLUMNS: list[tuple[str, str]] = [
-    ("cost_usd_per_mtok", "usd_per_gpu_hour x world_size / 3600 / tokens_per_s x 1e6: dollars per million training tokens"),
+    ("cost_usd_per_mtok", "usd_per_gpu_hour x world_size / 3600 / tokens_per_s x 1e6: dollars per million training "
+                          "tokens"),
 ]
 NUMERIC = {"world_size", "nodes", "devices_per_node", "n_params", "seq_len", "micro_batch", "grad_accum",
            "global_batch", "tokens_per_step", "steps", "warmup_steps", "measured_steps", "lr", "seed",
@@ -132,7 +143,8 @@ NUMERIC = {"world_size", "nodes", "devices_per_node", "n_params", "seq_len", "mi
            "final_loss", "model_state_gib_per_rank", "model_state_params_gib", "model_state_grads_gib",
            "model_state_optimizer_gib", "model_state_master_gib", "model_state_comm_buffer_gib",
            "train_peak_gib", "gpu_alloc_retries", "rss_footprint_gib", "comm_bytes_per_step", "comm_calls_per_step",
-           "flops_per_token", "mfu", "peak_tflops", "h2d_gbps", "time_to_first_step_s", "launcher_startup_s", "wall_time_s",
+           "flops_per_token", "mfu", "peak_tflops", "h2d_gbps", "time_to_first_step_s", "launcher_startup_s",
+           "wall_time_s",
            "threads_per_rank", "host_cpus", "load_avg_1m_start", "load_avg_1m_end", "usd_per_gpu_hour",
            "n_layer", "n_embd", "n_head", "vocab_size"}
 NUMERIC |= {knobs.column(f) for f in knobs.measured() if knobs.is_numeric(RunConfig, f.name)}
@@ -274,7 +286,8 @@ def to_frame(records: Iterable[dict[str, Any]]) -> pd.DataFrame:
     df = pd.DataFrame([flatten(r) for r in records], columns=[c for c, _, _ in COLUMNS])
     df["loss_curve"] = pd.Series([loss_curve(r) for r in records], index=df.index, dtype=object)
     # Not CSV columns either: the run's measured settings (groupings) and gradient norms (loss check).
-    df["settings"] = pd.Series([groups.settings(r) if isinstance(r, dict) else {} for r in records], index=df.index, dtype=object)
+    df["settings"] = pd.Series([groups.settings(r) if isinstance(r, dict) else {} for r in records], index=df.index,
+                               dtype=object)
     df["grad_norm_curve"] = pd.Series([losscheck.curve(r.get("grad_norm_per_step")) if isinstance(r, dict) else None
                                        for r in records], index=df.index, dtype=object)
     cache: dict = {}

@@ -234,8 +234,10 @@ def extrapolation(strategies: list[str]) -> list[str]:
                                                  precision=run.get("precision") or "bf16", device=device)
                                        for s in strategies for w in EXTRAPOLATE_WORLDS], mem, links, None)
         lines += ["", f"## {path.stem}: {run.get('model')} seq {run.get('seqLen')} micro-batch {run.get('microBatch')} "
-                      f"{run.get('precision')}, {_gib(mem)} GiB per GPU, {links.get('gpus_per_node')} GPUs per node", ""]
-        lines += table(preds) + sorted({f"{r['input']['strategy']}: not modelled: {r['not_modelled']}" for r in refused})
+                      f"{run.get('precision')}, {_gib(mem)} GiB per GPU, {links.get('gpus_per_node')} GPUs per node",
+                      ""]
+        lines += table(preds) + sorted({f"{r['input']['strategy']}: not modelled: {r['not_modelled']}"
+                                        for r in refused})
         lines += ["", "Assumptions:"] + [f"- {a}" for a in assumptions(preds, links)]
     return lines
 

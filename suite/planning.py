@@ -66,7 +66,8 @@ def predict_specs(specs, timeout_s: float = 600) -> tuple[dict[str, dict], str |
     if not jobs:
         return refused, None
     try:
-        proc = subprocess.run([sys.executable, "-m", "shardbench.trainer.plan.batch"], input=json.dumps(list(jobs.values())),
+        proc = subprocess.run([sys.executable, "-m", "shardbench.trainer.plan.batch"],
+                              input=json.dumps(list(jobs.values())),
                               capture_output=True, text=True, timeout=timeout_s, cwd=REPO)
         out: dict[str, Any] = json.loads(proc.stdout) if proc.returncode == 0 else {}
     except (OSError, subprocess.SubprocessError, ValueError) as exc:

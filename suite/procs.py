@@ -61,7 +61,8 @@ class ProcessTree:
         while changed:  # descendants of anything known, however deep
             changed = False
             for pid, (ppid, _, _, start) in procs.items():
-                if pid not in self.known and ppid in self.known and procs.get(ppid, (0, 0, "", ""))[3] == self.known[ppid]:
+                if (pid not in self.known and ppid in self.known
+                        and procs.get(ppid, (0, 0, "", ""))[3] == self.known[ppid]):
                     self.known[pid] = start
                     changed = True
 

@@ -111,8 +111,9 @@ def setup_section(df: pd.DataFrame) -> str:
         ["micro-batch x grad-accum", ", ".join(sorted({f"{fmt(m, '{:.0f}')} x {fmt(g, '{:.0f}')}"
                                                         for m, g in zip(src["micro_batch"], src["grad_accum"])}))],
         ["global batch (sequences)", _ints(src["global_batch"])],
-        ["steps (warm-up excluded from metrics)", ", ".join(sorted({f"{fmt(s, '{:.0f}')} ({fmt(w, '{:.0f}')} warm-up)"
-                                                                    for s, w in zip(src["steps"], src["warmup_steps"])}))],
+        ["steps (warm-up excluded from metrics)",
+         ", ".join(sorted({f"{fmt(s, '{:.0f}')} ({fmt(w, '{:.0f}')} warm-up)"
+                           for s, w in zip(src["steps"], src["warmup_steps"])}))],
         ["strategies", _uniq(df["strategy"])],
         ["world sizes", _ints(df["world_size"])],
         ["launchers", _uniq(df["launcher"])],
@@ -163,7 +164,9 @@ def flags_section(an: Analysis) -> str:
 
 
 def _eff(c: Config) -> str:
-    return show(c.efficiency, "{:.2f}") if c.efficiency is not None else f"- ({c.efficiency_note})" if c.efficiency_note else "-"
+    if c.efficiency is not None:
+        return show(c.efficiency, "{:.2f}")
+    return f"- ({c.efficiency_note})" if c.efficiency_note else "-"
 
 
 def results_section(an: Analysis) -> str:
@@ -173,7 +176,8 @@ def results_section(an: Analysis) -> str:
     for c in an.configs:
         e = c.est.get
         rows.append([
-            c.strategy, int(c.world_size), fmt(c.seq_len, "{:.0f}"), f"{fmt(c.micro_batch, '{:.0f}')} x {fmt(c.grad_accum, '{:.0f}')}",
+            c.strategy, int(c.world_size), fmt(c.seq_len, "{:.0f}"), f"{fmt(c.micro_batch, '{:.0f}')} x "
+                                                                     f"{fmt(c.grad_accum, '{:.0f}')}",
             c.n, show(e("tokens_per_s"), "{:,.0f}"), show(e("step_time_mean_s"), "{:.4f}"),
             show(e("model_state_gib_per_rank"), "{:.4g}"), show(e("train_peak_gib"), "{:.3f}"),
             fmt(e("rss_footprint_gib").mean if e("rss_footprint_gib") else None, "{:.3f}"),  # type: ignore[union-attr]
@@ -193,7 +197,8 @@ def memory_section(an: Analysis) -> str:
     for c in an.configs:
         if c.breakdown:
             rows.append([c.label, *[fmt(c.breakdown.get(p, float("nan")) * 1024, "{:.2f}") for p in an_mod.STATE_PARTS],
-                         fmt(c.est["model_state_gib_per_rank"].mean * 1024 if "model_state_gib_per_rank" in c.est else None, "{:.2f}")])
+                         fmt(c.est["model_state_gib_per_rank"].mean * 1024 if "model_state_gib_per_rank" in c.est
+                             else None, "{:.2f}")])
     if not rows:
         return "## Model state per rank\n\nNo record has the model-state breakdown."
     return ("## Model state per rank\n\nMiB held by the rank holding the most (mean over repeats).\n\n"
@@ -227,7 +232,7 @@ def loss_section(an: Analysis) -> str:
     lines = []
     for g in an.loss_groups:
         verdict = (f"{len(g.broken)} of {g.runs} runs BROKEN" if g.broken
-                   else f"the runs DISAGREE, no majority to judge by: " + " vs ".join(
+                   else "the runs DISAGREE, no majority to judge by: " + " vs ".join(
                        "[" + ", ".join(f"`{r}`" for r in side) + "]" for side in g.sides) if g.sides
                    else f"all {g.runs} runs agree")
         grad = (f"; gradient norm within {g.grad_tolerance:g} (largest difference {fmt(g.grad_max_rel, '{:.2g}')})"

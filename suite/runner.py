@@ -7,7 +7,8 @@ result.json. Backends never write result.json.
 
 Order: repeat 0 of every configuration, then repeat 1 of every configuration, and so on; inside
 each repeat the configurations are shuffled with a seeded RNG (the seed and the order are logged
-in the results dir's order.jsonl; RunQueued.index is the position in it), so drift on the machine (load, heat) spreads over all
+in the results dir's order.jsonl; RunQueued.index is the position in it), so drift on the machine (load, heat)
+spreads over all
 strategies instead of landing on the ones that happen to run last.
 
 Nothing measured is lost: any error in a run's files (mkdir, write, read, parse) or in the backend

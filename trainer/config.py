@@ -110,7 +110,8 @@ class RunConfig:
     grad_reduce_dtype: Literal["fp32", "bf16"] = knob("fp32", section="precision")
     """Dtype gradients are reduced in, the same for every strategy: DDP's comm hook, FSDP's
     MixedPrecisionPolicy reduce_dtype, DeepSpeed's communication_data_type."""
-    fsdp_grad_sync: Literal["every_micro_step", "last_micro_step"] = knob("every_micro_step", section="parallelism", same_loss=True)
+    fsdp_grad_sync: Literal["every_micro_step", "last_micro_step"] = knob("every_micro_step", section="parallelism",
+                                                                          same_loss=True)
     """fsdp only: reduce-scatter gradients after every micro-step (torchtitan's default: only
     sharded gradients are held) or only after the last one (unsharded gradients held between
     micro-steps, fewer collectives)."""

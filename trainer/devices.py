@@ -39,7 +39,7 @@ def cuda_problem(driver: dict[str, str | None], built: str | None = None) -> str
         return (f"--device cuda: {torch_is} is a CPU-only build: use the CUDA image "
                 "(docker build without --build-arg VARIANT=cpu)")
     major = int(built.split(".")[0])
-    needs = f"built for CUDA {built}, needs driver >= {MIN_DRIVER[major]}" if major in MIN_DRIVER else f"built for CUDA {built}"
+    needs = f"built for CUDA {built}" + (f", needs driver >= {MIN_DRIVER[major]}" if major in MIN_DRIVER else "")
     if not driver.get("driver") and not driver.get("driver_cuda"):
         return (f"--device cuda: no NVIDIA driver here (no /proc/driver/nvidia/version, no libcuda.so.1); "
                 f"{torch_is} is {needs}: run on a GPU node with the NVIDIA container runtime and a GPU requested")
@@ -58,9 +58,11 @@ def resolve_precision(cfg: RunConfig, device: torch.device) -> str:
     if cfg.precision == "auto":
         return "bf16" if bf16_ok else "fp32"
     if cfg.precision == "fp16" and not on_gpu:
-        raise ConfigError("--precision fp16 needs a CUDA GPU (loss-scaled fp16 is slow and unsupported on CPU): use fp32 or bf16")
+        raise ConfigError("--precision fp16 needs a CUDA GPU (loss-scaled fp16 is slow and unsupported on CPU): use "
+                          "fp32 or bf16")
     if cfg.precision == "bf16" and on_gpu and not bf16_ok:
-        raise ConfigError(f"--precision bf16: {torch.cuda.get_device_name(device)} has no bf16 support: use fp16 or fp32")
+        raise ConfigError(f"--precision bf16: {torch.cuda.get_device_name(device)} has no bf16 support: use fp16 or "
+                          "fp32")
     return cfg.precision
 
 

@@ -39,7 +39,8 @@ def versions() -> dict[str, str | None]:
     }
 
 
-def cuda_driver(proc_version: str = "/proc/driver/nvidia/version", libcuda: str = "libcuda.so.1") -> dict[str, str | None]:
+def cuda_driver(proc_version: str = "/proc/driver/nvidia/version",
+                libcuda: str = "libcuda.so.1") -> dict[str, str | None]:
     """The NVIDIA kernel driver's version and the newest CUDA its libcuda supports; None for
     whatever is not here (no GPU node, or a container without the NVIDIA runtime)."""
     return {"driver": _driver_version(proc_version), "driver_cuda": _driver_cuda(libcuda)}

@@ -23,7 +23,7 @@ import typing
 from dataclasses import MISSING, Field, fields
 from typing import Any, Callable, Literal
 
-from shardbench.trainer.config import MODEL_FIELDS, SECTIONS, RunConfig, to_argv
+from shardbench.trainer.config import SECTIONS, RunConfig, to_argv
 from shardbench.trainer.fielddocs import field_docs
 
 SUITE_SET = ("run_id", "repeat", "output_dir")
@@ -148,6 +148,7 @@ def chart_run_values(cfg: Any) -> dict[str, Any]:
     return {camel(f.name): getattr(cfg, f.name) for f in chart_fields(type(cfg))}
 
 
-__all__ = ["SUITE_SET", "base_type", "by_section", "camel", "chart_fields", "chart_run_values", "column", "command_line",
+__all__ = ["SUITE_SET", "base_type", "by_section", "camel", "chart_fields", "chart_run_values", "column",
+           "command_line",
            "csv_columns", "default", "is_numeric", "knob_fields", "measured", "per_world", "same_loss",
            "section", "settings"]

@@ -42,9 +42,13 @@ PRESETS: dict[str, ModelConfig] = {
     # A few million parameters: CPU tests and the embedded default matrix.
     "tiny": ModelConfig(n_layer=2, n_head=4, n_embd=128, vocab_size=16384, block_size=256, default_seq_len=128),
     # The seed's TinyGPT (GPT-2 small class, 124M with the 1024-position table, ~125M at 2048).
-    "gpt2-124m": ModelConfig(n_layer=12, n_head=12, n_embd=768, vocab_size=50257, block_size=2048, default_seq_len=1024),
-    "gpt2-350m": ModelConfig(n_layer=24, n_head=16, n_embd=1024, vocab_size=50257, block_size=2048, default_seq_len=1024),
-    "gpt2-1.3b": ModelConfig(n_layer=24, n_head=32, n_embd=2048, vocab_size=50257, block_size=2048, default_seq_len=2048),
+    "gpt2-124m": ModelConfig(n_layer=12, n_head=12, n_embd=768, vocab_size=50257, block_size=2048,
+                             default_seq_len=1024),
+    "gpt2-350m": ModelConfig(n_layer=24, n_head=16, n_embd=1024, vocab_size=50257, block_size=2048,
+                             default_seq_len=1024),
+    "gpt2-1.3b": ModelConfig(n_layer=24, n_head=32, n_embd=2048, vocab_size=50257, block_size=2048,
+                             default_seq_len=2048),
     # The 7B LLaMA's shape (32 x 4096, 32 heads) in this GPT-2 architecture: a memory stress case.
-    "llama-7b-shape": ModelConfig(n_layer=32, n_head=32, n_embd=4096, vocab_size=32000, block_size=4096, default_seq_len=2048),
+    "llama-7b-shape": ModelConfig(n_layer=32, n_head=32, n_embd=4096, vocab_size=32000, block_size=4096,
+                                  default_seq_len=2048),
 }

@@ -20,12 +20,14 @@ def rayjob_errors(obj: dict[str, Any]) -> list[str]:
     if mode not in SUBMISSION_MODES:
         errors.append(f"spec.submissionMode {mode!r} is not a KubeRay mode: use one of {', '.join(RUNNABLE_MODES)}")
     elif mode not in RUNNABLE_MODES:
-        errors.append(f"spec.submissionMode {mode}: nothing would submit the run; use one of {', '.join(RUNNABLE_MODES)}")
+        errors.append(f"spec.submissionMode {mode}: nothing would submit the run; use one of "
+                      f"{', '.join(RUNNABLE_MODES)}")
     cluster, selector = spec.get("rayClusterSpec"), spec.get("clusterSelector")
     if not cluster and not selector:
         errors.append("spec: one of rayClusterSpec or clusterSelector must be set")
     if not spec.get("entrypoint"):
-        errors.append("spec.entrypoint is empty: the driver (python -m shardbench.trainer.ray_launcher ...) must be given")
+        errors.append("spec.entrypoint is empty: the driver (python -m shardbench.trainer.ray_launcher ...) must be "
+                      "given")
     if spec.get("shutdownAfterJobFinishes") is False and spec.get("suspend"):
         errors.append("spec.suspend needs shutdownAfterJobFinishes true")
     if (spec.get("ttlSecondsAfterFinished") or 0) < 0:

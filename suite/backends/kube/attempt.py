@@ -371,6 +371,7 @@ class Attempt:
     def _run_timed_out(self) -> dict[str, Any]:
         return failed_record(
             self.spec, f"timed out: the run took longer than the {self.timeout_s:g} s run timeout (counted "
-                       f"from the launcher's start, {self.start_s:.0f} s after install, or from when every worker answered "
+                       f"from the launcher's start, {self.start_s:.0f} s after install, or from when every worker "
+                       "answered "
                        f"ssh; start timeout "
                        f"{self.b.start_timeout_s:g} s)", status="timeout")

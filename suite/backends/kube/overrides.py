@@ -55,7 +55,8 @@ def image_choice(image: str | None = None, repository: str | None = None, tag: s
     if repository:
         parse_reference(repository)
     if tag and not re.fullmatch(_TAG, tag):
-        raise ValueError(f"--image-tag {tag!r} is not a tag: letters, digits, _ . - (at most 128, not starting with . or -)")
+        raise ValueError(f"--image-tag {tag!r} is not a tag: letters, digits, _ . - (at most 128, not starting with . "
+                         "or -)")
     if pull_policy and pull_policy not in PULL_POLICIES:
         raise ValueError(f"--image-pull-policy {pull_policy!r}: use one of {', '.join(PULL_POLICIES)}")
     return ImageChoice(repository or ref_repo, tag or ref_tag, digest, pull_policy)

@@ -49,7 +49,8 @@ def failure(claim_name_: str, claim: dict | None, events: Iterable[dict], pod_na
     events = list(events)
     for event in _warnings(events, claim_name_):
         if event.get("reason") in FATAL_CLAIM_EVENTS:
-            return f"results volume claim {claim_name_} cannot be provisioned: {event.get('reason')}: {event.get('message', '')}"
+            return (f"results volume claim {claim_name_} cannot be provisioned: {event.get('reason')}: "
+                    f"{event.get('message', '')}")
     for pod in pod_names:
         for event in _warnings(events, pod):
             if MULTI_ATTACH in str(event.get("message") or ""):

@@ -133,7 +133,8 @@ class JobWatch(threading.Thread):
             resp = custom.list_namespaced_custom_object(group, version, self.namespace, plural,
                                                         field_selector=f"metadata.name={self.name}",
                                                         _preload_content=False, _request_timeout=self.poll_s * 5 + 5)
-            items = [i for i in kapi._json(resp).get("items") or [] if (i.get("metadata") or {}).get("name") == self.name]
+            items = [i for i in kapi._json(resp).get("items") or []
+                     if (i.get("metadata") or {}).get("name") == self.name]
         except Exception:  # noqa: BLE001 - the API is down too: keep what we knew
             return
         with self._lock:
