@@ -109,19 +109,46 @@ def test_layout_trains_to_one_process_loss_and_grad_norm(tmp_path, one_process, 
     assert r["global_batch"] == 8 and r["grad_accum"] == 2
     for step, (got, want) in enumerate(zip(r["loss_per_step"], one_process["loss_per_step"], strict=True)):
         assert abs(got - want) <= LOSS_TOL, (step, got, want)
-    # The one-process run's norm is torch's float32 norm kernel, which loses 3e-4 of the tied
-    # embedding gradient's norm on CPU (6e-5 of the total); the mesh path sums shards' squares
-    # in float64. So the norm is held to the accurate one-process norm (DeepSpeed's, recorded
-    # above) within 1e-5, and to the float32 one within 1e-4.
+    # The one-process ddp run's norm is torch's float32 norm kernel, which on CPU loses 3e-4 of
+    # the tied embedding gradient's norm (6e-5 to 6e-4 of the total here); the mesh path sums
+    # the shards' squares in float64. So the norm is held to the accurate one-process norm
+    # (DeepSpeed's zero1 at one rank, recorded above) within 1e-5, and to the float32 one within
+    # the suite's loss-check tolerance.
     for step, got in enumerate(r["grad_norm_per_step"]):
         assert abs(got - OLD["zero1"][1][step]) <= GRAD_NORM_TOL, (step, got, OLD["zero1"][1][step])
-        assert got == pytest.approx(one_process["grad_norm_per_step"][step], rel=1e-4)
+        assert got == pytest.approx(one_process["grad_norm_per_step"][step], rel=1e-3)
+    print(f"PARITY {name}: max |loss - one process| "
+          f"{max(abs(g - w) for g, w in zip(r['loss_per_step'], one_process['loss_per_step'])):.2e}, "
+          f"max |grad norm - accurate one process| "
+          f"{max(abs(g - w) for g, w in zip(r['grad_norm_per_step'], OLD['zero1'][1])):.2e}")
+    check_comm_by_dim(r, name, layout)
     coords = r["mesh_coords"]
     assert [c["rank"] for c in coords] == list(range(ranks))
     assert [c["local_rank"] for c in coords] == list(range(ranks))  # one host here
     tp = layout["tp"]
     assert [c["tp"] for c in coords] == [rank % tp for rank in range(ranks)]
     assert all(c["dp_replicate"] * layout["dp_shard"] + c["dp_shard"] == rank // tp for rank, c in enumerate(coords))
+
+
+def check_comm_by_dim(r: dict, name: str, layout: dict) -> None:
+    """Rank 0's collectives per mesh dimension add up to its per-op counts, each kind of traffic
+    is on its dimension, and DDP's gradient all-reduce carries this rank's parameters once."""
+    by_dim, per_op = r["comm_per_step_by_dim"], r["comm_per_step"]
+    for op, counted in per_op.items():
+        assert sum(d.get(op, {}).get("calls", 0) for d in by_dim.values()) == counted["calls"], op
+        assert sum(d.get(op, {}).get("bytes", 0) for d in by_dim.values()) == counted["bytes"], op
+    assert set(by_dim) <= {"dp_replicate", "dp_shard", "tp"}, by_dim  # nothing on the world group
+    if layout["tp"] > 1:  # activations: sequence gathers and scatters, the loss's reductions
+        assert {"all_gather", "reduce_scatter", "all_reduce"} <= set(by_dim["tp"])
+    else:
+        assert "tp" not in by_dim
+    if name.startswith("ddp+tp"):  # one all-reduce of every local gradient per step (no_sync before)
+        assert set(by_dim["dp_replicate"]) == {"all_reduce"}
+        assert by_dim["dp_replicate"]["all_reduce"]["bytes"] == r["model_state"][0]["params_bytes"]
+    if name.startswith(("hsdp", "fsdp+tp")) and layout["dp_shard"] > 1:
+        assert {"all_gather", "reduce_scatter"} <= set(by_dim["dp_shard"])
+    if name.startswith("hsdp"):  # sharded gradients all-reduced across the replicas
+        assert "all_reduce" in by_dim["dp_replicate"]
 
 
 # --- bad degrees: one line, exit 2 -----------------------------------------------------------
@@ -180,3 +207,50 @@ def test_the_layouts_matrix_expands_to_five_layouts_at_four_devices():
     got = sorted((s.strategy, s.config.tp, s.config.dp_replicate) for s in specs if s.repeat == 0)
     assert got == [("ddp", 1, 1), ("ddp", 2, 1), ("fsdp", 1, 1), ("fsdp", 1, 2), ("fsdp", 2, 1)]
     assert {s.world_size for s in specs} == {4} and {s.global_batch for s in specs} == {8}
+
+
+@pytest.mark.slow
+def test_a_fused_qkv_checkpoint_is_refused_in_one_line(tmp_path):
+    """A checkpoint saved before q, k and v were split (its resume key's model has no
+    `attention`, its state dict a `qkv`) is refused with one line, not a DCP missing-key trace."""
+    import hashlib
+    import json
+
+    ck = tmp_path / "ck"
+    args = ["--strategy", "ddp", "--model", "tiny", "--seq-len", "32", "--warmup-steps", "1",
+            "--checkpoint-dir", str(ck), "--checkpoint-every", "2"]
+    first = run_trainer([*args, "--steps", "3"], tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    step = ck / "step-00000002"
+    state = json.loads((step / "trainer_state.json").read_text())
+    del state["key"]["model"]["attention"]  # as the fused model's checkpoints were written
+    data = json.dumps(state).encode()
+    (step / "trainer_state.json").write_bytes(data)
+    manifest = json.loads((step / "manifest.json").read_text())
+    manifest["files"]["trainer_state.json"].update(size=len(data), sha256=hashlib.sha256(data).hexdigest())
+    (step / "manifest.json").write_text(json.dumps(manifest))
+    second = run_trainer([*args, "--steps", "4"], tmp_path)
+    assert second.returncode != 0
+    error = second.record["error"].splitlines()[0]
+    assert "holds the fused-qkv TinyGPT of an earlier shardbench" in error and "--resume never" in error
+
+
+def test_the_report_compares_layouts_in_one_group_named_with_their_degrees():
+    """4-device layouts at one global batch are one comparison ("same settings except the
+    layout", grad-accum following the data-parallel degree) and each is named with its degrees."""
+    from shardbench.suite import analysis
+    from shardbench.suite.synthetic import record
+
+    made = [("ddp", 1, {}), ("fsdp", 1, {}), ("fsdp", 1, {"dp_replicate": 2}), ("fsdp", 2, {"tp": 2}),
+            ("ddp", 2, {"tp": 2})]
+    records = []
+    for i, (strategy, accum, degrees) in enumerate(made):
+        for repeat in range(3):
+            records.append(record(strategy, world_size=4, micro_batch=2, grad_accum=accum, repeat=repeat,
+                                  tokens_per_s=1000.0 + 10 * i + repeat, global_batch=8,
+                                  config_id=f"cfg{i}", run_id=f"{strategy}-w4-cfg{i}-r{repeat}",
+                                  settings={"strategy": strategy, "micro_batch": 2, **degrees}))
+    an = analysis.analyze(records)
+    found = analysis.verdict_groups(an.configs)
+    assert len(found) == 1 and len(found[0]) == 5
+    assert sorted(c.strategy for c in an.configs) == ["ddp", "ddp+tp 2x2", "fsdp", "fsdp+tp 2x2", "hsdp 2x2"]
