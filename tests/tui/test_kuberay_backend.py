@@ -205,3 +205,26 @@ async def test_kill_rank_deletes_the_pod_ray_put_the_rank_on_and_the_driver_rela
     assert fault["detection_s"] >= 0 and fault["restart_s"] >= 0 and fault["goodput_tokens_per_s"] > 0
     log = (tmp_path / "run" / "log.txt").read_text()
     assert f"deleted worker pod {pods[1]} (it holds rank 1)" in log
+
+
+async def test_a_rayjob_watch_answering_410_gone_re_lists_the_rayjob(cluster, tmp_path):
+    """Every watch of the RayJob answers 410 Gone and KubeRay is slow to give it a status: the
+    watch must re-list the RayJob (it listed MPIJobs, found none, and the run failed with "the
+    KubeRay operator is not running")."""
+    emu, kubeconfig = cluster
+    s = ray_spec()
+    (emu ** 1)[kmock.action.WATCH, kmock.resource("ray.io/v1/rayjobs")] << 410
+
+    async def kuberay():
+        name = (await wait_for_rayjob(emu))["metadata"]["name"]
+        await set_status(emu, name, jobDeploymentStatus="Initializing")
+        await asyncio.sleep(2.0)  # longer than no_status_s: only a re-list shows the status
+        await set_status(emu, name, jobDeploymentStatus="Running", jobStatus="RUNNING")
+        await serve_log(emu, add_submitter(emu, name), launcher_log(s, 1357.0)).task
+        await set_status(emu, name, jobDeploymentStatus="Complete", jobStatus="SUCCEEDED")
+
+    op = asyncio.create_task(kuberay())
+    b = KubeRayBackend(kubeconfig=str(kubeconfig), helm=str(HELM), poll_s=0.2, no_status_s=1.0)
+    record = await asyncio.to_thread(b.run, s, tmp_path / "run", lambda e: None, threading.Event(), 60)
+    assert op.done() or not op.cancel(), record.get("error")
+    assert record["status"] == "ok" and record["tokens_per_s"] == 1357.0, record.get("error")

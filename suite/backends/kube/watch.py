@@ -128,7 +128,7 @@ class JobWatch(threading.Thread):
                 w.stop()
 
     def _relist(self, custom) -> None:
-        group, version, plural = kapi.MPIJOB
+        group, version, plural = self.resource  # the job watched: an MPIJob or a RayJob
         try:
             resp = custom.list_namespaced_custom_object(group, version, self.namespace, plural,
                                                         field_selector=f"metadata.name={self.name}",
