@@ -16,7 +16,12 @@ def probe_writable(path: str | os.PathLike, flag: str) -> None:
         os.makedirs(path, exist_ok=True)
         fd, probe = tempfile.mkstemp(dir=path, prefix=".probe-")
         try:
-            os.write(fd, b"\0" * PROBE_BYTES)
+            data = memoryview(b"\0" * PROBE_BYTES)
+            while data:  # a nearly full disk takes part of a write and refuses the rest (ENOSPC)
+                written = os.write(fd, data)
+                if written <= 0:
+                    raise OSError(28, "No space left on device")
+                data = data[written:]
             os.fsync(fd)
         finally:
             os.close(fd)
