@@ -26,6 +26,7 @@ from typing import Any
 import pandas as pd
 
 from shardbench.suite import groups, losscheck, metrics, scaling
+from shardbench.suite.record_readers import fmt_bytes
 from shardbench.suite.losscheck import LOSS_TOLERANCE, OTHER_LOSS_TOLERANCE, LossGroup, loss_tolerance  # noqa: F401
 from shardbench.suite.stats import Estimate, estimate, exact, finite, ratio
 from shardbench.suite.verdicts import MIN_REPEATS, NOISE_CV_LIMIT, Verdict, decide, noise_flag  # noqa: F401
@@ -57,6 +58,8 @@ RUN_COLUMNS: list[tuple[str, str]] = [
     ("loss_max_rel_diff", "largest relative difference of this run's loss per step from its group's per-step median"),
     ("grad_norm_max_rel_diff", "largest relative difference of this run's gradient norm per step from its group's "
                                "per-step median"),
+    ("all_gather_per_step", "all-gather calls and bytes per optimizer step as measured (fsdp and zero3 gather "
+                            "parameters: shown beside their verdicts)"),
     ("loss_check_failed", "what was off the reference: loss, gradient norm, or loss and gradient norm"),
     ("loss_check", "ok, broken (loss or gradient norm off the reference beyond the tolerance), disagree (no majority "
                    "of its group agrees: an even split), or empty when the run had no group"),
@@ -196,6 +199,8 @@ def analyze(records: list[dict[str, Any]]) -> Analysis:
     df["host_overloaded"] = [_overloaded(r) for r in df[OVERLOAD_INPUTS].to_dict("records")]
     df["grad_norm_max_rel_diff"] = None
     df["loss_check_failed"] = None
+    gathers = {r.get("run_id"): _gathered(r) for r in records if isinstance(r, dict)}
+    df["all_gather_per_step"] = df["run_id"].map(lambda rid: gathers.get(rid))
     loss_groups = losscheck.check(df)
     configs = _configs(df)
     scaling.fill(df, configs)
@@ -210,6 +215,15 @@ def analyze(records: list[dict[str, Any]]) -> Analysis:
     an = Analysis(df, configs, verdicts, loss_groups, [])
     an.recommendations = _recommendations(an)
     return an
+
+
+def _gathered(record: dict[str, Any]) -> str | None:
+    """'7 calls, 10.4 MiB' of all-gather per optimizer step (the trainer's own counter), None when not measured."""
+    per_step = record.get("comm_per_step")
+    op = per_step.get("all_gather") if isinstance(per_step, dict) else None
+    if not isinstance(op, dict) or not finite(op.get("bytes")) or not finite(op.get("calls")):
+        return None
+    return f"{op['calls']:g} calls, {fmt_bytes(op['bytes'])}"
 
 
 def _keys(frame: pd.DataFrame, cols: list[str]) -> pd.Series:

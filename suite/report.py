@@ -144,7 +144,24 @@ def verdicts_section(an: Analysis) -> str:
     if not an.verdicts:
         return head + "Fewer than two strategies finished ok in any comparison group: nothing to compare."
     rows = [[v.category.name, v.group, v.kind, v.text] for v in an.verdicts]
-    return head + md_table(["category", "group", "verdict", "numbers"], rows)
+    gathers = [_gathers(an, v) for v in an.verdicts]
+    if not any(gathers):
+        return head + md_table(["category", "group", "verdict", "numbers"], rows)
+    # fsdp and zero3 both gather parameters: what each gathered (the trainer's counter) beside the verdict
+    return head + md_table(["category", "group", "verdict", "numbers", "all-gather per step (fsdp, zero3)"],
+                           [[*row, g or "-"] for row, g in zip(rows, gathers)])
+
+
+GATHERING = ("fsdp", "zero3")
+
+
+def _gathers(an: Analysis, v: Any) -> str:
+    shown = []
+    for c in v.candidates:
+        if c.strategy in GATHERING:
+            measured = [g for g in an.runs.loc[c.index, "all_gather_per_step"] if isinstance(g, str)]
+            shown.append(f"{c.strategy} @ {int(c.world_size)} dev: {measured[0] if measured else 'not measured'}")
+    return "; ".join(shown)
 
 
 def summary_section(an: Analysis) -> str:
