@@ -39,7 +39,7 @@ def test_every_number_value_takes_numeric_text_and_its_bounds_are_in_the_contrac
 @pytest.mark.parametrize("helm", list(HELMS))
 def test_set_of_a_float_renders_it(helm):
     text = render_text(helm, sets=(*RULE, "metrics.prometheusRule.throughputRatio=0.5"))
-    assert "shardbench_tokens_per_second < 0.5 * shardbench_expected_tokens_per_second" in text
+    assert "< 0.5 * max by (release, run, strategy, shape) (shardbench_expected_tokens_per_second" in text
     argv = launcher_argv(one(render(helm, sets=("shape.peakTflopsBf16=989.5", "shape.usdPerGpuHour=2.5e0")),
                              "MPIJob"))
     command = " ".join(argv)
