@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import stat
 from array import array
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -185,10 +186,18 @@ def problem(record: dict[str, Any]) -> str | None:
 def read_record(path: Path) -> dict[str, Any]:
     """The record in `path`, or its unreadable stand-in row with the reason."""
     try:
-        if path.stat().st_size > MAX_RESULT_BYTES:
-            return unreadable(path, f"{path.stat().st_size} bytes: larger than any result record")
-        text = path.read_bytes().decode("utf-8", errors="replace")
-        data = json.loads(text)
+        info = path.stat()  # through a symlink: what would be read
+        if not stat.S_ISREG(info.st_mode):
+            # A FIFO blocks the reader forever, /dev/zero never ends: only plain files are records.
+            return unreadable(path, f"not a regular file ({_kind(info.st_mode)}{' via a symlink' if path.is_symlink() else ''}): "
+                                    "a result record is a plain file")
+        if info.st_size > MAX_RESULT_BYTES:
+            return unreadable(path, f"{info.st_size} bytes: larger than any result record")
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_RESULT_BYTES + 1)  # bounded even if it grows after the stat
+        if len(raw) > MAX_RESULT_BYTES:
+            return unreadable(path, "larger than any result record")
+        data = json.loads(raw.decode("utf-8", errors="replace"))
     except OSError as exc:
         return unreadable(path, f"cannot read: {exc.strerror or exc}")
     except RecursionError:
@@ -201,6 +210,14 @@ def read_record(path: Path) -> dict[str, Any]:
     if reason:
         return unreadable(path, reason, data)
     return {**data, "_source": str(path)}
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory")):
+        if test(mode):
+            return name
+    return "not a plain file"
 
 
 def load_records(results_dir: str | Path) -> list[dict[str, Any]]:

@@ -49,6 +49,8 @@ class ResultsDirError(Exception):
 def read_json(path: Path) -> Any:
     """Parsed JSON of `path`; ValueError (with the reason) for anything unreadable or unparsable,
     nesting too deep for the parser included."""
+    if path.exists() and not path.is_file():  # a FIFO would block the suite, /dev/zero never ends
+        raise ValueError("not a regular file")
     try:
         return json.loads(path.read_bytes())
     except OSError as exc:

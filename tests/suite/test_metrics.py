@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -174,9 +175,34 @@ def test_csv_has_one_row_per_record_and_every_documented_column(tmp_path):
 
 def test_loss_tolerance_follows_precision_and_gradient_reduction():
     assert analysis.loss_tolerance("fp32") == 1e-4 and analysis.loss_tolerance("fp32", "fp32") == 1e-4
-    assert analysis.loss_tolerance("bf16", "fp32") == 1e-2 and analysis.loss_tolerance("fp32", "bf16") == 1e-2
+    assert analysis.loss_tolerance("bf16", "fp32") == 3e-4 and analysis.loss_tolerance("fp32", "bf16") == 3e-4
     # a bf16-reduced fp32 run is its own trajectory group, not a broken member of the fp32 one
     fp32 = [record("ddp", 2, 1000.0, repeat=i, loss_per_step=[9.0, 8.5], grad_reduce_dtype="fp32") for i in range(2)]
     bf16 = [record("zero2", 2, 1000.0, loss_per_step=[9.0, 8.51], grad_reduce_dtype="bf16")]
     an = analysis.analyze(fp32 + bf16)
     assert not an.runs["loss_check"].eq("broken").any() and len(an.loss_groups) == 1
+
+
+@pytest.mark.timeout(60)
+def test_a_fifo_or_a_symlink_to_dev_zero_is_a_row_with_the_reason_not_a_hang(tmp_path):
+    """Only regular files are read as records: a FIFO named result.json blocked `report` forever,
+    a symlink to /dev/zero ate memory until MemoryError."""
+    import os
+
+    from shardbench.suite.metrics import load_records
+    from shardbench.suite.synthetic import record
+
+    (tmp_path / "good").mkdir()
+    (tmp_path / "good" / "result.json").write_text(json.dumps(record("ddp", 1, 100.0)))
+    (tmp_path / "fifo").mkdir()
+    os.mkfifo(tmp_path / "fifo" / "result.json")
+    (tmp_path / "zero").mkdir()
+    os.symlink("/dev/zero", tmp_path / "zero" / "result.json")
+    rows = {Path(r["_source"]).parent.name: r for r in load_records(tmp_path)}
+    assert rows["good"]["status"] == "ok"
+    assert rows["fifo"]["status"] == "unreadable" and "not a regular file (a FIFO)" in rows["fifo"]["error"]
+    assert rows["zero"]["status"] == "unreadable" and "a character device via a symlink" in rows["zero"]["error"]
+    from shardbench.suite.store import read_json
+
+    with pytest.raises(ValueError, match="not a regular file"):  # resume reads it too
+        read_json(tmp_path / "fifo" / "result.json")
