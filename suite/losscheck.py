@@ -24,13 +24,16 @@ import pandas as pd
 from shardbench.suite import groups
 from shardbench.suite.stats import finite
 
-# Relative, per step, a small multiple (about 4x) of the largest spread measured between
-# strategies and layouts of one group (benchmarks/losscheck_spread.py, docs/verdicts.md "Loss-check
-# tolerances"): tiny, 6 steps, ddp at 1 rank and ddp/fsdp/zero1/zero2/zero3 at 2 ranks.
+# Relative, per step, a small multiple of the largest spread measured between strategies and
+# layouts of one group (benchmarks/losscheck_spread.py; docs/verdicts.md "Loss-check tolerances"):
+# tiny, seq 64, global batch 4, 6 steps, ddp at 1 rank and ddp/fsdp/zero1/zero2/zero3 at 2 ranks.
+# bf16 spread: loss 9.2e-5, gradient norm 2.2e-3 -> 3e-4 and 1e-2 (a learning rate 10% off:
+# 4.1e-4 and 2.4e-2, caught; the old 1e-2 / 5e-2 let it pass). fp16 keeps 3 more mantissa bits
+# than bf16: it takes bf16's (looser) tolerances, not measured apart.
 # The gradient norm is looser than the loss: it sums squares of every gradient element, and the
 # order of the reduction differs between strategies.
-LOSS_TOLERANCE = {"fp32": 1e-4, "bf16": 1e-2, "fp16": 1e-2}
-GRAD_NORM_TOLERANCE = {"fp32": 1e-2, "bf16": 5e-2, "fp16": 5e-2}
+LOSS_TOLERANCE = {"fp32": 1e-4, "bf16": 3e-4, "fp16": 3e-4}
+GRAD_NORM_TOLERANCE = {"fp32": 1e-2, "bf16": 1e-2, "fp16": 1e-2}
 OTHER_LOSS_TOLERANCE = LOSS_TOLERANCE["bf16"]  # a 16-bit part anywhere (kept for older imports)
 OTHER_GRAD_NORM_TOLERANCE = GRAD_NORM_TOLERANCE["bf16"]
 
@@ -102,7 +105,7 @@ def _group(df: pd.DataFrame, group: pd.DataFrame, varying: list[str] = []) -> Lo
     strategies = sorted(set(map(str, group["strategy"])))
     # The reference is the median of the largest side of runs that agree with each other; with no
     # side in the majority (an even split) there is no reference to call either side broken by.
-    sides = _sides([row for _, row in rows], 2 * tol, 2 * gtol)
+    sides = _sides([row for _, row in rows], tol, gtol)
     majority = sides[0] if len(sides[0]) * 2 > len(rows) else None
     trusted = majority if majority is not None else [row for _, row in rows]
     ref = _reference([r["loss_curve"] for r in trusted])
