@@ -9,7 +9,7 @@ import yaml
 
 from chart_helpers import (CHART, CHART_LAUNCHERS, HELMS, NAMESPACE, RDMA_MODES, RDMA_SETS, RELEASE,
                            REPO, STRATEGIES, VALUES_DIR, VALUES_FILES, helm_cmd, launcher_argv, one,
-                           render, replica_pods)
+                           render, replica_pods, template_error)
 from shardbench.trainer.contract import is_deepspeed
 
 COMBOS = [(s, l) for s in STRATEGIES for l in CHART_LAUNCHERS]
@@ -268,3 +268,12 @@ def test_launcher_can_pull_the_cpu_image():
     assert pods["Worker"]["spec"]["containers"][0]["image"] == "shardbench:0.1.0-cuda"
     same = replica_pods(one(render("helm3", ("h100.yaml",)), "MPIJob"))
     assert same["Launcher"]["spec"]["containers"][0]["image"] == "shardbench:0.1.0-cuda"
+
+
+@pytest.mark.parametrize("value", [".", "..", "-x", ".hidden"])
+def test_run_id_and_attempt_must_be_safe_path_names(value):
+    """run.id and checkpoint.attempt become directory names under /results: `.` and `..` would
+    write a run's outputs into another's (or the volume's root); a leading `-` reads as a flag."""
+    for key in ("run.id", "checkpoint.attempt"):
+        err = template_error("helm3", ("h100.yaml",), (f"{key}={value}",))
+        assert "values don't meet the specifications of the schema" in err and key.split(".")[-1] in err
