@@ -52,6 +52,9 @@ class RunProgress(SuiteEvent):
     steps: int
     tokens_per_s: float | None = None
     loss: float | None = None
+    """Rank 0's loss of the step (the record averages over ranks at the end)."""
+    step_time_s: float | None = None
+    """Time of the step (warm-up and checkpoint steps too: the phase says which)."""
     elapsed_s: float | None = None
     eta_s: float | None = None
     phase: str = ""

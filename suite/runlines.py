@@ -18,7 +18,8 @@ def progress_event(run_id: str, p: dict[str, Any]) -> RunProgress:
 
     steps = p.get("steps") if isinstance(p.get("steps"), int) else 0
     return RunProgress(run_id=run_id, step=p["step"], steps=steps, tokens_per_s=num("tokens_per_s"),  # type: ignore[arg-type]
-                       loss=num("loss"), elapsed_s=num("elapsed_s"), eta_s=num("eta_s"),
+                       loss=num("loss"), step_time_s=num("step_time_s"), elapsed_s=num("elapsed_s"),
+                       eta_s=num("eta_s"),
                        phase=str(p.get("phase") or ""))
 
 

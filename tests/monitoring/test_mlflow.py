@@ -60,32 +60,64 @@ def mlflow_server(tmp_path_factory):
 
 @pytest.mark.slow
 def test_a_suite_run_reaches_the_mlflow_server(mlflow_server, tmp_path):
+    """The MLflow run exists and is RUNNING while the run trains, with per-step points already;
+    at the end it spans the run, its per-step points carry the times their steps ended, and
+    `loss` and `step_time_s` are logged at the same optimizer steps (before: created after the
+    run ended, every point stamped alike, step_time_s counted from 0 where loss began at 1)."""
+    from datetime import datetime
+
     from mlflow.tracking import MlflowClient
 
+    steps = 40
+    matrix = list(MATRIX)
+    matrix[matrix.index("--steps") + 1] = str(steps)
     res = tmp_path / "results"
-    proc = subprocess.run(cli("run", "--results", str(res), "--mlflow-uri", mlflow_server,
-                              "--mlflow-experiment", "e2e", *MATRIX),
-                          cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    proc = subprocess.Popen(cli("run", "--results", str(res), "--mlflow-uri", mlflow_server,
+                                "--mlflow-experiment", "e2e", *matrix),
+                            cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    client = MlflowClient(tracking_uri=mlflow_server)
+    live = []  # (status, points of loss) seen while the suite ran
+    try:
+        while proc.poll() is None:
+            exp = client.get_experiment_by_name("e2e")
+            for run in client.search_runs([exp.experiment_id]) if exp else []:
+                live.append((run.info.status, len(client.get_metric_history(run.info.run_id, "loss"))))
+            time.sleep(0.2)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, out + err
+    assert any(status == "RUNNING" for status, _ in live), live
+    assert any(status == "RUNNING" and n > 0 for status, n in live), live  # points while it trains
     (run_dir,) = [p for p in res.iterdir() if (p / "result.json").exists()]
     record = json.loads((run_dir / "result.json").read_text())
 
-    client = MlflowClient(tracking_uri=mlflow_server)
     exp = client.get_experiment_by_name("e2e")
     (run,) = client.search_runs([exp.experiment_id])
     assert run.info.run_name == record["run_id"] and run.info.status == "FINISHED"
+    started = datetime.fromisoformat(record["started_at"]).timestamp()
+    finished = datetime.fromisoformat(record["finished_at"]).timestamp()
+    assert run.info.start_time / 1000 <= started and run.info.end_time / 1000 >= finished
     p = run.data.params
-    assert (p["strategy"], p["world_size"], p["seq_len"], p["steps"], p["precision"]) == ("ddp", "1", "64", "6", "fp32")
-    losses = client.get_metric_history(run.info.run_id, "loss")
-    assert [m.step for m in sorted(losses, key=lambda m: m.step)] == [1, 2, 3, 4, 5, 6]
-    assert [m.value for m in sorted(losses, key=lambda m: m.step)] == pytest.approx(record["loss_per_step"])
-    times = client.get_metric_history(run.info.run_id, "step_time_s")
-    assert sorted(m.value for m in times) == pytest.approx(sorted(record["step_time_s"]["all"]))
+    assert (p["strategy"], p["world_size"], p["seq_len"], p["steps"], p["precision"]) == \
+        ("ddp", "1", "64", str(steps), "fp32")
+    losses = sorted(client.get_metric_history(run.info.run_id, "loss"), key=lambda m: m.step)
+    times = sorted(client.get_metric_history(run.info.run_id, "step_time_s"), key=lambda m: m.step)
+    assert [m.step for m in losses] == [m.step for m in times] == list(range(1, steps + 1))
+    assert [m.value for m in losses] == pytest.approx(record["loss_per_step"], rel=1e-5)
+    measured = [m.value for m in times[record["warmup_steps"]:]]  # no checkpoint steps in this run
+    assert measured == pytest.approx(record["step_time_s"]["all"], abs=1e-6)
+    # Each point carries the time its step ended: within the run, in step order, not all alike.
+    stamps = [m.timestamp / 1000 for m in losses]
+    assert stamps == sorted(stamps) and len(set(stamps)) > 1
+    assert started <= stamps[0] and stamps[-1] <= finished + 1
     assert run.data.metrics["tokens_per_s"] == pytest.approx(record["tokens_per_s"])
     assert run.data.metrics["step_time_p90_s"] == pytest.approx(record["step_time_s"]["p90"])
     tags = run.data.tags
-    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    assert tags["mlflow.source.git.commit"] == head
+    # The checkout's commit when the suite started, or a later one (others commit meanwhile).
+    commit = tags["mlflow.source.git.commit"]
+    assert subprocess.run(["git", "-C", str(REPO), "merge-base", "--is-ancestor", head, commit]).returncode == 0
     assert tags["version.torch"] == record["versions"]["torch"] and tags["shardbench.status"] == "ok"
     names = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"result.json", "log.txt", "spec.json"} <= names
