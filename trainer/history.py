@@ -2,12 +2,20 @@
 run restores its history from the checkpoint, so its record covers the whole run."""
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from shardbench.trainer.checkpoint import Checkpointer
 from shardbench.trainer.config import RunConfig
 from shardbench.trainer.process import mean_over_ranks
 from shardbench.trainer.record import CheckpointCost, ResultRecord
+
+SAVE_TIMES = "save_times.json"
+"""In the checkpoint root: the seconds of every committed save, by step (rank 0 writes it). A
+checkpoint's history holds the saves that ended before it was written, never its own: a resumed
+run reads its own time (and the history's) from here, so save_s_mean covers every attempt."""
 
 
 @dataclass
@@ -33,6 +41,9 @@ class CheckpointHooks:
 
     def __init__(self, ckpt: Checkpointer, history: History, world_size: int):
         self.ckpt, self.h, self.world_size = ckpt, history, world_size
+        self._steps: list[int] = []  # steps this process saved, in commit order
+        self._earlier = 0  # save times restored from earlier attempts (first in stats.save_s)
+        self._noted = 0  # this process's save times already in SAVE_TIMES
 
     def resume(self, record: ResultRecord) -> int:
         """The step to start from; the state is loaded and the history restored when --resume
@@ -45,7 +56,9 @@ class CheckpointHooks:
             # A checkpoint saved before gradient norms were recorded has none: None per step.
             h.grad_norms = list(saved.get("grad_norms", [None] * len(h.losses)))
             h.ckpt_step_times = list(saved["ckpt_step_times"])
-            stats.save_s = list(saved["save_s"]) + stats.save_s
+            earlier = self._save_times_until(step)
+            stats.save_s = (earlier if earlier is not None else list(saved["save_s"])) + stats.save_s
+            self._earlier = len(stats.save_s)
             stats.blocking_s = list(saved["blocking_s"]) + stats.blocking_s
             stats.saves = saved["saves"]
             h.restarts = saved["restarts"] + 1
@@ -60,10 +73,38 @@ class CheckpointHooks:
         if dt is not None and (due or in_flight):
             self.h.ckpt_step_times.append(dt)  # before the save, so its history holds this step
         if due:
+            self._steps.append(done)
             blocked = self.ckpt.save(done, self._saved_history())
             if dt is not None:
                 self.h.ckpt_step_times[-1] += blocked
+        self._note_save_times()
         return due or in_flight
+
+    def _note_save_times(self) -> None:
+        """Rank 0 adds the saves committed since last time to SAVE_TIMES (outside the timed step;
+        an async save's time is known once it is committed)."""
+        times = self.ckpt.stats.save_s[self._earlier + self._noted:]
+        if not times or self.ckpt.rank != 0:
+            return
+        path = Path(self.ckpt.root) / SAVE_TIMES
+        known = _read_times(path)
+        for step, seconds in zip(self._steps[self._noted:], times):
+            known[str(step)] = seconds
+        self._noted += len(times)
+        try:
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_text(json.dumps(known, sort_keys=True))
+            os.replace(tmp, path)
+        except OSError:
+            pass  # only the resumed run's save_s_mean would miss these: the checkpoints are what counts
+
+    def _save_times_until(self, step: int) -> list[float] | None:
+        """The time of every save up to the resumed checkpoint's, in step order; None when SAVE_TIMES
+        lacks that checkpoint's own (then the checkpoint's history is all there is)."""
+        known = _read_times(Path(self.ckpt.root) / SAVE_TIMES)
+        if str(step) not in known:
+            return None
+        return [known[k] for k in sorted(known, key=int) if int(k) <= step]
 
     def _saved_history(self) -> dict:
         """What a resumed run needs to report the whole run: losses averaged over ranks now
@@ -76,6 +117,7 @@ class CheckpointHooks:
                 "blocking_s": s.blocking_s, "restarts": h.restarts}
 
     def cost(self, cfg: RunConfig) -> CheckpointCost:
+        self._note_save_times()  # an async save committed after the loop
         s = self.ckpt.stats
         return CheckpointCost(
             every=cfg.checkpoint_every, keep=cfg.keep_checkpoints, async_save=cfg.async_checkpoint,
@@ -84,3 +126,12 @@ class CheckpointHooks:
             blocking_s_mean=sum(s.blocking_s) / len(s.blocking_s) if s.blocking_s else None,
             load_s=s.load_s, size_bytes_per_rank=list(s.sizes), size_bytes=sum(s.sizes) if s.sizes else None,
             resumed_from_step=s.resumed_step, restarts=self.h.restarts, step_time_s=list(self.h.ckpt_step_times))
+
+
+def _read_times(path: Path) -> dict[str, float]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return {k: float(v) for k, v in data.items() if k.isdigit() and isinstance(v, (int, float))} \
+        if isinstance(data, dict) else {}

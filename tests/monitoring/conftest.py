@@ -99,6 +99,8 @@ class LiveRun:
     start: float
     end: float
     log: str
+    first_record: dict
+    """The record of the earlier run it resumed from (its checkpoint's)."""
 
 
 def start_prometheus(tmp: Path, targets: list[str], rules: dict | None = None) -> tuple[subprocess.Popen, PromAPI]:
@@ -146,6 +148,7 @@ def live_run(tmp_path_factory) -> LiveRun:
     first = subprocess.run(command(args, "torchrun", 2, tmp), cwd=REPO, env=cpu_env(), capture_output=True,
                            text=True, timeout=240)
     assert first.returncode == 0, first.stderr[-3000:]
+    first_record = json.loads(first.stdout.split(START_MARKER, 1)[1].split(END_MARKER, 1)[0])
     port = free_port()
     while not port_free(port + 1):
         port = free_port()
@@ -161,7 +164,7 @@ def live_run(tmp_path_factory) -> LiveRun:
         assert run.returncode == 0, run.stderr[-3000:]
         record = json.loads(run.stdout.split(START_MARKER, 1)[1].split(END_MARKER, 1)[0])
         time.sleep(1.0)  # one more rule evaluation over the last samples
-        yield LiveRun(api, record, start, end, run.stderr)
+        yield LiveRun(api, record, start, end, run.stderr, first_record)
     finally:
         prom.terminate()
         prom.wait(timeout=30)

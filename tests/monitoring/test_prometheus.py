@@ -35,6 +35,12 @@ def test_scraped_values_are_the_runs_numbers(live_run):
     assert last(live_run, "shardbench_restarts_total") == rec["checkpoint"]["restarts"] == 1
     assert last(live_run, "shardbench_checkpoint_load_seconds") == pytest.approx(rec["checkpoint"]["load_s"])
     assert last(live_run, "shardbench_checkpoint_saves_total") == rec["checkpoint"]["saves"] == 3
+    # save_s_mean covers every attempt's saves: the first run's two (25, 50; the checkpoint of 50
+    # cannot hold its own time) and this run's one (55, the last save the exporter saw).
+    first = live_run.first_record["checkpoint"]
+    assert first["saves"] == 2
+    assert rec["checkpoint"]["save_s_mean"] * 3 == pytest.approx(
+        first["save_s_mean"] * 2 + last(live_run, "shardbench_checkpoint_save_seconds"), rel=1e-6)
     # Rank 0's step times are the record's: its last 9 entries are this process's.
     times = rec["step_time_s"]["all"]
     assert last(live_run, "shardbench_step_duration_seconds_sum") == pytest.approx(sum(times[-9:]))
