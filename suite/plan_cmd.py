@@ -67,6 +67,7 @@ def shape_context(shape: str | None) -> tuple[dict, int | None, dict]:
     s, links = v.get("shape") or {}, v.get("links") or {}
     mem = int(float(s["gpuMemoryGiB"]) * GiB) if s.get("gpuMemoryGiB") else None
     return (v.get("run") or {}), mem, {
+        "shape": s.get("name") or shape,
         "gpus_per_node": s.get("gpusPerNode") or v.get("gpusPerWorker") or 1, "peak_tflops": s.get("peakTflopsBf16"),
         "intra_node_GBps": links.get("intraNodeGBps"), "inter_node_GBps": links.get("interNodeGBps"),
         "alpha_us": links.get("alphaUs"), "cpu_shared_slowdown": links.get("cpuSharedSlowdown"),
@@ -131,11 +132,13 @@ def one_rank_records(results: Path) -> list[dict]:
 def calibration(records: list[dict], inp) -> dict | None:
     """Achieved FLOP/s of one rank: the fastest of `records` (ok, world size 1) that ran the
     configuration `inp` plans; None when none did (another configuration's rate is not its own)."""
+    from shardbench.trainer.plan import timing
+
     best = None
     for r in records:
         if not _same_run(inp, r):
             continue
-        rate = r["tokens_per_s"] * r["flops_per_token"]
+        rate = timing.achieved_flops(r)
         if best is None or rate > best["achieved_flops"]:
             best = {"achieved_flops": rate, "source": f"calibrated: {r['run_id']} "
                                                        f"({rate / 1e9:.2f} GFLOP/s achieved at world size 1)"}

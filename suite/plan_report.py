@@ -49,7 +49,7 @@ def _calibrated(p: dict, r: dict, bases: dict[tuple, dict]) -> dict:
     best = bases.get(_key(r))
     if best is None:
         return p
-    cal = {"achieved_flops": best["tokens_per_s"] * best["flops_per_token"],
+    cal = {"achieved_flops": timing.achieved_flops(best),
            "source": f"calibrated on {best.get('run_id')}"}
     try:
         step = timing.step_time(PlanInput(**p["input"]), p.get("comm_per_step") or {}, p.get("links") or {}, cal)

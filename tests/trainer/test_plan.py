@@ -249,3 +249,22 @@ def test_reduce_buckets_pack_gradients_as_deepspeed_does():
     assert formulas.reduce_bucket_flushes(params, 1000) == 1
     assert formulas.reduce_bucket_flushes(params, 60) == 3   # [c, b] [big] [a]
     assert formulas.reduce_bucket_flushes(params, 50) == 4   # [c] [b] [big] [a]
+
+
+def test_step_time_counts_recompute_and_states_the_shapes_mfu():
+    """Activation checkpointing's recompute (each block's forward again) is in the compute time,
+    and the assumed MFU is the shape's measured figure (torchtitan's, per shape; was a fixed 40%)."""
+    from shardbench.suite.plan_cmd import shape_context
+    from shardbench.trainer.plan import timing
+
+    _, _, links = shape_context("h100")
+    inp = PlanInput("ddp", 1, model="gpt2-124m", seq_len=1024, micro_batch=4, precision="bf16", device="cuda")
+    plain, ac = (timing.step_time(PlanInput(**{**inp.to_dict(), "activation_checkpointing": a}), {}, links, None)
+                 for a in (False, True))
+    cfg = inp.model_config()
+    base = timing.flops_per_token(cfg, 1024)
+    assert ac["compute_s"] / plain["compute_s"] == pytest.approx((base + timing.recompute_flops_per_token(cfg, 1024))
+                                                                 / base)
+    assert 1.2 < ac["compute_s"] / plain["compute_s"] < 1.34  # up to a third more: one more forward of the blocks
+    assert "assumed MFU 33% (torchtitan" in plain["compute_source"] and "recompute" in ac["compute_source"]
+    assert plain["compute_rate_flops"] == pytest.approx(links["peak_tflops"] * 1e12 * 0.33)

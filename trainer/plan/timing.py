@@ -1,8 +1,10 @@
 """Step time = compute + exposed communication.
 
-Compute: training FLOPs of one rank's tokens (6N + 12LdT per token, trainer/model.py) at the
-FLOP/s one rank achieves, calibrated from a measured run of the same shape (achieved FLOP/s of
-a world-size-1 run), else the device's peak times an assumed efficiency. On CPU, ranks of one
+Compute: training FLOPs of one rank's tokens (6N + 12LdT per token, trainer/model.py; with
+activation checkpointing + each block's forward again) at the FLOP/s one rank achieves,
+calibrated from a measured run of the same configuration (achieved FLOP/s of a world-size-1
+run, its recompute included), else the device's peak times the shape's assumed MFU
+(ASSUMED_MFU: torchtitan's measured figures, stated in every plan). On CPU, ranks of one
 machine share its memory bandwidth, caches and whatever else runs there, which a world-size-1
 calibration does not see: compute at world size > 1 is slowed by the shape's
 `links.cpuSharedSlowdown` (values/cpu.yaml: measured by benchmarks/steptime_breakdown.py, two
@@ -28,7 +30,43 @@ from shardbench.trainer.plan.inputs import PlanInput
 from shardbench.trainer.presets import ModelConfig
 
 DEFAULT_EFFICIENCY = 0.4
-"""Assumed fraction of the peak reached by compute when no measured run calibrates it."""
+"""Assumed fraction of the peak reached by compute for a shape with no measured figure below."""
+
+ASSUMED_MFU = {
+    # shape: (fraction of the bf16 dense peak compute reaches, where the figure comes from)
+    "h100": (0.33, "torchtitan docs/performance.md: Llama 3.1 8B, FSDP, 8 and 128 H100 (500 W), bf16: "
+                   "33% (torch.compile) to 39% MFU; the low end"),
+    "h200": (0.33, "as h100 (the same compute die; no torchtitan figure for H200)"),
+    "a100": (0.56, "torchtitan docs/performance.md: Llama 3 8B, FSDP2, 64 A100 80GB, local batch 1: "
+                   "56.3-58.2% MFU"),
+}
+"""Per shape (values/<shape>.yaml `shape.name`), measured by others on models larger than the
+presets here (a small model reaches less); `--calibrate` replaces it with a run's own rate.
+A shape not listed gets DEFAULT_EFFICIENCY, said as an assumption in the plan."""
+
+
+def assumed_mfu(shape: str | None) -> tuple[float, str]:
+    mfu, source = ASSUMED_MFU.get(shape or "", (DEFAULT_EFFICIENCY, "no measured figure for this shape: assumed"))
+    return mfu, source
+
+
+def recompute_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
+    """Activation checkpointing (every block) runs each block's forward again in backward:
+    2 FLOPs per block parameter + the attention scores' 4LdT per token, on top of 6N + 12LdT."""
+    per_block = (cfg.flops_params() - cfg.vocab_size * cfg.n_embd - 2 * cfg.n_embd) / max(1, cfg.n_layer)
+    return 2.0 * cfg.n_layer * per_block + 4.0 * cfg.n_layer * cfg.n_embd * seq_len
+
+
+def achieved_flops(record: dict) -> float:
+    """FLOP/s one rank of a measured run computed, recompute included (its record's
+    flops_per_token counts the model's FLOPs only, as MFU does)."""
+    from shardbench.trainer.plan.inputs import PlanInput
+
+    flops = float(record["flops_per_token"])
+    if record.get("activation_checkpointing"):
+        inp = PlanInput.from_record(record)
+        flops += recompute_flops_per_token(inp.model_config(), inp.effective_seq_len())
+    return float(record["tokens_per_s"]) * flops / max(1, int(record.get("world_size") or 1))
 
 
 
@@ -97,11 +135,16 @@ def step_time(inp: PlanInput, comm: dict, links: dict, calibration: dict | None)
     if calibration and calibration.get("achieved_flops"):
         rate, source = float(calibration["achieved_flops"]), calibration.get("source", "calibrated")
     elif links.get("peak_tflops"):
-        rate = float(links["peak_tflops"]) * 1e12 * DEFAULT_EFFICIENCY
-        source = f"peak {links['peak_tflops']} TFLOP/s x assumed efficiency {DEFAULT_EFFICIENCY}"
+        mfu, why_mfu = assumed_mfu(links.get("shape"))
+        rate = float(links["peak_tflops"]) * 1e12 * mfu
+        source = f"peak {links['peak_tflops']} TFLOP/s x assumed MFU {mfu:.0%} ({why_mfu})"
     else:
         return {**out, "why": "no calibration run and no peak FLOP/s for this device"}
-    compute = flops_per_token(cfg, T) * inp.micro_batch * inp.grad_accum * T / rate
+    flops = flops_per_token(cfg, T)
+    if inp.activation_checkpointing:
+        flops += recompute_flops_per_token(cfg, T)
+        source += "; + activation checkpointing's recompute (each block's forward again)"
+    compute = flops * inp.micro_batch * inp.grad_accum * T / rate
     slowdown = shared_slowdown(inp, links)
     if slowdown != 1.0:
         compute *= slowdown
