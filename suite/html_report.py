@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import base64
 import html
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -234,7 +233,8 @@ def render(an: Analysis, results_dir: Path, plot_files: list[Path], markdown: st
     for heading, body in sections(markdown):
         content = special[heading]() if heading in special else md.render(body)
         if heading in COLLAPSED:
-            parts.append(f"<details><summary><h2 style=\"display:inline\">{esc(heading)}</h2></summary>{content}</details>")
+            parts.append(f'<details><summary><h2 style="display:inline">{esc(heading)}</h2></summary>'
+                         f"{content}</details>")
         else:
             parts.append((f"<h2>{esc(heading)}</h2>" if heading else "") + content)
     parts.append("</body></html>")

@@ -344,7 +344,8 @@ def write_outputs(tuner: Tuner, results: list[Tuning]) -> Path:
              f"is that small; MedianPruner) at world size {tuner.base.world_sizes[0]} and the base matrix's "
              "global batch; memory limit " + (f"{tuner.limit / 2**30:.3f} GiB per rank" if tuner.limit else "none")
              + f"; planner: {tuner.planner_name}; {tuner.repeats} re-measured repeats each. Every trial: "
-             "[tune.json](tune.json); the full report of the re-measured runs: [report/](report/BENCHMARK_REPORT.md).\n\n")
+             "[tune.json](tune.json); the full report of the re-measured runs: "
+             "[report/](report/BENCHMARK_REPORT.md).\n\n")
     section = tune_report.tuned_section(load_records(out / "remeasure"), tuning)
     trials = "\n\n".join(tune_report.trials_section(t.strategy, t.trials or [], t.best) for t in results)
     (out / "TUNING.md").write_text(intro + section + "\n\n" + trials + "\n")
@@ -369,7 +370,8 @@ def _write_tuned_matrix(tuner: Tuner, t: Tuning) -> None:
     data.update(results=f"results/tuned-{t.strategy}", grad_accum=None,
                 global_batch=base.global_batch or base.micro_batch * (base.grad_accum or 1) * base.world_sizes[0])
     (tuner.out / f"tuned-{t.strategy}.yaml").write_text(
-        f"# shardbench tune: the best of {tuner.n_trials} trials for {t.strategy}\n" + yaml.safe_dump(data, sort_keys=False))
+        f"# shardbench tune: the best of {tuner.n_trials} trials for {t.strategy}\n"
+        + yaml.safe_dump(data, sort_keys=False))
 
 
 def _params(p: dict[str, Any]) -> str:
@@ -388,7 +390,8 @@ def add_parser(sub, add_matrix_flags, add_cluster_flags) -> None:
                    help="device memory per rank (GiB): configurations over it are rejected or infeasible")
     p.add_argument("--space", action="append", default=[], metavar="KEY=[V,...]",
                    help="search these values of a knob (YAML list), e.g. --space micro_batch=[2,4]")
-    p.add_argument("--out", type=Path, default=Path("results/tune"), help="trials, re-measures, TUNING.md, tuned-*.yaml")
+    p.add_argument("--out", type=Path, default=Path("results/tune"),
+                   help="trials, re-measures, TUNING.md, tuned-*.yaml")
     p.add_argument("--tune-seed", type=int, default=0, help="seed of the sampler")
 
 

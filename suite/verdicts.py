@@ -128,7 +128,8 @@ def decide(cat: Any, group: list[Any], label: str, cv: float | None) -> Verdict 
     cv_here = _cv(b, s, cv)
     if not all(c.get(cat.metric).has_interval for c in cands):
         v.repeats_hint = repeats_needed(abs(b.mean), abs(s.mean), cv_here, len(cands))
-        v.kind, v.text = "one repeat", f"no winner from one repeat: {describe(best, cat)} vs {others}; {_hint(v, b, s, cv_here)}"
+        v.kind = "one repeat"
+        v.text = f"no winner from one repeat: {describe(best, cat)} vs {others}; {_hint(v, b, s, cv_here)}"
         return v
     v.pvalues = [welch(b, c.get(cat.metric)) for c in cands[1:]]
     separated = holm_rejected(v.pvalues, ALPHA)

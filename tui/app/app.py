@@ -1,9 +1,10 @@
 """benchtui: the Textual app. State lives in `RunBoard`; slow work runs in thread workers.
 
 Data flow: the Matrix screen builds a MatrixSpec -> a `Runner` (shardbench.suite.runner) runs it in a
-thread worker; the Runs screen cancels through the runner's cancel(run_id) / cancel_all() -> each suite event is posted into the
-app as a typed Message (shardbench.tui.app.messages) -> handlers fold it into the board and update the
-screens that show it. Results are read back from results/<run-id>/result.json in a worker.
+thread worker; the Runs screen cancels through the runner's cancel(run_id) / cancel_all() -> each
+suite event is posted into the app as a typed Message (shardbench.tui.app.messages) -> handlers fold
+it into the board and update the screens that show it. Results are read back from
+results/<run-id>/result.json in a worker.
 """
 from __future__ import annotations
 
@@ -121,7 +122,8 @@ class BenchApp(App):
         yield from super().get_system_commands(screen)
         yield SystemCommand("Run matrix", "Start the matrix on the Matrix screen", self.action_run_matrix)
         yield SystemCommand("Cancel all runs", "Stop the current run and skip the rest", self.action_cancel_all)
-        yield SystemCommand("Write report", "metrics.csv, PNG plots, BENCHMARK_REPORT.md, report.html", self.action_write_report)
+        yield SystemCommand("Write report", "metrics.csv, PNG plots, BENCHMARK_REPORT.md, report.html",
+                            self.action_write_report)
         yield SystemCommand("Open results dir", "Show the results of a past matrix",
                             self.results_screen.action_open_dir)
         yield SystemCommand("Reload results", "Read result.json files again", self.action_reload_results)
@@ -279,7 +281,8 @@ class BenchApp(App):
             return
         names = ", ".join(s.run_id for s in specs[:3]) + (f" and {len(specs) - 3} more" if len(specs) > 3 else "")
         self.push_screen(Confirm(f"Re-measure {len(specs)} run(s) ({names})? The current results move to "
-                                 "<run>/attempts/ (kept); a run cancelled before it finishes keeps its earlier result."),
+                                 "<run>/attempts/ (kept); a run cancelled before it finishes keeps its earlier "
+                                 "result."),
                          callback=lambda yes: yes and self._remeasure(specs))  # type: ignore[func-returns-value]
 
     def _remeasure(self, specs: list) -> None:
@@ -319,7 +322,8 @@ class BenchApp(App):
         try:  # a bad record or directory must not take the app down nor leave the screen empty
             records = load_records(self.results_dir) if self.results_dir.is_dir() else []
             unreadable = sum(r.get("status") == "unreadable" for r in records)
-            source = f"{len(records)} result(s) in {self.results_dir}" + (f" ({unreadable} unreadable)" if unreadable else "")
+            source = (f"{len(records)} result(s) in {self.results_dir}"
+                      + (f" ({unreadable} unreadable)" if unreadable else ""))
             if not records:
                 source += f": {empty_hint(self.results_dir)}"
             view = compute(records)

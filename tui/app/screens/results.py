@@ -121,7 +121,8 @@ class ResultsScreen(Screen):
             style = row_style(row)
             table.add_row(*[Cell(v, spec, style) for v, (_, _, spec) in zip(row.cells, COLUMNS)], key=row.key)
         self._sort()
-        text = ("[b]Verdicts[/b] (a winner only when Welch tests separate it from every other candidate, Holm 5%)\n" + "\n".join(view.verdicts)
+        text = ("[b]Verdicts[/b] (a winner only when Welch tests separate it from every other candidate, Holm 5%)\n"
+                + "\n".join(view.verdicts)
                 if view.verdicts else "[b]Verdicts[/b]: need at least two strategies with ok runs at the same size.")
         if view.fault_table:  # runs that checkpointed: the report's fault-tolerance table (no markup in it)
             text += "\n\n[b]Fault tolerance[/b]\n" + "\n".join(view.fault_table)
