@@ -3,7 +3,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: bench test setup tools
+.PHONY: bench test setup tools lint
 
 setup:
 	bash scripts/bootstrap.sh
@@ -20,5 +20,10 @@ BENCH_ARGS ?=
 bench: setup
 	PYTHONWARNINGS=ignore::FutureWarning $(VENV)/bin/shardbench run --report reports/default $(BENCH_ARGS)
 
-test: tools
+# The linter and the type checker over the package (settings in pyproject.toml): zero errors.
+lint: setup
+	$(VENV)/bin/ruff check
+	$(VENV)/bin/mypy
+
+test: tools lint
 	PYTHONWARNINGS=ignore::FutureWarning $(PY) -m pytest -q
