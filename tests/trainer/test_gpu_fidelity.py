@@ -376,8 +376,7 @@ def test_every_ray_rank_selects_its_own_gpu_with_several_per_node(monkeypatch):
 
 
 PROBE = textwrap.dedent("""
-    import json, os, sys
-    import ray  # noqa: F401 - as a rank's interpreter would have it
+    import json, os
     visible = [d for d in os.environ["CUDA_VISIBLE_DEVICES"].split(",") if d]
     local = int(os.environ["LOCAL_RANK"])
     ok = 0 <= local < len(visible)  # what torch.cuda.set_device(LOCAL_RANK) needs
