@@ -65,8 +65,10 @@ def rank_pid(marker: str, rank: int) -> int | None:
 
 
 def launcher_pid(marker: str) -> int | None:
-    """The top of the attempt's launcher chain (the process whose parent is not in it)."""
-    procs = attempt_processes(marker)
+    """The top of the attempt's launcher chain (the process whose parent is not in it), below the
+    suite's supervisor (`python -m shardbench.suite.procs`, which is not the launcher)."""
+    procs = {pid: argv for pid, argv in attempt_processes(marker).items()
+             if argv[1:3] != ["-m", "shardbench.suite.procs"]}
     tops = [pid for pid in procs if _ppid(pid) not in procs and not _is_rank(procs[pid])]
     return min(tops) if tops else None
 

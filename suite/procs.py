@@ -11,13 +11,29 @@ watched, and again before every signal, so a rank that was orphaned is still kno
 continued) to the ranks so they can report, then to the launchers, then SIGKILL to whatever is left
 after the grace periods. SIGKILL also ends stopped processes.
 Linux /proc only (the local backend's platform).
+
+`python -m shardbench.suite.procs CMD...` (`supervise`) is how the local backend starts a launcher:
+CMD runs as its child, and when the suite dies outright (SIGKILL, OOM: the kernel's
+PR_SET_PDEATHSIG turns that into a SIGTERM here) or stops the run, this process ends CMD's tree
+the same way, ranks first. It also relays CMD's output, and keeps draining it once its own reader
+(the suite) is gone. Both matter under mpirun: prterun, SIGTERMed or hit by a broken pipe, SIGTERMs
+its ranks and SIGKILLs them as soon as any child exits (its sleep before SIGKILL ends on
+SIGCHLD), often before rank 0 has renamed its result.json (3 records of 6 lost). A failed non-zero
+rank also holds its exit while rank 0 writes (trainer/lifeline.py `hold_for_rank0`), so mpirun's
+reaction to that rank's exit cannot cut rank 0 short either.
 """
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
+
+SUPERVISED_GRACE_S = 20.0
+"""Seconds the supervisor gives the ranks to report after their SIGTERM (they hold for rank 0)."""
 
 
 def _stat_fields(pid: int) -> list[str] | None:
@@ -112,3 +128,61 @@ class ProcessTree:
         while pending() and time.monotonic() < deadline:
             time.sleep(0.1)
             self.refresh()
+
+
+def _die_with_parent() -> None:
+    """SIGTERM to this process when its parent exits (Linux; elsewhere nothing)."""
+    from shardbench.trainer.lifeline import _set_pdeathsig
+
+    _set_pdeathsig(signal.SIGTERM)
+
+
+def supervise(argv: list[str], grace_s: float = SUPERVISED_GRACE_S) -> int:
+    """Run `argv` and return its exit status (128 + signal when a signal ended it); on SIGTERM,
+    SIGINT or SIGHUP (its parent died, or was asked to stop) end argv's whole tree, ranks first."""
+    parent = os.getppid()
+    _die_with_parent()
+    if os.getppid() != parent:  # the suite died before prctl took effect
+        return 143
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        # The launcher dies with this process too (SIGKILL to it, e.g. a kill-launcher fault's).
+        child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+    except OSError as exc:
+        print(f"shardbench: could not start {argv[0]}: {exc}", file=sys.stderr, flush=True)
+        return 127
+    relay = threading.Thread(target=_relay, args=(child.stdout.fileno(), sys.stdout.fileno()), daemon=True)  # type: ignore[union-attr]
+    relay.start()
+    tree = ProcessTree(child.pid)
+    while child.poll() is None:
+        tree.refresh()  # learn the ranks while their parents live
+        if stop.wait(0.25):
+            tree.kill(grace_s)
+            break
+    code = child.wait()
+    relay.join(timeout=10)  # the output's end (a rank that outlived its launcher may hold the pipe)
+    return 128 - code if code < 0 else code
+
+
+def _relay(src: int, dst: int) -> None:
+    """Copy `src` to `dst` until EOF; once `dst` fails (its reader died) keep reading and drop,
+    so the launcher writing into `src` never meets a broken pipe."""
+    writable = True
+    while True:
+        try:
+            chunk = os.read(src, 65536)
+        except OSError:
+            return
+        if not chunk:
+            return
+        while writable and chunk:
+            try:
+                chunk = chunk[os.write(dst, chunk):]
+            except OSError:
+                writable = False
+
+
+if __name__ == "__main__":
+    sys.exit(supervise(sys.argv[1:]))

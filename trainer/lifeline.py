@@ -10,6 +10,15 @@ torchrun -> rank):
   the rank is stuck in a collective and cannot act on it, the watchdog exits it after a grace.
 Linux only; elsewhere both are skipped. `python -m shardbench.trainer.lifeline CMD...` runs CMD tied the
 same way to the process that started it (the local backend starts launchers so).
+
+Rank 0's record outlives the launcher's teardown: prterun SIGKILLs the ranks still running as
+soon as one rank exits after a SIGTERM (its sleep before SIGKILL ends on SIGCHLD), which can be
+before rank 0 has renamed its result.json. So rank 0, as it starts reporting a failure, leaves a
+marker (`announce_rank0`: host, pid, start time) in its output dir, and every other rank that
+fails holds its exit (`hold_for_rank0`) while that rank 0 lives on this host, runs (not stopped)
+and has not written its record, for at most RANK0_HOLD_S. A rank 0 that has not started reporting
+within RANK0_START_S is not waited for: it may be blocked in a collective that only this rank's
+exit (its closed sockets) ends.
 """
 from __future__ import annotations
 
@@ -23,6 +32,12 @@ PR_SET_PDEATHSIG = 1
 # Words in a process's command line that make it part of the launch chain.
 LAUNCHER_WORDS = ("mpirun", "mpiexec", "prterun", "prted", "orterun", "orted", "hydra_pmi_proxy",
                   "torchrun", "torch.distributed.run", "deepspeed")
+RANK0_MARKER = ".rank0-reporting"
+"""In the trainer's output dir: `host pid starttime` of the rank 0 that is writing result.json."""
+RANK0_START_S = 1.0
+"""How long a failed non-zero rank waits for rank 0 to start reporting."""
+RANK0_HOLD_S = 10.0
+"""At most this long a failed non-zero rank waits for rank 0's record (a stuck rank 0 costs this)."""
 HARD_EXIT_GRACE_S = 30.0
 """After SIGTERM, seconds the rank may take to report before the watchdog ends it (os._exit)."""
 
@@ -93,6 +108,53 @@ def tie_to_launcher(interval_s: float = 1.0) -> list[tuple[int, str]]:
     if chain:
         threading.Thread(target=_watch, args=(chain, interval_s), name="lifeline", daemon=True).start()
     return chain
+
+
+def announce_rank0(output_dir: str | None) -> None:
+    """Rank 0, failing: say who is writing `output_dir`/result.json now (best effort: a rank that
+    cannot read it simply does not wait)."""
+    if not output_dir:
+        return
+    import socket
+
+    try:
+        with open(os.path.join(output_dir, RANK0_MARKER), "w") as fh:
+            fh.write(f"{socket.gethostname()} {os.getpid()} {_identity(os.getpid())}\n")
+    except OSError:
+        pass
+
+
+def _rank0_busy(output_dir: str, since: float) -> bool | None:
+    """True: rank 0 of this run is reporting on this host (alive, not stopped, record not yet
+    written); None: it has not started reporting; False: nothing to wait for."""
+    import socket
+
+    try:
+        if os.stat(os.path.join(output_dir, "result.json")).st_mtime >= since:
+            return False  # written during this run
+    except OSError:
+        pass
+    try:
+        host, pid, ident = open(os.path.join(output_dir, RANK0_MARKER)).read().split()
+    except (OSError, ValueError):
+        return None
+    fields = _stat(int(pid)) if pid.isdigit() else None
+    return (host == socket.gethostname() and fields is not None and len(fields) > 19
+            and fields[19] == ident and fields[0] not in ("T", "t", "Z", "X"))
+
+
+def hold_for_rank0(output_dir: str | None, since: float, limit_s: float = RANK0_HOLD_S) -> None:
+    """A non-zero rank that failed: wait (at most `limit_s`) while rank 0 is still writing its
+    record, so the launcher does not end rank 0 the moment this rank exits (see the module doc).
+    `since`: this process's start (a result.json older than that is an earlier run's)."""
+    if not output_dir:
+        return
+    start = time.monotonic()
+    while time.monotonic() < start + limit_s:
+        busy = _rank0_busy(output_dir, since)
+        if busy is False or (busy is None and time.monotonic() > start + RANK0_START_S):
+            return
+        time.sleep(0.05)
 
 
 def exec_tied(argv: list[str]) -> None:

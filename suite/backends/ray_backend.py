@@ -94,8 +94,13 @@ class RayBackend(LocalBackend):
                           ray_gpus_per_rank=1 if spec.device != "cpu" and local_gpu_count() else 0)
         return build_command(plan)
 
+    def tied(self, cmd: list[str]) -> list[str]:
+        """The driver exec'd through trainer.lifeline (SIGTERM when the suite dies): it stops its
+        own ranks and Ray in order, which a supervisor signalling the tree's leaves would break."""
+        return [sys.executable, "-m", "shardbench.trainer.lifeline", *cmd]
+
     def run(self, spec, run_dir: Path, emit: Emit, cancel: threading.Event, timeout_s: float | None) -> dict[str, Any]:
-        run_dir, emit = Path(run_dir), guarded(emit)
+        run_dir, emit = Path(os.path.abspath(run_dir)), guarded(emit)
         start = time.time()
         ckpt = run_dir / CHECKPOINTS
         if _needs_checkpoints(spec):
