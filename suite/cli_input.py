@@ -6,6 +6,7 @@ importing each other.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 from dataclasses import asdict, fields
@@ -73,6 +74,10 @@ def effective_matrix(args: argparse.Namespace) -> MatrixSpec:
         overrides["shape"] = None  # --shape none: hardware unknown (no peak, no price)
     data = {**asdict(spec), **overrides}
     options = data.pop("options")
+    if isinstance(data.get("results"), str) and data["results"] and not data["results"].startswith("-"):
+        # Resolved once, here: the launchers run in each run's own directory, so a path relative
+        # to the user's directory would land elsewhere (in the checkout, once) and lose ZeRO runs.
+        data["results"] = os.path.abspath(data["results"])
     matrix = matrix_from_dict({**data, **options, **knob_flags, **dict(args.knobs)})
     explicit = (set(overrides) | set(knob_flags) | set(dict(args.knobs))
                 | (set(_keys_of(args.matrix)) if args.matrix else set()))

@@ -81,7 +81,7 @@ class Recovering:
     def run(self, spec, run_dir: Path, emit: Emit, cancel: threading.Event, timeout_s: float | None) -> dict[str, Any]:
         if not _needs_checkpoints(spec):
             return self.inner.run(spec, run_dir, emit, cancel, timeout_s)
-        run_dir, emit = Path(run_dir), guarded(emit)
+        run_dir, emit = Path(os.path.abspath(run_dir)), guarded(emit)  # the launcher runs elsewhere
         ckpt = run_dir / CHECKPOINTS
         shutil.rmtree(ckpt, ignore_errors=True)  # an earlier run's checkpoints are not this run's
         options = dict(spec.options)

@@ -168,7 +168,7 @@ class LocalBackend:
     def run(self, spec: RunSpec, run_dir: Path, emit: Emit, cancel: threading.Event,
             timeout_s: float | None) -> dict[str, Any]:
         """Launch, stream, stop when asked or timed out, and return the record (see Backend)."""
-        run_dir = Path(run_dir)
+        run_dir = Path(os.path.abspath(run_dir))  # the launcher runs in it: every path must be absolute
         emit = guarded(emit)
         started = now_iso()
         if self.launcher_path(spec.launcher) is None:
@@ -185,10 +185,9 @@ class LocalBackend:
         log_path = run_dir / "log.txt"
         log_path.write_bytes(("$ " + " ".join(cmd) + "\n").encode())
         emit(RunLogLine(spec.run_id, "$ " + " ".join(cmd)))  # the log's first line, shown first too
-        # Through trainer.lifeline: the launcher gets SIGTERM if this process dies outright.
-        tied = [sys.executable, "-m", "shardbench.trainer.lifeline", *cmd]
         try:
-            proc = subprocess.Popen(tied, cwd=REPO_ROOT, env=run_env(spec, port, self.search_path), stdin=subprocess.DEVNULL,
+            proc = subprocess.Popen(self.tied(cmd), cwd=run_dir, env=run_env(spec, port, self.search_path),
+                                    stdin=subprocess.DEVNULL,
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
         except OSError as exc:
             return failed_record(spec, f"could not start {spec.launcher}: {exc}")
@@ -215,6 +214,11 @@ class LocalBackend:
 
     def command(self, spec: RunSpec, run_dir: Path, port: int) -> list[str]:
         return command_for(spec, run_dir, port)
+
+    def tied(self, cmd: list[str]) -> list[str]:
+        """The launch command under a supervisor that ends it, ranks first, if this process dies
+        outright (shardbench.suite.procs.supervise: rank 0 keeps its record under mpirun too)."""
+        return [sys.executable, "-m", "shardbench.suite.procs", *cmd]
 
     def _wait(self, proc: subprocess.Popen, tree: ProcessTree, cancel: threading.Event,
               timeout_s: float | None, clock: StartupClock | None = None) -> str | None:
