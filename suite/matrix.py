@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import re
 from dataclasses import asdict, fields, replace
 from pathlib import Path
 from typing import Any
@@ -63,9 +64,15 @@ def matrix_from_dict(data: Any) -> MatrixSpec:
 def load_matrix(path: str | os.PathLike) -> MatrixSpec:
     """Read a matrix YAML file; raises ValueError with one line on bad content."""
     try:
-        text = Path(path).read_text(errors="replace")
+        raw = Path(path).read_bytes()
     except OSError as exc:
         raise ValueError(f"cannot read matrix {path}: {exc.strerror or exc}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:  # replacing the bytes would silently change a name or a path
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise ValueError(f"{path}: not UTF-8 text (byte 0x{raw[exc.start]:02x} on line {line}): "
+                         "save the file as UTF-8") from None
     data = safe_yaml.load(text, str(path)) or {}  # bounded aliases, depth, no NUL (ValueError)
     try:
         return matrix_from_dict(data)
@@ -96,6 +103,10 @@ def values_dir() -> Path:
 def load_shape(name: str, directory: Path | None = None) -> Shape:
     """Read values/<name>.yaml `shape:`; raises ValueError when missing or malformed."""
     directory = directory or values_dir()
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", name):
+        shown = repr(name) if len(str(name)) <= 60 else f"{str(name)[:40]!r}... ({len(str(name))} characters)"
+        raise ValueError(f"shape {shown} is not a shape name: give the name of a file in {directory} "
+                         "without .yaml, or none")
     path = directory / f"{name}.yaml"
     if not path.is_file():
         have = sorted(p.stem for p in directory.glob("*.yaml")) if directory.is_dir() else []
@@ -173,6 +184,8 @@ def _suite_errors(m: MatrixSpec) -> list[str]:
         errors.append(f"timeout_s must be a positive number of seconds, got {m.timeout_s!r}")
     if not isinstance(m.results, str) or not m.results:
         errors.append(f"results must be a directory path, got {m.results!r}")
+    elif m.results.startswith("-"):
+        errors.append(f"results {m.results!r} starts with '-' (it would read as a flag): write ./{m.results}")
     if m.max_world_size is not None and not _is_int(m.max_world_size):
         errors.append(f"max_world_size must be a positive integer, got {m.max_world_size!r}")
     if not _is_int(m.max_restarts, 0):

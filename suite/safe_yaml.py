@@ -17,6 +17,9 @@ MAX_NODES = 10_000
 """Nodes of the document with every alias expanded (the default matrix has about 60)."""
 MAX_DEPTH = 32
 """Nesting levels (a matrix is three deep)."""
+MAX_DIGITS = 100
+"""Digits of an integer (a knob's largest bound has 10); Python refuses over 4,300 with a
+traceback-worthy message that names neither the file nor the key."""
 
 
 class _Refused(Exception):
@@ -25,29 +28,37 @@ class _Refused(Exception):
 
 def _walk(node: yaml.Node) -> None:
     """Count the expanded nodes and the depth; a node met again on its own path is a cycle."""
-    count, path = 0, list[yaml.Node]()
+    count, path, seen, aliased = 0, list[yaml.Node](), set[int](), False
 
-    def visit(n: yaml.Node) -> None:
-        nonlocal count
+    def visit(n: yaml.Node, key: str) -> None:
+        nonlocal count, aliased
         count += 1
+        aliased = aliased or id(n) in seen  # the same node twice: an alias (*name) brought it again
+        seen.add(id(n))
         if count > MAX_NODES:
-            raise _Refused(f"more than {MAX_NODES} values once its aliases (*name) are expanded: "
-                           "write the values out, without aliases")
+            raise _Refused(f"more than {MAX_NODES} values once its aliases (*name) are expanded: write the values "
+                           "out, without aliases" if aliased else
+                           f"more than {MAX_NODES} values{' under ' + key if key else ''}: a matrix needs tens; "
+                           "split the sweep into several matrices")
         if any(n is p for p in path):
             raise _Refused("an alias refers to the anchor that contains it (a value that contains itself)")
         if len(path) >= MAX_DEPTH:
             raise _Refused(f"nested more than {MAX_DEPTH} levels deep")
+        if isinstance(n, yaml.ScalarNode) and n.tag == "tag:yaml.org,2002:int" and len(n.value) > MAX_DIGITS:
+            raise _Refused(f"{key or 'a value'} on line {n.start_mark.line + 1} is an integer of {len(n.value)} "
+                           f"characters: no setting takes more than {MAX_DIGITS} digits")
         path.append(n)
         if isinstance(n, yaml.SequenceNode):
             for child in n.value:
-                visit(child)
+                visit(child, key)
         elif isinstance(n, yaml.MappingNode):
-            for key, value in n.value:
-                visit(key)
-                visit(value)
+            for k, value in n.value:
+                visit(k, key)
+                name = str(k.value)[:80] if isinstance(k, yaml.ScalarNode) else "a key"
+                visit(value, f"{key}.{name}" if key else name)
         path.pop()
 
-    visit(node)
+    visit(node, "")
 
 
 def _no_nul(data: Any, where: str = "") -> None:

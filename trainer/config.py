@@ -68,30 +68,30 @@ class RunConfig:
     """Distributed strategy (required)."""
     model: PresetName = knob("tiny", section="model", chart=True)  # type: ignore[valid-type]
     """Model preset (trainer/presets.py)."""
-    n_layer: int | None = knob(None, section="model", min=1)
+    n_layer: int | None = knob(None, section="model", min=1, max=1024)
     """Override of the preset's layer count."""
-    n_embd: int | None = knob(None, section="model", min=1)
+    n_embd: int | None = knob(None, section="model", min=1, max=65536)
     """Override of the preset's width."""
-    n_head: int | None = knob(None, section="model", min=1)
+    n_head: int | None = knob(None, section="model", min=1, max=1024)
     """Override of the preset's head count."""
-    vocab_size: int | None = knob(None, section="model", min=1)
+    vocab_size: int | None = knob(None, section="model", min=1, max=2 ** 22)
     """Override of the preset's vocabulary size."""
-    seq_len: int | None = knob(None, section="batch", min=1, chart=True)
+    seq_len: int | None = knob(None, section="batch", min=1, max=2 ** 20, chart=True)
     """Tokens per sequence; default: the preset's. At most the preset's block size."""
-    micro_batch: int = knob(4, section="batch", min=1, same_loss=True, chart=True)
+    micro_batch: int = knob(4, section="batch", min=1, max=65536, same_loss=True, chart=True)
     """Sequences per rank per forward/backward."""
-    grad_accum: int | None = knob(None, section="batch", min=1, same_loss=True, per_world=True, chart=True)
+    grad_accum: int | None = knob(None, section="batch", min=1, max=65536, same_loss=True, per_world=True, chart=True)
     """Micro-steps per optimizer step; default: 1, or derived from --global-batch."""
-    global_batch: int | None = knob(None, section="batch", min=1, same_loss=True, per_world=True)
+    global_batch: int | None = knob(None, section="batch", min=1, max=2 ** 24, same_loss=True, per_world=True)
     """Sequences per optimizer step; grad-accum = global batch / (micro-batch x world size)."""
-    steps: int = knob(100, section="batch", min=1, chart=True)
+    steps: int = knob(100, section="batch", min=1, max=10 ** 9, chart=True)
     """Optimizer steps, warm-up included."""
-    warmup_steps: int = knob(10, section="batch", min=0, same_loss=True, chart=True)
+    warmup_steps: int = knob(10, section="batch", min=0, max=10 ** 9, same_loss=True, chart=True)
     """Steps excluded from every metric (allocator, autotuning, compilation settle)."""
     precision: Precision = knob("auto", section="precision", chart=True)
     """fp32, bf16 (autocast / mixed precision), fp16 (loss-scaled), auto: bf16 on a GPU that has
     it, else fp32."""
-    seed: int = knob(1234, section="batch", min=0, chart=True)
+    seed: int = knob(1234, section="batch", min=0, max=2 ** 32 - 1, chart=True)
     """Seeds the initial weights and the synthetic tokens: same seed, same run."""
     lr: float = knob(1e-4, section="optimizer", above=0)
     """Peak AdamW learning rate."""
@@ -99,7 +99,7 @@ class RunConfig:
     """AdamW weight decay."""
     grad_clip: float = knob(1.0, section="optimizer", min=0)
     """Global gradient-norm clip; 0 disables it."""
-    lr_warmup_steps: int = knob(5, section="optimizer", min=0)
+    lr_warmup_steps: int = knob(5, section="optimizer", min=0, max=10 ** 9)
     """Linear learning-rate warm-up steps, then cosine decay to 10% at the last step."""
     adam_beta1: float = knob(0.9, section="optimizer", min=0, below=1)
     """AdamW's decay of the first moment (beta1)."""
@@ -121,19 +121,19 @@ class RunConfig:
     root as torchtitan does; ZeRO-3's stage3_max_live_parameters = stage3_max_reuse_distance = 0),
     or keep them until backward (--no-reshard-after-forward: fewer all-gathers, more memory;
     ZeRO-3 then gets DeepSpeed's own default of 1e9 for both). Other strategies ignore it."""
-    bucket_mib: float = knob(25.0, section="parallelism", above=0, same_loss=True)
+    bucket_mib: float = knob(25.0, section="parallelism", above=0, max=2 ** 20, same_loss=True)
     """Gradient-communication bucket size in MiB, the same for every strategy that buckets: DDP's
     bucket_cap_mb, DeepSpeed's reduce_bucket_size, allgather_bucket_size and
     stage3_prefetch_bucket_size (converted to elements of the run's precision; these override
     --deepspeed-config's). FSDP2 communicates per module and has no bucket."""
-    threads_per_rank: int = knob(1, section="parallelism", min=1, same_loss=True)
+    threads_per_rank: int = knob(1, section="parallelism", min=1, max=4096, same_loss=True)
     """CPU threads of every rank whatever the world size (1 rank = 1 core, like 1 GPU); each rank
     is pinned to cores of its own when the machine has enough."""
-    tp: int = knob(1, section="parallelism", min=1, same_loss=True)
+    tp: int = knob(1, section="parallelism", min=1, max=65536, same_loss=True)
     """Tensor-parallel degree: each block's attention heads and MLP columns split over this many
     ranks of one worker (sequence parallel on the norms, vocabulary-parallel embedding and loss);
     ddp and fsdp only. The data-parallel degree is world size / tp."""
-    dp_replicate: int = knob(1, section="parallelism", min=1, same_loss=True)
+    dp_replicate: int = knob(1, section="parallelism", min=1, max=65536, same_loss=True)
     """fsdp only: data-parallel replicate degree (HSDP: parameters sharded inside groups of
     world size / (tp x dp-replicate) ranks and replicated across this many groups)."""
     activation_checkpointing: bool = knob(False, section="model", same_loss=True)
@@ -152,31 +152,31 @@ class RunConfig:
     """Launcher that started the ranks (recorded); default: detected from the environment."""
     output_dir: str | None = knob(None, section="bookkeeping", recorded_only=True)
     """Where rank 0 writes result.json (atomically)."""
-    pg_timeout_s: float = knob(300.0, section="parallelism", above=0, recorded_only=True)
+    pg_timeout_s: float = knob(300.0, section="parallelism", above=0, max=10 ** 7, recorded_only=True)
     """Process-group timeout: a rank that dies ends the others within this many seconds."""
     run_id: str | None = knob(None, section="bookkeeping", recorded_only=True)
     """Recorded run id; default: built from the run's fields (trainer.contract.run_id)."""
-    repeat: int = knob(0, section="bookkeeping", min=0, recorded_only=True)
+    repeat: int = knob(0, section="bookkeeping", min=0, max=10 ** 6, recorded_only=True)
     """Which repeat of its configuration this run is (0-based, recorded)."""
     usd_per_gpu_hour: float | None = knob(None, section="telemetry", min=0, recorded_only=True)
     """Price of one device-hour, recorded for the cost report."""
-    progress_every: int = knob(1, section="telemetry", min=1, recorded_only=True)
+    progress_every: int = knob(1, section="telemetry", min=1, max=10 ** 9, recorded_only=True)
     """Print a progress line every N steps on rank 0."""
     checkpoint_dir: str | None = knob(None, section="checkpoint", recorded_only=True)
     """Directory of the run's checkpoints (step-NNNNNNNN/ each); also where --resume auto looks."""
-    checkpoint_every: int = knob(0, section="checkpoint", min=0, same_loss=True)
+    checkpoint_every: int = knob(0, section="checkpoint", min=0, max=10 ** 9, same_loss=True)
     """Save a checkpoint every N optimizer steps (0: never); needs --checkpoint-dir."""
-    keep_checkpoints: int = knob(2, section="checkpoint", min=1, same_loss=True)
+    keep_checkpoints: int = knob(2, section="checkpoint", min=1, max=1000, same_loss=True)
     """Newest checkpoints kept; older ones are deleted after each save."""
     async_checkpoint: bool = knob(False, section="checkpoint", same_loss=True)
     """ddp and fsdp only: save in the background (torch.distributed.checkpoint async_save)."""
     resume: str = knob("auto", section="checkpoint", recorded_only=True)
     """auto (the newest valid checkpoint in --checkpoint-dir, if any), never, or a checkpoint
     directory."""
-    metrics_port: int | None = knob(None, section="telemetry", min=0, recorded_only=True)
+    metrics_port: int | None = knob(None, section="telemetry", min=0, max=65535, recorded_only=True)
     """Serve live Prometheus metrics from every rank on this TCP port plus its local rank (0: any
     free port); default: none (trainer/exporter.py)."""
-    metrics_hold_s: float = knob(0.0, section="telemetry", min=0, recorded_only=True)
+    metrics_hold_s: float = knob(0.0, section="telemetry", min=0, max=10 ** 6, recorded_only=True)
     """With --metrics-port: keep serving the final values this many seconds after the record."""
     expected_tokens_per_s: float | None = knob(None, section="telemetry", above=0, recorded_only=True)
     """Throughput the run is expected to reach (a planner's prediction or the shape's), exported

@@ -55,3 +55,30 @@ def test_a_set_value_is_bounded_too():
     # argparse's own usage lines come first, as for any bad flag; then the one line of the problem.
     assert proc.returncode == 2 and "contains itself" in proc.stderr.strip().splitlines()[-1], proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
+
+
+MALFORMED = {  # name -> (file bytes, what the one line must say besides the file)
+    "100k-char-shape": (b"strategies: [ddp]\nshape: " + b"a" * 100_000 + b"\n", "is not a shape name"),
+    "5000-digit-int": (b"strategies: [ddp]\nmicro_batch: " + b"9" * 5000 + b"\n", "micro_batch on line 2"),
+    "bad-utf8": (b'strategies: [ddp]\nresults: "r\xff\xfe"\n', "not UTF-8 text (byte 0xff on line 2)"),
+    "20000-item-list": (b"strategies: [ddp]\nworld_sizes: [" + b",".join([b"1"] * 20_000) + b"]\n",
+                        "more than 10000 values under world_sizes"),
+    "huge-micro-batch": (b"strategies: [ddp]\nmicro_batch: " + b"1" + b"0" * 30 + b"\n", "micro_batch must be at most"),
+    "huge-n-embd": (b"strategies: [ddp]\nn_embd: " + b"1" + b"0" * 30 + b"\n", "n_embd must be at most"),
+    "huge-seed": (b"strategies: [ddp]\nseed: " + b"1" + b"0" * 30 + b"\n", "seed must be at most"),
+    "results-like-a-flag": (b"strategies: [ddp]\nresults: --help\n", "starts with '-'"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MALFORMED))
+def test_malformed_values_are_one_line_naming_the_problem_and_exit_2(tmp_path, name):
+    """Each was a traceback, a line without the file or key, a silent replacement, the wrong
+    reason, or a dry run that passed (issue 35 item 5)."""
+    content, says = MALFORMED[name]
+    path = tmp_path / "m.yaml"
+    path.write_bytes(content)
+    proc = subprocess.run([sys.executable, "-m", "shardbench.suite.cli", "run", "--matrix", str(path), "--dry-run",
+                           "--no-plan"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and says in lines[0], proc.stderr[-2000:]
+    assert str(path) in lines[0] or "invalid matrix" in lines[0]
