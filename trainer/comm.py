@@ -133,16 +133,15 @@ class CommCounter:
         import torch.distributed as dist
 
         try:
-            if group is None or group is dist.group.WORLD:
-                return "world"
             pg = group
-            if not isinstance(group, dist.ProcessGroup):
+            if group is None or group is dist.group.WORLD:
+                pg = dist.distributed_c10d._get_default_group()
+            elif not isinstance(group, dist.ProcessGroup):
                 from torch.distributed._functional_collectives import _resolve_group_name
 
                 pg = dist.distributed_c10d._resolve_process_group(_resolve_group_name(group))
-            if pg is dist.distributed_c10d._get_default_group():
-                return "world"
-            return self._dims.get(pg, "other")
+            # A dimension that spans every rank may be the world group itself: its name wins.
+            return self._dims.get(pg) or ("world" if pg is dist.distributed_c10d._get_default_group() else "other")
         except Exception:  # noqa: BLE001 - an unknown group form is "other", never the run
             return "other"
 

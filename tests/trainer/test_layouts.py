@@ -229,7 +229,7 @@ def test_a_fused_qkv_checkpoint_is_refused_in_one_line(tmp_path):
     manifest = json.loads((step / "manifest.json").read_text())
     manifest["files"]["trainer_state.json"].update(size=len(data), sha256=hashlib.sha256(data).hexdigest())
     (step / "manifest.json").write_text(json.dumps(manifest))
-    second = run_trainer([*args, "--steps", "4"], tmp_path)
+    second = run_trainer([*args, "--steps", "4", "--resume-allow", "steps"], tmp_path)
     assert second.returncode != 0
     error = second.record["error"].splitlines()[0]
     assert "holds the fused-qkv TinyGPT of an earlier shardbench" in error and "--resume never" in error

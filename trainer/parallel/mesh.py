@@ -20,8 +20,7 @@ def build_mesh(layout: Layout, device_type: str):
 
 
 def dp_mesh(mesh, layout: Layout):
-    """The data-parallel part of the mesh: (dp_replicate, dp_shard) for HSDP, else the one
-    data-parallel dimension that has ranks."""
-    if layout.dp_replicate > 1 and layout.dp_shard > 1:
-        return mesh["dp_replicate", "dp_shard"]
-    return mesh["dp_replicate"] if layout.dp_replicate > 1 else mesh["dp_shard"]
+    """FSDP's part of the mesh: (dp_replicate, dp_shard) for HSDP (2-D: FSDP2 replicates over the
+    first dimension and shards over the second, even a shard degree of 1; a 1-D mesh would be
+    sharded over), else dp_shard."""
+    return mesh["dp_replicate", "dp_shard"] if layout.dp_replicate > 1 else mesh["dp_shard"]
