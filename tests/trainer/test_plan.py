@@ -268,3 +268,19 @@ def test_step_time_counts_recompute_and_states_the_shapes_mfu():
     assert 1.2 < ac["compute_s"] / plain["compute_s"] < 1.34  # up to a third more: one more forward of the blocks
     assert "assumed MFU 33% (torchtitan" in plain["compute_source"] and "recompute" in ac["compute_source"]
     assert plain["compute_rate_flops"] == pytest.approx(links["peak_tflops"] * 1e12 * 0.33)
+
+
+@pytest.mark.parametrize("extra,measured", [
+    # (configuration, all-reduce calls per step measured by a real run of it: benchmarks/plan_accuracy_random.py)
+    (dict(strategy="zero1", world_size=3, n_layer=2, n_embd=48, n_head=2, vocab_size=8192, seq_len=64,
+          grad_accum=2, bucket_mib=0.5), 6),   # wte (393,216 elements) > the 131,072-element bucket
+    (dict(strategy="zero2", world_size=4, n_layer=2, n_embd=96, n_head=4, vocab_size=16384, seq_len=64,
+          grad_accum=2, bucket_mib=2), 8),
+    (dict(strategy="zero2", world_size=3, n_layer=4, n_embd=96, n_head=4, vocab_size=512, seq_len=16,
+          precision="bf16", bucket_mib=2), 4),  # bf16 model reducing in fp32: one call more
+])
+def test_zero12_reduce_calls_of_models_larger_than_a_bucket(extra, measured):
+    """ZeRO-1/2 all-reduce a gradient larger than the bucket in pieces split at the ranks'
+    partitions (average_tensor / allreduce_and_scatter), + the 2 small norm/overflow calls."""
+    inp = PlanInput(**{"model": "tiny", **extra})
+    assert formulas.comm(inp)["all_reduce"]["calls"] == measured

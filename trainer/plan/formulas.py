@@ -162,6 +162,71 @@ def zero3_all_gather(inp: PlanInput, params: Params) -> dict[str, float]:
     return {"calls": float(A * uses + len(kept)), "bytes": float(wb * (A * uses * block + sum(kept)))}
 
 
+def reduce_copies(inp: PlanInput) -> int:
+    """ZeRO-2 with a 16-bit model reducing in fp32 (--grad-reduce-dtype fp32): an fp32 copy of
+    the gradients of one bucket exists at backward's peak (the reduction's input in the
+    communication dtype): 4 bytes x min(model, bucket) elements. Measured on one bf16 ZeRO-2
+    run (-20% without it, benchmarks/plan_accuracy_random.py); not seen for ZeRO-1."""
+    if not (deepspeed(inp.layout) and stage(inp.layout) == 2 and _half(inp) and inp.grad_reduce_dtype == "fp32"):
+        return 0
+    return 4 * min(Params.of(inp.model_config()).total, int(zero_config(inp)["reduce_bucket_size"]))
+
+
+def _zero12_slices(params: Params, world: int) -> dict[str, list[tuple[int, int]]]:
+    """Each gradient as stage_1_and_2 splits it for a reduction: (owning rank, elements) at the
+    rank partitions of its parameter group's flat buffer (the trainer's two groups: matrices and
+    embeddings, then vectors, each in registration order, padded to a multiple of 2N)."""
+    out: dict[str, list[tuple[int, int]]] = {}
+    for group in ([(n, s) for n, s in params.shapes if len(s) >= 2], [(n, s) for n, s in params.shapes if len(s) < 2]):
+        total = sum(Params.numel(s) for _, s in group)
+        part = math.ceil(total / (2 * world)) * 2
+        start = 0
+        for name, shape in group:
+            end, pieces, at = start + Params.numel(shape), [], start
+            while at < end:
+                rank = at // part
+                stop = min(end, (rank + 1) * part)
+                pieces.append((rank, stop - at))
+                at = stop
+            out[name], start = pieces, end
+    return out
+
+
+def zero12_reduce_calls(inp: PlanInput, params: Params, bucket: int) -> int:
+    """ZeRO-1/2's all-reduce calls per reduction (one backward's gradients): the buckets DeepSpeed
+    flushes (reduce_bucket_flushes' packing), each all-reduced in pieces (average_tensor:
+    consecutive slices owned by one rank merged; allreduce_and_scatter calls once the pieces
+    gathered exceed the bucket, then for the rest), so a gradient larger than the bucket takes
+    several calls. A 16-bit model reducing in fp32 made one call more per reduction in every
+    such run measured (benchmarks/plan_accuracy_random.py; not traced to its source)."""
+    slices = _zero12_slices(params, inp.world_size)
+
+    def calls(names: list[str]) -> int:
+        merged: list[list[int]] = []
+        for name in names:
+            for rank, n in slices[name]:
+                if merged and merged[-1][0] == rank:
+                    merged[-1][1] += n
+                else:
+                    merged.append([rank, n])
+        count, acc = 0, 0
+        for _, n in merged:
+            acc += n
+            if acc > bucket:
+                count, acc = count + 1, 0
+        return count + (1 if acc else 0)
+
+    total, names, elements = 0, [], 0
+    for name, shape in reversed(params.shapes):
+        n = Params.numel(shape)
+        if elements and elements + n > bucket:
+            total, names, elements = total + calls(names), [], 0
+        names.append(name)
+        elements += n
+    total += calls(names) if names else 0
+    return total + (1 if _half(inp) and inp.grad_reduce_dtype == "fp32" else 0)
+
+
 def ddp_bucket_count(params: Params, elem_bytes: int = 4, bucket: int = DDP_BUCKET) -> int:
     """DDP's buckets in a step after the first (what a run measures): torch 2.13 starts with one
     bucket of every parameter and, after the first backward, rebuilds them in the order the
@@ -197,6 +262,7 @@ def comm(inp: PlanInput) -> dict[str, dict[str, float]]:
     reductions = A if sharded(lay, "grads") else 1
     per = reduce_bucket_flushes(params, int(z["reduce_bucket_size"]))
     if not sharded(lay, "params"):  # ZeRO-1/2
+        per = zero12_reduce_calls(inp, params, int(z["reduce_bucket_size"]))
         # + 2 small all-reduces (the overflow check and the gradient norm, 4 bytes each)
         out["all_reduce"] = {"calls": float(reductions * per + 2), "bytes": float(reductions * rb * P + 8)}
         if N > 1:  # updated partitions gathered back: one all-gather per parameter group

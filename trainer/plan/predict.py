@@ -122,7 +122,8 @@ def memory(inp: PlanInput, trace_fsdp: bool = True) -> tuple[dict[str, int], int
             # the partition (ZeRO-2).
             later = state["grads"] + cats["buckets"] if inp.grad_accum > 1 else 0
             fwd = later + t.peak_fwd_less_grads_bytes
-            bwd = state["grads"] - _grads_not_yet_held(inp, state) + t.peak_bwd_less_grads_bytes + cats["buckets"]
+            bwd = (state["grads"] - _grads_not_yet_held(inp, state) + t.peak_bwd_less_grads_bytes + cats["buckets"]
+                   + formulas.reduce_copies(inp))
             fwd_bwd = base + max(fwd, bwd)
         total = int(max(fwd_bwd, opt_peak))
         method = "closed form state + traced activations (plain model, 1 fake rank)"
