@@ -189,8 +189,8 @@ def read_record(path: Path) -> dict[str, Any]:
         info = path.stat()  # through a symlink: what would be read
         if not stat.S_ISREG(info.st_mode):
             # A FIFO blocks the reader forever, /dev/zero never ends: only plain files are records.
-            return unreadable(path, f"not a regular file ({_kind(info.st_mode)}{' via a symlink' if path.is_symlink() else ''}): "
-                                    "a result record is a plain file")
+            via = " via a symlink" if path.is_symlink() else ""
+            return unreadable(path, f"not a regular file ({_kind(info.st_mode)}{via}): a result record is a plain file")
         if info.st_size > MAX_RESULT_BYTES:
             return unreadable(path, f"{info.st_size} bytes: larger than any result record")
         with open(path, "rb") as fh:
@@ -213,8 +213,8 @@ def read_record(path: Path) -> dict[str, Any]:
 
 
 def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-                       (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory")):
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory")):
         if test(mode):
             return name
     return "not a plain file"

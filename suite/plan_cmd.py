@@ -7,7 +7,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -134,7 +134,7 @@ def calibration(records: list[dict], inp) -> dict | None:
     configuration `inp` plans; None when none did (another configuration's rate is not its own)."""
     from shardbench.trainer.plan import timing
 
-    best = None
+    best: dict[str, Any] | None = None
     for r in records:
         if not _same_run(inp, r):
             continue
