@@ -228,3 +228,26 @@ async def test_a_rayjob_watch_answering_410_gone_re_lists_the_rayjob(cluster, tm
     record = await asyncio.to_thread(b.run, s, tmp_path / "run", lambda e: None, threading.Event(), 60)
     assert op.done() or not op.cancel(), record.get("error")
     assert record["status"] == "ok" and record["tokens_per_s"] == 1357.0, record.get("error")
+
+
+def test_a_rayjob_on_an_rdma_shape_runs_over_sockets_and_says_so(monkeypatch):
+    """Issue 34: the chart refuses a RayJob on an RDMA mode (its pods have no RDMA wiring); the
+    RayJob backend runs it with rdma.mode none and writes why into the run's log, so a ray-vs-MPI
+    comparison on that shape is not silently sockets against RDMA."""
+    from types import SimpleNamespace
+
+    from shardbench.suite.backends.kube.attempt import Attempt
+    from shardbench.suite.backends.kube.rayjob import RayJobAttempt
+
+    lines: list[str] = []
+    attempt = object.__new__(RayJobAttempt)  # values() needs only the spec and the log
+    attempt.spec = SimpleNamespace(shape="h100", max_restarts=1)
+    attempt.log = SimpleNamespace(line=lines.append)
+    monkeypatch.setattr(Attempt, "values", lambda self: {"rdma": {"mode": "host-network", "hca": {}}})
+    values = attempt.values()
+    assert values["rdma"] == {"mode": "none", "hca": {}} and values["ray"]["enabled"] is True
+    assert len(lines) == 1 and "rdma.mode host-network" in lines[0] and "TCP sockets" in lines[0]
+    monkeypatch.setattr(Attempt, "values", lambda self: {"rdma": {"mode": "none"}})
+    lines.clear()
+    attempt.values()
+    assert lines == []
