@@ -216,7 +216,7 @@ def zero12_reduce_calls(inp: PlanInput, params: Params, bucket: int) -> int:
                 count, acc = count + 1, 0
         return count + (1 if acc else 0)
 
-    total, names, elements = 0, [], 0
+    total, names, elements = 0, list[str](), 0
     for name, shape in reversed(params.shapes):
         n = Params.numel(shape)
         if elements and elements + n > bucket:
