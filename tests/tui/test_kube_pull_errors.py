@@ -120,3 +120,23 @@ async def test_a_permanent_pull_error_seen_only_in_the_events_ends_the_run_at_on
     await op
     assert record["status"] == "failed", record.get("error")
     assert f"cannot pull image {IMAGE}: ImagePullBackOff" in record["error"] and ": not found" in record["error"]
+
+
+def test_a_replacement_worker_is_judged_with_its_events_too(monkeypatch):
+    """kill-rank's replacement pod: a 429 waits (None), a BackOff whose event says the tag is gone
+    ends the run (the operator never recreates a failed worker)."""
+    from shardbench.suite.backends.kube import api as kapi
+    from shardbench.suite.backends.kube import faults
+    from shardbench.suite.fault_grammar import parse_fault
+
+    events: list[dict] = []
+    pod = {"metadata": {"name": "w-1"}, "status": waiting("ImagePullBackOff", f'Back-off pulling image "{IMAGE}"')}
+    monkeypatch.setattr(kapi, "get_pod", lambda api, ns, name: pod)
+    monkeypatch.setattr(kapi, "list_events", lambda api, ns, names: events)
+    monkeypatch.setattr(kapi, "log_tail", lambda api, ns, name, n: [])
+    fault = parse_fault("kill-rank:1@3")
+    events.append(warning(f'Failed to pull image "{IMAGE}": {TOO_MANY}'))
+    assert faults.replacement_failure(None, "ns", "w-1", fault) is None
+    events.append(warning(f'Failed to pull image "{IMAGE}": {NO_TAG}'))
+    failed = faults.replacement_failure(None, "ns", "w-1", fault)
+    assert failed and "cannot pull image" in failed and "not found" in failed

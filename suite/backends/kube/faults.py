@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 
 from shardbench.suite.backends.kube import api as kapi
-from shardbench.suite.backends.kube.diagnosis import pod_failure
+from shardbench.suite.backends.kube.diagnosis import pod_failure, retried
 from shardbench.suite.collect import parse_progress
 from shardbench.suite.fault_grammar import Fault
 
@@ -76,7 +76,15 @@ def replacement_failure(api, namespace: str, pod: str, fault: Fault) -> str | No
         found = kapi.get_pod(api, namespace, pod)
     except Exception:  # noqa: BLE001 - an API hiccup: look again at the next poll
         return None
-    failure = pod_failure(found) if found else None
+    if not found:
+        return None
+    events: list[dict] = []
+    if retried(found):  # a pull or creation the kubelet retries: its events say whether it can succeed
+        try:
+            events = kapi.list_events(api, namespace, [pod])
+        except Exception:  # noqa: BLE001 - judged on the status message alone
+            pass
+    failure = pod_failure(found, events)
     if not failure:
         return None
     tail = kapi.log_tail(api, namespace, pod, 3)
