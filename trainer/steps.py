@@ -22,6 +22,7 @@ class StepRunner:
         self.h2d_seconds = 0.0
         self._h2d_events = None  # (start, end, bytes) of the current step's copies (GPU only)
         self.tensor_peak: int | None = None  # this rank's live-tensor peak in the memory step
+        self.tensor_start: int | None = None  # what was live when the memory step began
 
     def sync(self) -> None:
         if self.device.type == "cuda":
@@ -69,6 +70,7 @@ class StepRunner:
         batches = self.to_device(host_batches)
         tracker = LiveTensors(self.device.type)
         tracker.track_all_reachable()  # what exists already: parameters, optimizer state, buffers
+        self.tensor_start = tracker.live  # (tests compare the rise above it with the allocator's)
         tracker.tag = "step"
         with tracker:
             for micro, (x, y) in enumerate(batches):
