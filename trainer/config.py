@@ -116,15 +116,16 @@ class RunConfig:
     sharded gradients are held) or only after the last one (unsharded gradients held between
     micro-steps, fewer collectives)."""
     reshard_after_forward: bool = knob(True, section="parallelism", same_loss=True)
-    """fsdp and zero3: free each block's gathered parameters after its forward and gather them
-    again for backward (FSDP2's reshard_after_forward, on every block but the last and the
-    root as torchtitan does; ZeRO-3's stage3_max_live_parameters = stage3_max_reuse_distance = 0),
-    or keep them until backward (--no-reshard-after-forward: fewer all-gathers, more memory;
-    ZeRO-3 then gets DeepSpeed's own default of 1e9 for both). Other strategies ignore it."""
+    """fsdp and zero3, matched: free each block's gathered parameters after its forward and gather
+    them again for backward, on every block but the last, the root staying gathered (FSDP2's
+    reshard_after_forward as torchtitan does; ZeRO-3: blocks as leaf modules, the root persistent,
+    stage3_max_reuse_distance 0, prefetching one block ahead: trainer/ds_knobs.py), or keep them
+    until backward (--no-reshard-after-forward: fewer all-gathers, more memory; ZeRO-3's reuse
+    distance then DeepSpeed's 1e9). Other strategies ignore it."""
     bucket_mib: float = knob(25.0, section="parallelism", above=0, max=2 ** 20, same_loss=True)
     """Gradient-communication bucket size in MiB, the same for every strategy that buckets: DDP's
-    bucket_cap_mb, DeepSpeed's reduce_bucket_size, allgather_bucket_size and
-    stage3_prefetch_bucket_size (converted to elements of the run's precision; these override
+    bucket_cap_mb, DeepSpeed's reduce_bucket_size and allgather_bucket_size (converted to elements
+    of the dtype each is allocated in, so the bucket is this many MiB; these override
     --deepspeed-config's). FSDP2 communicates per module and has no bucket."""
     threads_per_rank: int = knob(1, section="parallelism", min=1, max=4096, same_loss=True)
     """CPU threads of every rank whatever the world size (1 rank = 1 core, like 1 GPU); each rank
