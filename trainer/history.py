@@ -44,6 +44,7 @@ class CheckpointHooks:
         self._steps: list[int] = []  # steps this process saved, in commit order
         self._earlier = 0  # save times restored from earlier attempts (first in stats.save_s)
         self._noted = 0  # this process's save times already in SAVE_TIMES
+        self._times: dict[str, float] = {}  # step -> seconds: the resumed timeline's and this process's
 
     def resume(self, record: ResultRecord) -> int:
         """The step to start from; the state is loaded and the history restored when --resume
@@ -56,7 +57,7 @@ class CheckpointHooks:
             # A checkpoint saved before gradient norms were recorded has none: None per step.
             h.grad_norms = list(saved.get("grad_norms", [None] * len(h.losses)))
             h.ckpt_step_times = list(saved["ckpt_step_times"])
-            earlier = self._save_times_until(step)
+            earlier = self._save_times_until(step, stats.resumed_from)
             stats.save_s = (earlier if earlier is not None else list(saved["save_s"])) + stats.save_s
             self._earlier = len(stats.save_s)
             stats.blocking_s = list(saved["blocking_s"]) + stats.blocking_s
@@ -87,10 +88,10 @@ class CheckpointHooks:
         if not times or self.ckpt.rank != 0:
             return
         path = Path(self.ckpt.root) / SAVE_TIMES
-        known = _read_times(path)
         for step, seconds in zip(self._steps[self._noted:], times):
-            known[str(step)] = seconds
+            self._times[str(step)] = seconds
         self._noted += len(times)
+        known = {**_read_times(path), **self._times}  # a resume from another root brings its times
         try:
             tmp = path.with_name(path.name + ".tmp")
             tmp.write_text(json.dumps(known, sort_keys=True))
@@ -98,13 +99,16 @@ class CheckpointHooks:
         except OSError:
             pass  # only the resumed run's save_s_mean would miss these: the checkpoints are what counts
 
-    def _save_times_until(self, step: int) -> list[float] | None:
-        """The time of every save up to the resumed checkpoint's, in step order; None when SAVE_TIMES
-        lacks that checkpoint's own (then the checkpoint's history is all there is)."""
-        known = _read_times(Path(self.ckpt.root) / SAVE_TIMES)
+    def _save_times_until(self, step: int, resumed_from: str | None) -> list[float] | None:
+        """The time of every save up to the resumed checkpoint's, in step order, from SAVE_TIMES
+        beside that checkpoint (--resume may name one outside --checkpoint-dir); None when it
+        lacks the checkpoint's own (then the checkpoint's history is all there is)."""
+        root = Path(resumed_from).parent if resumed_from else Path(self.ckpt.root)
+        known = _read_times(root / SAVE_TIMES)
         if str(step) not in known:
             return None
-        return [known[k] for k in sorted(known, key=int) if int(k) <= step]
+        self._times = {k: v for k, v in known.items() if int(k) <= step}
+        return [self._times[k] for k in sorted(self._times, key=int)]
 
     def _saved_history(self) -> dict:
         """What a resumed run needs to report the whole run: losses averaged over ranks now
