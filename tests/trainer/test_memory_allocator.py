@@ -7,8 +7,8 @@ wte + wpe + ln_f in fp32) was a free the event stream never recorded, not memory
 missed: that buffer's last reference is dropped on a thread the profiler does not follow (which
 rank, varies run to run), and the allocator later hands the same address out again with no free
 in between (`missed_free_bytes`). Such a stream is incomplete for the whole window, so the check
-is made on the ranks whose stream shows no sign of a missed free (in 5 fsdp runs here rank 0
-always, rank 1 in 1 of 5; zero3 both); torch 2.13's `profile_all_threads` would follow gloo's
+is made on the ranks whose stream shows no sign of a missed free (fsdp here: one rank of the two
+lost a free in 4 of 6 runs, never both; zero3: none seen); torch 2.13's `profile_all_threads` would follow gloo's
 threads but then records no memory events at all."""
 from __future__ import annotations
 
