@@ -45,7 +45,8 @@ def lr_off_run(precision: str, factor: float, tmp: Path) -> dict:
     proc = subprocess.run([str(BIN / "torchrun"), "--nproc-per-node", "2", "--master-port", str(free_port()),
                            str(script), str(factor), "--strategy", "ddp", "--micro-batch", "2",
                            "--precision", precision, *COMMON],
-                          cwd=REPO, env=dict(cpu_env(), PYTHONPATH=str(REPO)), capture_output=True, text=True, timeout=600)
+                          cwd=REPO, env=dict(cpu_env(), PYTHONPATH=str(REPO)), capture_output=True, text=True,
+                          timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return Run(0, proc.stdout, "").record
 
@@ -84,13 +85,16 @@ def main() -> None:
             norms = [losscheck.curve(r["grad_norm_per_step"]) for r in good.values()]
             loss_spread, norm_spread = max(spread(losses, losses)), max(spread(norms, norms))
             # the lr-off run judged against the group it would join (its own curve in the median)
-            bad_loss = spread([losscheck.curve(bad["loss_per_step"])], [*losses, losscheck.curve(bad["loss_per_step"])])[0]
-            bad_norm = spread([losscheck.curve(bad["grad_norm_per_step"])], [*norms, losscheck.curve(bad["grad_norm_per_step"])])[0]
+            bad_l, bad_n = losscheck.curve(bad["loss_per_step"]), losscheck.curve(bad["grad_norm_per_step"])
+            bad_loss = spread([bad_l], [*losses, bad_l])[0]
+            bad_norm = spread([bad_n], [*norms, bad_n])[0]
             print(f"{precision}: spread over {len(good)} strategies/layouts: loss {loss_spread:.2e}, grad norm "
-                  f"{norm_spread:.2e}; lr x{args.lr_factor:g}: loss {bad_loss:.2e}, grad norm {bad_norm:.2e}", flush=True)
+                  f"{norm_spread:.2e}; lr x{args.lr_factor:g}: loss {bad_loss:.2e}, grad norm {bad_norm:.2e}",
+                  flush=True)
             for name, r in good.items():
                 print(f"  {name}: loss {r['loss_per_step']}\n    norm {r['grad_norm_per_step']}")
-            print(f"  lr x{args.lr_factor:g}: loss {bad['loss_per_step']}\n    norm {bad['grad_norm_per_step']}", flush=True)
+            print(f"  lr x{args.lr_factor:g}: loss {bad['loss_per_step']}\n    norm {bad['grad_norm_per_step']}",
+                  flush=True)
     if args.save:
         args.save.write_text(json.dumps(saved))
 

@@ -25,5 +25,6 @@ def test_fsdp_and_zero3_verdicts_show_each_ones_all_gather_bytes_and_calls():
 
 
 def test_no_column_without_a_gathering_strategy():
-    recs = [record(s, 2, 1000.0 + 10 * k + (50 if s == "zero1" else 0), repeat=k) for s in ("ddp", "zero1") for k in range(3)]
+    recs = [record(s, 2, 1000.0 + 10 * k + (50 if s == "zero1" else 0), repeat=k)
+            for s in ("ddp", "zero1") for k in range(3)]
     assert "all-gather per step" not in report.verdicts_section(analysis.analyze(recs))

@@ -7,7 +7,6 @@ loss stays within ~1e-7 of the reference and the loss alone passes; its gradient
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -139,7 +138,8 @@ def test_a_learning_rate_10_percent_off_is_caught_in_bf16(tmp_path: Path):
     script.write_text(LR_OFF)
     off = subprocess.run([str(BIN / "torchrun"), "--nproc-per-node", "2", "--master-port", str(free_port()),
                           str(script), "--strategy", "ddp", "--micro-batch", "2", "--run-id", "ddp-lroff-r0", *BF16],
-                         cwd=REPO, env=dict(cpu_env(), PYTHONPATH=str(REPO)), capture_output=True, text=True, timeout=300)
+                         cwd=REPO, env=dict(cpu_env(), PYTHONPATH=str(REPO)), capture_output=True, text=True,
+                         timeout=300)
     assert off.returncode == 0, off.stderr[-3000:]
     one = run_trainer(["--strategy", "ddp", "--micro-batch", "4", "--run-id", "ddp-w1-r0", *BF16], tmp_path)
     zero2 = run_trainer(["--strategy", "zero2", "--micro-batch", "2", "--run-id", "zero2-w2-r0", *BF16], tmp_path,

@@ -30,8 +30,9 @@ COMMON = ["--model", "tiny", "--seq-len", "64", "--micro-batch", "2", "--steps",
 def runs(tmp_path_factory) -> dict[str, dict]:
     tmp = tmp_path_factory.mktemp("knobs")
     out = {}
-    for name, args in {"fsdp": ["--strategy", "fsdp"], "fsdp-keep": ["--strategy", "fsdp", "--no-reshard-after-forward"],
-                       "zero3": ["--strategy", "zero3"], "zero3-keep": ["--strategy", "zero3", "--no-reshard-after-forward"],
+    keep = "--no-reshard-after-forward"
+    for name, args in {"fsdp": ["--strategy", "fsdp"], "fsdp-keep": ["--strategy", "fsdp", keep],
+                       "zero3": ["--strategy", "zero3"], "zero3-keep": ["--strategy", "zero3", keep],
                        "zero1-10mib": ["--strategy", "zero1", "--bucket-mib", "10", "--grad-accum", "2"],
                        "zero2-bf16": ["--strategy", "zero2", "--bucket-mib", "10", "--precision", "bf16"],
                        "zero3-bf16": ["--strategy", "zero3", "--bucket-mib", "10", "--precision", "bf16"]}.items():
@@ -105,7 +106,8 @@ def test_kept_parameters_are_gathered_once_per_micro_step(runs):
     r = runs["fsdp-keep"]
     assert r["comm_per_step"]["all_gather"]["calls"] / r["grad_accum"] == PRESETS["tiny"].n_layer + 1
     assert gathered_bytes(r) == pytest.approx(4 * r["n_params"], rel=0.01)
-    threshold = json.loads((CONFIG_DIR / "zero3.json").read_text())["zero_optimization"]["stage3_param_persistence_threshold"]
+    zero = json.loads((CONFIG_DIR / "zero3.json").read_text())["zero_optimization"]
+    threshold = zero["stage3_param_persistence_threshold"]
     gathered = [n for n in sizes.values() if n >= threshold]
     r = runs["zero3-keep"]  # (its call count depends on how prefetching coalesces them)
     assert gathered_bytes(r) == pytest.approx(4 * sum(gathered), rel=0.01)
