@@ -205,8 +205,8 @@ def test_readme_says_what_a_fresh_debian_needs_and_where_the_commands_are():
     top = readme[:readme.index("## The trainer")]
     assert "python3-venv" in top and "make" in top and "g++" in top
     assert ".venv/bin/benchtui" in top and ".venv/bin/activate" in top
-    assert "## Sample output, and which strategy when (measured)" in readme
-    assert "Which strategy when, from these numbers" in readme
+    assert "## Which strategy when" in readme and "From the counted numbers" in readme
+    assert readme.index("<!-- sample:begin") < readme.index("## Quick start")  # the answer first (issue 32)
     # The commands the README shows exist with the flags it names.
     from shardbench.suite.cli import build_parser
 
