@@ -50,6 +50,13 @@ def many_configs(n: int, steps: int, seed: int = 0) -> list[dict]:
     return out
 
 
+USAGE = "REPORT_USAGE "
+WRAP = ("import json, resource, sys\nfrom shardbench.suite.cli import main\ncode = main(sys.argv[1:])\n"
+        "u = resource.getrusage(resource.RUSAGE_SELF)\n"
+        f"print({USAGE!r} + json.dumps({{'rss_kb': u.ru_maxrss, 'cpu': u.ru_utime + u.ru_stime}}), file=sys.stderr)\n"
+        "sys.exit(code)")
+
+
 def predictions() -> dict[tuple[str, int], dict]:
     """The planner's prediction per (strategy, world size) of the tiny model at seq len 32."""
     from shardbench.suite.matrix import MatrixSpec, expand
@@ -84,11 +91,13 @@ def main() -> None:
         size = sum(p.stat().st_size for p in results.glob("*/result.json"))
         env = dict(os.environ, PYTHONPATH=str(REPO), MPLBACKEND="Agg")
         t0 = time.monotonic()
-        proc = subprocess.run([sys.executable, "-m", "shardbench.suite.cli", "report", str(results), "--out",
-                               str(Path(tmp) / "report")], cwd=REPO, env=env, capture_output=True, text=True)
+        # The report's own peak RSS and CPU, read inside its process: RUSAGE_CHILDREN would also
+        # hold the planner's subprocess (torch) that made the predictions.
+        proc = subprocess.run([sys.executable, "-c", WRAP, "report", str(results), "--out", str(Path(tmp) / "report")],
+                              cwd=REPO, env=env, capture_output=True, text=True)
         wall = time.monotonic() - t0
-        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-        peak_mb, cpu = usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime
+        usage = json.loads(proc.stderr.rsplit(USAGE, 1)[1]) if USAGE in proc.stderr else {"rss_kb": 0, "cpu": 0}
+        peak_mb, cpu = usage["rss_kb"] / 1024, usage["cpu"]
         print(f"report ({args.shape}): {len(records)} records ({size / 1e6:.1f} MB of result.json), "
               f"wall {wall:.1f} s, CPU {cpu:.1f} s (user+sys; wall depends on the machine's load: "
               f"load average {os.getloadavg()[0]:.1f}), peak RSS {peak_mb:.0f} MB, exit {proc.returncode}")

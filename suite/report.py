@@ -5,6 +5,10 @@ suite/analysis.py, the same analysis benchtui's Results screen shows.
 """
 from __future__ import annotations
 
+import os
+import re
+import shutil
+import tempfile
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -80,9 +84,21 @@ def fmt(x: Any, spec: str = "{:.4g}") -> str:
     return spec.format(x) if finite(x) else "-"
 
 
+def md_text(v: Any) -> str:
+    """A string from a record, safe in Markdown: HTML it carries shows as text (a renderer would
+    otherwise run `<img onerror=...>` from a strategy name), one line."""
+    return str(v).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("\n", " ")
+
+
+def _no_html(text: str) -> str:
+    """Every section's text as Markdown without HTML: a `<` that would open a tag (a record's
+    strategy name, error or label, wherever a section quotes it) is written as `&lt;`."""
+    return re.sub(r"<(?=[A-Za-z/!?])", "&lt;", text)
+
+
 def md_table(header: list[str], rows: list[list[Any]]) -> str:
     def cell(v: Any) -> str:
-        return str(v).replace("|", "\\|").replace("\n", " ")
+        return md_text(v).replace("|", "\\|")
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
     return "\n".join(lines)
@@ -293,7 +309,7 @@ def build_markdown(an: Analysis, results_dir: Path, plot_files: list[Path], skip
         summary_section(an),
         verdicts_section(an),
         flags_section(an),
-        "## Recommendations\n\n" + "\n".join(f"- {r}" for r in an.recommendations),
+        "## Recommendations\n\n" + "\n".join(f"- {md_text(r)}" for r in an.recommendations),
         "## How this report decides\n\n" + RULES,
         setup_section(df),
         results_section(an),
@@ -350,8 +366,50 @@ def build_report(results_dir: str | Path, out_dir: str | Path) -> Report:
     return report_from_records(records, out_dir, results_dir)
 
 
+STAGE = ".report-"
+"""Prefix of the directory (inside out_dir, `.report-<pid>-...`) a report is written into first."""
+
+
 def report_from_records(records: list[dict], out_dir: Path, results_dir: Path) -> Report:
+    """Write every file into a staging directory, then rename each into out_dir (data, plots,
+    then the pages): a report killed midway leaves the old files whole, never a new metrics.csv
+    beside an old BENCHMARK_REPORT.md rewritten halfway."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    _clear_dead_stages(out_dir)
+    stage = Path(tempfile.mkdtemp(prefix=f"{STAGE}{os.getpid()}-", dir=out_dir))
+    try:
+        rep = _write_report(records, stage, results_dir)
+        moved = _publish(stage, out_dir)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    html = moved.get(rep.html) if rep.html is not None else None
+    return Report(moved[rep.markdown], moved[rep.csv], moved[rep.summary_csv], [moved[p] for p in rep.plots],
+                  rep.skipped_plots, rep.runs, rep.failed, html,
+                  rep.summary.replace(str(rep.markdown), str(moved[rep.markdown])))
+
+
+def _publish(stage: Path, out_dir: Path) -> dict[Path, Path]:
+    """os.replace every staged file to its place; the pages last. Returns staged -> final path."""
+    files = sorted((p for p in stage.rglob("*") if p.is_file()),
+                   key=lambda p: (p.suffix in (".md", ".html"), str(p)))
+    moved = {}
+    for f in files:
+        target = out_dir / f.relative_to(stage)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(f, target)
+        moved[f] = target
+    return moved
+
+
+def _clear_dead_stages(out_dir: Path) -> None:
+    """Staging directories of reports that were killed (their pid no longer runs)."""
+    for d in out_dir.glob(f"{STAGE}*"):
+        pid = d.name[len(STAGE):].split("-", 1)[0]
+        if d.is_dir() and pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def _write_report(records: list[dict], out_dir: Path, results_dir: Path) -> Report:
     an = an_mod.analyze(records)
     csv = metrics.write_csv(an.runs[an.csv_columns()], out_dir / "metrics.csv")
     summary_csv = metrics.write_csv(summary_frame(an), out_dir / "summary.csv")
@@ -365,6 +423,7 @@ def report_from_records(records: list[dict], out_dir: Path, results_dir: Path) -
     fault_section = "\n\n".join(p for p in (fault_section, tune_report.markdown(records, results_dir)) if p)
     text = (build_markdown(an, results_dir, plot_files, skipped, out_dir)
             + ("\n" + fault_section if fault_section else "") + "\n" + plan_report.markdown(records) + "\n")
+    text = _no_html(text)
     md.write_text(text)
     html = html_report.write_html(an, results_dir, plot_files, out_dir, text)  # the same sections
     return Report(md, csv, summary_csv, plot_files, skipped, len(an.runs), len(an.not_ok), html,

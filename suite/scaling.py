@@ -35,11 +35,11 @@ def _note(strategy: Any, base: int, rows: pd.DataFrame) -> str:
     return f"base {strategy} at {base} dev has no ok run: {statuses}"
 
 
-def _one_world_size(df: pd.DataFrame, group: pd.DataFrame, by_config: dict[str, Any], world: int) -> None:
+def _one_world_size(out: dict[str, dict], group: pd.DataFrame, by_config: dict[str, Any], world: int) -> None:
     """No efficiency where a single world size was measured: 1.00 "by definition" read as a
     measured scaling (and was plotted at 1.0)."""
     note = f"only {world} dev measured: scaling needs ok runs at two world sizes"
-    df.loc[group.index, "scaling_note"] = note
+    out["scaling_note"].update(dict.fromkeys(group.index, note))
     for config_id in set(group["config_id"].astype(str)):
         c = by_config.get(config_id)
         if c is not None:
@@ -52,26 +52,29 @@ def fill(df: pd.DataFrame, configs: list[Any]) -> None:
     if runs.empty:
         return
     by_config = {str(c.config_id): c for c in configs}
+    # Collected per row and written once per column at the end: a `df.loc[...] =` per
+    # configuration copied the whole frame each time (5,000 runs: most of the report's time).
+    out: dict[str, dict] = {"scaling_note": {}, "scaling_base_world_size": {}, "scaling_efficiency": {}}
     for _, group in runs.groupby(runs["settings"].map(groups.base_key), sort=False):
         base = int(group["world_size"].min())
         if _ok(group)["world_size"].nunique() < 2:
-            _one_world_size(df, group, by_config, base)
+            _one_world_size(out, group, by_config, base)
             continue
         base_runs = group[group["world_size"] == base]
         for config_id, rows in group.groupby(group["config_id"].astype(str), sort=False):
             first = rows.iloc[0]
             chosen = _base_rows(base_runs, first["grad_accum"], first["global_batch"])
             base_est = estimate(_ok(chosen)["tokens_per_s"])
-            df.loc[rows.index, "scaling_base_world_size"] = base
+            out["scaling_base_world_size"].update(dict.fromkeys(rows.index, base))
             c = by_config.get(config_id)
             if base_est is None:
                 note = _note(first["strategy"], base, chosen)
-                df.loc[rows.index, "scaling_note"] = note
+                out["scaling_note"].update(dict.fromkeys(rows.index, note))
                 if c is not None:
                     c.base_world_size, c.efficiency_note = base, note
                 continue
             ok = _ok(rows)
-            df.loc[ok.index, "scaling_efficiency"] = ok["tokens_per_s"] / (base_est.mean * ok["world_size"] / base)
+            out["scaling_efficiency"].update((ok["tokens_per_s"] / (base_est.mean * ok["world_size"] / base)).to_dict())
             if c is None:
                 continue
             c.base_world_size = base
@@ -79,3 +82,7 @@ def fill(df: pd.DataFrame, configs: list[Any]) -> None:
                 c.efficiency, c.efficiency_note = exact(c.n, 1.0), "base (1.00 by definition)"
             else:
                 c.efficiency = ratio(c.est["tokens_per_s"], base_est, scale=base / c.world_size)
+    for col, values in out.items():
+        if values:
+            old = df[col] if col in df.columns else pd.Series(None, index=df.index, dtype=object)
+            df[col] = [values.get(i, v) for i, v in zip(df.index, old)]

@@ -335,3 +335,42 @@ def test_more_configurations_than_a_legend_still_draw_every_plot(tmp_path):
         path = tmp_path / "out" / "plots" / name
         if path.exists():
             assert Image.open(path).width < 200 * (MAX_CURVES + 3)  # not one bar group per configuration
+
+
+def test_a_hostile_strategy_name_is_text_in_the_markdown_too(tmp_path):
+    """report.html escaped a record's `<img onerror=...>`; BENCHMARK_REPORT.md carried it raw, and
+    any Markdown viewer that renders HTML would run it (issue 35 item 5)."""
+    evil = "<img src=x onerror=alert(1)>"
+    hostile = reps("zero1", 1, [100.0, 101.0])
+    for r in hostile:
+        r["strategy"] = evil  # a record written by hand (or by another tool)
+    md = report_md(tmp_path, hostile + reps("ddp", 1, [90.0, 91.0]))
+    assert evil not in md and "<img" not in md
+    assert "&lt;img src=x onerror=alert(1)&gt;" in md
+
+
+@pytest.mark.slow
+def test_a_report_killed_midway_leaves_the_old_report_whole(tmp_path):
+    """kill -9 of `shardbench report` at several moments: the files are the old report's or the
+    new one's, never a new metrics.csv beside an old BENCHMARK_REPORT.md (issue 35 item 5)."""
+    import signal
+    import time
+
+    results, out = tmp_path / "results", tmp_path / "out"
+    write(results, reps("ddp", 1, [90.0, 91.0]) + reps("zero1", 1, [100.0, 101.0]))
+    build_report(results, out)
+    old = {name: (out / name).read_bytes() for name in ("BENCHMARK_REPORT.md", "metrics.csv", "report.html")}
+    write(results, reps("fsdp", 1, [95.0, 96.0, 97.0]))  # the next report has 7 runs, not 4
+    cmd = [sys.executable, "-m", "shardbench.suite.cli", "report", str(results), "--out", str(out)]
+    for delay in (0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0):
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(delay)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        now = {name: (out / name).read_bytes() for name in old}
+        md_new, csv_new = b"(7 runs)" in now["BENCHMARK_REPORT.md"], now["metrics.csv"].count(b"\n") == 8
+        assert md_new or now["BENCHMARK_REPORT.md"] == old["BENCHMARK_REPORT.md"], f"md half-written (kill at {delay} s)"
+        assert md_new == csv_new, f"metrics.csv {'new' if csv_new else 'old'} beside the other report (kill at {delay} s)"
+        assert csv_new or now["metrics.csv"] == old["metrics.csv"]
+    build_report(results, out)
+    assert not list(out.glob(".report-*"))
