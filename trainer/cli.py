@@ -97,10 +97,15 @@ def main(argv: list[str] | None = None) -> int:
     if metrics is not None:
         trainer.observers.append(metrics)
         print(f"rank {denv.rank}: metrics on port {metrics.port}", file=sys.stderr, flush=True)
-    signal.signal(signal.SIGTERM, _on_signal)
-    signal.signal(signal.SIGINT, _on_signal)
+    if denv.rank == 0:
+        _catch_signals()
     try:
         trainer.init_process_group()
+        # Other ranks catch SIGTERM only once the rendezvous is done: blocked in it (waiting for a
+        # rank 0 that refused to start, e.g. on a busy checkpoint dir) a Python handler never
+        # runs, so torchrun's SIGTERM was ignored until its SIGKILL 30 s later; they have no
+        # record to write before it anyway.
+        _catch_signals()
         trainer.build()
         trainer.train(process_start)
         record = trainer.finish(process_start)
@@ -132,6 +137,12 @@ def main(argv: list[str] | None = None) -> int:
     # after Python is gone ("terminate called without an active exception", about 1 run in 12
     # at world size 2 on this 2-core machine). Everything is reported by now, so skip it.
     _exit_now(0)
+
+
+def _catch_signals() -> None:
+    """SIGTERM/SIGINT become Terminated: a failed record of what was measured."""
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
 
 
 def _release_signals() -> None:
