@@ -197,8 +197,9 @@ def zero12_reduce_calls(inp: PlanInput, params: Params, bucket: int) -> int:
     flushes (reduce_bucket_flushes' packing), each all-reduced in pieces (average_tensor:
     consecutive slices owned by one rank merged; allreduce_and_scatter calls once the pieces
     gathered exceed the bucket, then for the rest), so a gradient larger than the bucket takes
-    several calls. A 16-bit model reducing in fp32 made one call more per reduction in every
-    such run measured (benchmarks/plan_accuracy_random.py; not traced to its source)."""
+    several calls. A 16-bit model made one call more per reduction in every such run measured
+    (bf16, reducing in fp32 or bf16: benchmarks/plan_accuracy_random.py; not traced to its
+    source), an fp32 model reducing in bf16 none."""
     slices = _zero12_slices(params, inp.world_size)
 
     def calls(names: list[str]) -> int:
@@ -224,7 +225,7 @@ def zero12_reduce_calls(inp: PlanInput, params: Params, bucket: int) -> int:
         names.append(name)
         elements += n
     total += calls(names) if names else 0
-    return total + (1 if _half(inp) and inp.grad_reduce_dtype == "fp32" else 0)
+    return total + (1 if _half(inp) else 0)
 
 
 def ddp_bucket_count(params: Params, elem_bytes: int = 4, bucket: int = DDP_BUCKET) -> int:
