@@ -19,7 +19,9 @@ first step after resume), steps redone and goodput.
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import signal
 import threading
 import time
 from dataclasses import asdict, replace
@@ -37,6 +39,10 @@ CHECKPOINTS = "checkpoints"
 
 
 # --- the wrapper ------------------------------------------------------------------------------
+
+_FAILED = re.compile(r"\brank \d+: (failed|oom|timeout): ")
+"""The line a rank prints as it fails (trainer/cli.py)."""
+
 
 def _needs_checkpoints(spec) -> bool:
     return spec.fault != "none" or bool(dict(spec.options).get("checkpoint_every"))
@@ -64,6 +70,17 @@ class _Attempt:
                 self.injected_at, self.injected_step = time.time(), event.step
                 self.notes.append(f"[shardbench] {inject(self.fault, self.marker)}")
                 self.emit(RunLogLine(self.spec.run_id, self.notes[-1]))
+                self._stopped = rank_pid(self.marker, self.fault.rank) if self.fault.kind == "stop-rank" else None
+        elif (isinstance(event, RunLogLine) and getattr(self, "_stopped", None) and self.injected_at is not None
+              and _FAILED.search(event.line)):
+            # Another rank found the hang (its collective timed out): let the stopped rank act on
+            # the launcher's SIGTERM, as prterun does itself. torchrun SIGTERMs a stopped rank and
+            # waits 30 s for it before SIGKILL, which the fault table charged to the strategy.
+            try:
+                os.kill(self._stopped, signal.SIGCONT)
+            except OSError:
+                pass
+            self._stopped = None
         self.emit(event)
 
 

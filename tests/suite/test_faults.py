@@ -233,3 +233,18 @@ async def test_the_results_screen_shows_the_fault_table():
         await pilot.pause()
         shown = str(app.screen.query_one("#winners", Static).render())
         assert "Fault tolerance" in shown and "Young's every (steps)" in shown
+
+
+@pytest.mark.slow
+def test_a_stopped_rank_under_torchrun_ends_on_sigterm_not_after_torchruns_30_s(tmp_path):
+    """torchrun SIGTERMs a stopped rank and waits 30 s before SIGKILL (mpirun SIGCONTs it first):
+    the fault table charged those 30 s to the strategy (detection 61 s against 30-31 s). Once
+    another rank reports the hang, the suite continues the stopped rank, so it ends on the
+    SIGTERM (issue 35 item 6)."""
+    specs = specs_for("ddp", ["stop-rank:1@5"], launcher="torchrun", max_restarts=1)
+    record = Runner(specs, get_backend("local"), tmp_path / "r", order_seed=1).run()[0]
+    assert record["status"] == "ok", record.get("error")
+    log = "\n".join(p.read_text(errors="replace") for p in (tmp_path / "r").rglob("log.txt"))
+    # the stopped rank 1 ran again and failed on its own (torchrun's SIGTERM, or its broken group):
+    # torchrun never had to SIGKILL it
+    assert "rank 1: failed: " in log and "exitcode  : -9" not in log, log[-3000:]
