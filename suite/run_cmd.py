@@ -71,16 +71,31 @@ def _dry_run(args: argparse.Namespace, matrix, specs) -> int:
     return 0
 
 
+def _probe_results(store) -> None:
+    """Refuse an unusable results dir (read-only, full, taken) before planning or any run. A dir
+    the probe had to create is removed again, so a refusal later (--strict) leaves nothing behind."""
+    from shardbench.suite.store import LOCK_NAME, ResultsDirError
+
+    created = not store.path.exists()
+    try:
+        store.open().close()
+    except ResultsDirError as exc:
+        raise _Refused(str(exc)) from None
+    if created:
+        (store.path / LOCK_NAME).unlink(missing_ok=True)
+        try:
+            store.path.rmdir()
+        except OSError:  # something else wrote there meanwhile: leave it
+            pass
+
+
 def _prepare(args: argparse.Namespace, matrix, specs):
     """The runner, opened, and its view; every refusal comes before any progress display."""
     from shardbench.suite.rerun import selection
     from shardbench.suite.runner import Runner
     from shardbench.suite.store import ResultsDir, ResultsDirError
 
-    try:  # an unusable results dir (read-only, full, taken) is refused before planning or any run
-        ResultsDir(matrix.results).open().close()
-    except ResultsDirError as exc:
-        raise _Refused(str(exc)) from None
+    _probe_results(ResultsDir(matrix.results))
     predictions = _predict(args, specs)
     backend = _backend(args, matrix)
     force = selection(args.force, args.rerun_flagged, specs, matrix.results)
