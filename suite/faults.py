@@ -70,14 +70,15 @@ class _Attempt:
                 self.injected_at, self.injected_step = time.time(), event.step
                 self.notes.append(f"[shardbench] {inject(self.fault, self.marker)}")
                 self.emit(RunLogLine(self.spec.run_id, self.notes[-1]))
-                self._stopped = rank_pid(self.marker, self.fault.rank) if self.fault.kind == "stop-rank" else None
+                self._stopped = (rank_pid(self.marker, self.fault.rank)  # type: ignore[arg-type]  # stop-rank has a rank
+                                 if self.fault.kind == "stop-rank" else None)
         elif (isinstance(event, RunLogLine) and getattr(self, "_stopped", None) and self.injected_at is not None
               and _FAILED.search(event.line)):
             # Another rank found the hang (its collective timed out): let the stopped rank act on
             # the launcher's SIGTERM, as prterun does itself. torchrun SIGTERMs a stopped rank and
             # waits 30 s for it before SIGKILL, which the fault table charged to the strategy.
             try:
-                os.kill(self._stopped, signal.SIGCONT)
+                os.kill(self._stopped, signal.SIGCONT)  # type: ignore[arg-type]  # truthy: checked above
             except OSError:
                 pass
             self._stopped = None
