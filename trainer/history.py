@@ -129,7 +129,20 @@ class CheckpointHooks:
             save_s_max=max(s.save_s, default=None),
             blocking_s_mean=sum(s.blocking_s) / len(s.blocking_s) if s.blocking_s else None,
             load_s=s.load_s, size_bytes_per_rank=list(s.sizes), size_bytes=sum(s.sizes) if s.sizes else None,
-            resumed_from_step=s.resumed_step, restarts=self.h.restarts, step_time_s=list(self.h.ckpt_step_times))
+            resumed_from_step=s.resumed_step, resumed_from=_absolute(s.resumed_from),
+            resumed_from_output_dir=_under(s.resumed_from, cfg.output_dir),
+            restarts=self.h.restarts, step_time_s=list(self.h.ckpt_step_times))
+
+
+def _absolute(path: str | None) -> str | None:
+    return os.path.abspath(path) if path else None
+
+
+def _under(path: str | None, output_dir: str | None) -> bool | None:
+    """Whether checkpoint `path` lies inside `output_dir`, links resolved (None: no resume or no dir)."""
+    if not path or not output_dir:
+        return None
+    return Path(path).resolve().is_relative_to(Path(output_dir).resolve())
 
 
 def _read_times(path: Path) -> dict[str, float]:

@@ -114,6 +114,11 @@ class CheckpointCost:
     """Bytes of the whole last checkpoint."""
     resumed_from_step: int | None = None
     """The step the last attempt resumed from (None: it started from scratch)."""
+    resumed_from: str | None = None
+    """The checkpoint directory the last attempt resumed from, absolute (None: it started from scratch)."""
+    resumed_from_output_dir: bool | None = None
+    """Whether that checkpoint lies under the run's own --output-dir (its results dir); None when the
+    run did not resume or had no --output-dir."""
     restarts: int = 0
     """Times the run was resumed from a checkpoint."""
     step_time_s: list[float] = field(default_factory=list)

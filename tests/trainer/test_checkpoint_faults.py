@@ -116,3 +116,27 @@ def test_commit_replaces_a_rejected_directory_at_the_same_step(tmp_path):
     manifest = checkpoint.commit(tmp, final)
     assert sorted(manifest["files"]) == ["new.bin"] and not (final / "dcp").exists()
     assert [p.name for p in tmp_path.iterdir()] == [final.name]
+
+
+@pytest.mark.slow
+def test_the_record_names_the_checkpoint_it_resumed_from(full, tmp_path, result_schema):
+    """Issue 35: the record says which checkpoint directory a run resumed and whether it lies under
+    the run's own results dir (--output-dir); a fresh run says neither."""
+    import jsonschema
+
+    record, ckpt = full
+    assert record["checkpoint"]["resumed_from"] is None and record["checkpoint"]["resumed_from_output_dir"] is None
+    results = tmp_path / "results"
+    shutil.copytree(ckpt, results / "ckpt")
+    resumed = train(tmp_path, results / "ckpt", "--output-dir", str(results))
+    step6 = (results / "ckpt" / checkpoint.step_dir_name(6)).resolve()
+    assert resumed["checkpoint"]["resumed_from_step"] == 6
+    assert resumed["checkpoint"]["resumed_from"] == str(step6)
+    assert resumed["checkpoint"]["resumed_from_output_dir"] is True
+    assert json.loads((results / "result.json").read_text())["checkpoint"]["resumed_from"] == str(step6)
+    jsonschema.validate(resumed, result_schema)
+    # The same checkpoint resumed by name from a run whose results dir is elsewhere says so.
+    elsewhere = train(tmp_path, tmp_path / "none", "--resume", str(step6), "--output-dir", str(tmp_path / "other"),
+                      "--resume-allow", "checkpointing")
+    assert elsewhere["checkpoint"]["resumed_from"] == str(step6)
+    assert elsewhere["checkpoint"]["resumed_from_output_dir"] is False
