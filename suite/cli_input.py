@@ -84,6 +84,20 @@ def effective_matrix(args: argparse.Namespace) -> MatrixSpec:
     return with_shape_defaults(matrix, explicit)
 
 
+def matrix_file_keys(args: argparse.Namespace) -> set[str]:
+    """The keys whose value came from the matrix file (--matrix): those it sets that no flag
+    overrides; empty without --matrix. A problem with such a key names the file."""
+    if not args.matrix:
+        return set()
+    flags = ({f.name for f in fields(MatrixSpec) if getattr(args, f.name, None) is not None}
+             | {name for name in KNOB_KEYS if getattr(args, f"knob.{name}", None) is not None}
+             | set(dict(args.knobs)))
+    try:
+        return set(_keys_of(args.matrix)) - flags
+    except (OSError, ValueError, TypeError):  # load_matrix has read it already: not expected
+        return set()
+
+
 def _keys_of(path: Path) -> list[str]:
     """The keys a matrix file sets itself (load_matrix has already checked it reads)."""
     from shardbench.suite import safe_yaml

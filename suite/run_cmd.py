@@ -11,7 +11,7 @@ import threading
 from pathlib import Path
 
 from shardbench.suite.backends import cluster_options
-from shardbench.suite.cli_input import effective_matrix, fail
+from shardbench.suite.cli_input import effective_matrix, fail, matrix_file_keys
 from shardbench.suite.matrix import CONFIRM_ABOVE, expand, save_matrix
 from shardbench.suite.run_views import QuietView, RichView
 
@@ -27,8 +27,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         return fail(str(exc))
     specs, errors = expand(matrix, limit=None if args.yes else CONFIRM_ABOVE)
     if errors:
-        for line in errors:
-            print(f"shardbench: invalid matrix: {line}", file=sys.stderr)
+        from_file = matrix_file_keys(args)
+        for line in errors:  # a problem with a value the file set names the file, as load_matrix's do
+            where = f"{args.matrix}: " if line.split(" ", 1)[0] in from_file else ""
+            print(f"shardbench: invalid matrix: {where}{line}", file=sys.stderr)
         return 2
     if args.save_matrix:
         save_matrix(matrix, args.save_matrix)

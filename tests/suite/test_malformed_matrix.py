@@ -81,4 +81,23 @@ def test_malformed_values_are_one_line_naming_the_problem_and_exit_2(tmp_path, n
                            "--no-plan"], cwd=REPO, capture_output=True, text=True, timeout=60)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and says in lines[0], proc.stderr[-2000:]
-    assert str(path) in lines[0] or "invalid matrix" in lines[0]
+    assert str(path) in lines[0], lines[0]  # the knob bounds' lines named no file (issue 35 item 5)
+
+
+def test_a_bound_names_the_file_only_for_a_value_the_file_set(tmp_path):
+    """A value under `options:` names the file too; one a flag set (or overrode) does not."""
+    path = tmp_path / "m.yaml"
+    path.write_text("strategies: [ddp]\nmicro_batch: 100000\noptions:\n  n_embd: [64, 100000]\n")
+    proc = subprocess.run([sys.executable, "-m", "shardbench.suite.cli", "run", "--matrix", str(path), "--dry-run",
+                           "--no-plan", "--set", "seed=99999999999"], cwd=REPO, capture_output=True, text=True,
+                          timeout=60)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and sorted(lines) == [
+        f"shardbench: invalid matrix: {path}: micro_batch must be at most 65536, got 100000",
+        f"shardbench: invalid matrix: {path}: n_embd must be at most 65536, got 100000",
+        "shardbench: invalid matrix: seed must be at most 4294967295, got 99999999999"], proc.stderr[-2000:]
+    over = subprocess.run([sys.executable, "-m", "shardbench.suite.cli", "run", "--matrix", str(path), "--dry-run",
+                           "--no-plan", "--micro-batch", "70000", "--set", "n_embd=64"], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+    assert over.returncode == 2 and over.stderr.strip().splitlines() == [
+        "shardbench: invalid matrix: micro_batch must be at most 65536, got 70000"], over.stderr[-2000:]
