@@ -172,6 +172,28 @@ def reduce_copies(inp: PlanInput) -> int:
     return 4 * min(Params.of(inp.model_config()).total, int(zero_config(inp)["reduce_bucket_size"]))
 
 
+def zero3_cast_copy(inp: PlanInput) -> int:
+    """ZeRO-3 whose communication dtype (--grad-reduce-dtype) differs from the model's: a gradient
+    too large for the reduce bucket (numel > reduce_bucket_size: the bucket is flushed before it
+    and `__add_grad_to_ipg_bucket` leaves it out of the contiguous buffer) keeps its model-dtype
+    .grad, and DeepSpeed 0.19.8 stage3 `__avg_scatter_grads` casts it whole
+    (`g.to(communication_data_type)`) before `reduce_scatter_coalesced`, so at its reduction the
+    rank holds both: comm bytes x the largest such gradient's elements (gradients that fit the
+    bucket are copied into the comm-dtype bucket itself, counted in buckets). Keyed on dtypes and
+    the bucket, whatever the strategy's name; 0 where the dtypes match or every gradient fits.
+    Measured on one run (benchmarks/plan_accuracy_random.py 34-zero3-w4, bf16 reducing in fp32:
+    -16.0% without it). Not modelled: the padded torch.cat copy reduce_scatter_coalesced makes
+    of a gradient whose numel the world size does not divide (any dtypes)."""
+    if not (deepspeed(inp.layout) and stage(inp.layout) == 3):
+        return 0
+    comm = reduce_bytes(inp)
+    if comm == (2 if _half(inp) else 4):
+        return 0
+    bucket = int(zero_config(inp)["reduce_bucket_size"])
+    largest = max((Params.numel(s) for _, s in Params.of(inp.model_config()).shapes), default=0)
+    return comm * largest if largest > bucket else 0
+
+
 def _zero12_slices(params: Params, world: int) -> dict[str, list[tuple[int, int]]]:
     """Each gradient as stage_1_and_2 splits it for a reduction: (owning rank, elements) at the
     rank partitions of its parameter group's flat buffer (the trainer's two groups: matrices and

@@ -112,6 +112,9 @@ def memory(inp: PlanInput, trace_fsdp: bool = True) -> tuple[dict[str, int], int
         share = state["optimizer"] / max(1, t.optimizer_bytes) if t.optimizer_bytes else 1.0
         opt_peak = held + share * (t.peak_opt_bytes - t.before_opt_bytes)
         fwd_bwd = held + cats["gathered_params"] + act_fb
+        # ZeRO-3 reducing in another dtype than the model's: the cast of a gradient larger than the
+        # bucket, held beside it at its reduction in backward (0 otherwise)
+        fwd_bwd += formulas.zero3_cast_copy(inp)
         if deepspeed(lay) and stage(lay) < 3:
             # Buckets exist from backward's first gradient on, not at forward's activation peak;
             # the gradient partition from a micro-step's first reduction on (so in forward only
