@@ -91,7 +91,7 @@ class RunConfig:
     precision: Precision = knob("auto", section="precision", chart=True)
     """fp32, bf16 (autocast / mixed precision), fp16 (loss-scaled), auto: bf16 on a GPU that has
     it, else fp32."""
-    seed: int = knob(1234, section="batch", min=0, max=2 ** 32 - 1, chart=True)
+    seed: int = knob(1234, section="batch", min=0, max=2 ** 31 - 1, chart=True)
     """Seeds the initial weights and the synthetic tokens: same seed, same run."""
     lr: float = knob(1e-4, section="optimizer", above=0)
     """Peak AdamW learning rate."""

@@ -95,7 +95,7 @@ def test_a_bound_names_the_file_only_for_a_value_the_file_set(tmp_path):
     assert proc.returncode == 2 and sorted(lines) == [
         f"shardbench: invalid matrix: {path}: micro_batch must be at most 65536, got 100000",
         f"shardbench: invalid matrix: {path}: n_embd must be at most 65536, got 100000",
-        "shardbench: invalid matrix: seed must be at most 4294967295, got 99999999999"], proc.stderr[-2000:]
+        "shardbench: invalid matrix: seed must be at most 2147483647, got 99999999999"], proc.stderr[-2000:]
     over = subprocess.run([sys.executable, "-m", "shardbench.suite.cli", "run", "--matrix", str(path), "--dry-run",
                            "--no-plan", "--micro-batch", "70000", "--set", "n_embd=64"], cwd=REPO,
                           capture_output=True, text=True, timeout=60)

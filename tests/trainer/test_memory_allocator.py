@@ -24,8 +24,7 @@ from tests.trainer.conftest import REPO, cpu_env, free_port
 pytestmark = pytest.mark.slow  # real 2-rank runs under the profiler
 
 
-@pytest.mark.parametrize("strategy", ["fsdp", "zero3"])
-def test_the_tensor_peak_agrees_with_the_cpu_allocator(strategy):
+def _ranks(strategy: str) -> list[dict]:
     probe = Path(__file__).with_name("memory_probe.py")
     cmd = [str(Path(sys.executable).parent / "torchrun"), "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
            "--master-port", str(free_port()), str(probe), "--strategy", strategy, "--model", "tiny",
@@ -34,6 +33,10 @@ def test_the_tensor_peak_agrees_with_the_cpu_allocator(strategy):
     assert proc.returncode == 0, proc.stderr[-3000:]
     ranks = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith('{"rank"')]
     assert len(ranks) == 2
+    return ranks
+
+
+def _complete(ranks: list[dict]) -> list[dict]:
     complete = []
     for r in ranks:
         peak = r["instrument_start"] + r["instrument_rise"]
@@ -41,8 +44,21 @@ def test_the_tensor_peak_agrees_with_the_cpu_allocator(strategy):
         assert r["allocator_start"] >= r["instrument_start"] - 1e-3 * peak, r
         if r["missed_free_bytes"] == 0 and abs(r["allocator_start"] - r["instrument_start"]) <= 1e-3 * peak:
             complete.append(r)  # a stream with no sign of a missed free (see the module docstring)
+    return complete
+
+
+@pytest.mark.parametrize("strategy", ["fsdp", "zero3"])
+def test_the_tensor_peak_agrees_with_the_cpu_allocator(strategy):
+    # The profiler drops frees made on gloo's threads (module docstring); under load that can hit
+    # both ranks of a run, leaving nothing to compare: one more run, then a visible skip, never a pass.
+    for _ in range(2):
+        ranks = _ranks(strategy)
+        complete = _complete(ranks)
+        if complete:
+            break
+    else:
+        pytest.skip(f"the profiler lost frees on every rank of two runs: nothing to compare ({ranks})")
     # Where the allocator's stream is whole, the step's peak above its start agrees to the byte
     # (within 0.1%): every tensor the allocator hands out during the step is seen by the instrument.
-    assert complete, ranks
     for r in complete:
         assert r["instrument_rise"] == pytest.approx(r["allocator_rise"], rel=1e-3), r

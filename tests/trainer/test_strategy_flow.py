@@ -24,6 +24,17 @@ contract.STRATEGIES["ddpcopy"] = dataclasses.replace(contract.STRATEGIES["ddp"],
 '''
 
 
+# Parametrised by strategy names on purpose, each for its reason: samples, not the table.
+SAMPLES = {
+    "tests/trainer/test_layouts.py::test_every_strategy_trains_to_the_fused_models_numbers":
+        "numbers recorded from the fused-qkv model, for the strategies that existed then",
+    "tests/trainer/test_plan_layouts.py::test_a_row_with_a_known_layout_is_planned_as_its_layout":
+        "adds its own copies of two rows and compares them with their originals",
+    "tests/suite/test_config_ids.py::test_a_new_knob_at_its_default_keeps_every_existing_id":
+        "three sample configurations whose ids must not move",
+}
+
+
 @pytest.fixture(scope="module")
 def env(tmp_path_factory) -> dict[str, str]:
     plugin_dir = tmp_path_factory.mktemp("plugin")
@@ -50,7 +61,7 @@ def test_every_strategy_parametrised_test_runs_the_new_row(env):
         return {t for i in ids[test] for t in re.split(r"-", i)}
     over_strategies = [t for t in ids if "ddp" in ids[t] or ORIGINAL <= tokens(t)]
     assert len(over_strategies) >= 10, over_strategies  # strategy runs, checkpoints, faults, chart
-    missing = [t for t in over_strategies if "ddpcopy" not in tokens(t)]
+    missing = [t for t in over_strategies if "ddpcopy" not in tokens(t) and t not in SAMPLES]
     assert missing == [], f"parametrised over strategies but not from the contract's table: {missing}"
 
 
