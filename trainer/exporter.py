@@ -84,6 +84,11 @@ class Collector:
             fam.add_metric(values + list(extra.values()), value)
             return fam
 
+        def counter(name, doc, value):
+            fam = CounterMetricFamily(name, doc, labels=list(ex.labels))
+            fam.add_metric(values, value)
+            return fam
+
         yield gauge("shardbench_start_timestamp_seconds", "Unix time this rank's exporter started (before "
                     "rendezvous)", ex.started)
         yield gauge("shardbench_step", "Optimizer steps done (warm-up included; a resumed run counts on)", s.step)
@@ -137,14 +142,8 @@ class Collector:
         if s.tokens_per_s is not None:
             yield gauge("shardbench_tokens_per_second", "Global tokens/s of the last measured step (tokens per "
                         "step / its time; checkpoint steps excluded)", s.tokens_per_s)
-        saves = CounterMetricFamily("shardbench_checkpoint_saves", "Checkpoints saved by the run (every "
-                                    "attempt's)", labels=list(ex.labels))
-        saves.add_metric(values, s.ckpt_saves)
-        yield saves
-        restarts = CounterMetricFamily("shardbench_restarts", "Times this run was restarted from a checkpoint",
-                                       labels=list(ex.labels))
-        restarts.add_metric(values, s.restarts)
-        yield restarts
+        yield counter("shardbench_checkpoint_saves", "Checkpoints saved by the run (every attempt's)", s.ckpt_saves)
+        yield counter("shardbench_restarts", "Times this run was restarted from a checkpoint", s.restarts)
         if s.ckpt_save_last_s is not None:
             yield gauge("shardbench_checkpoint_save_seconds", "Time of the last finished checkpoint save",
                         s.ckpt_save_last_s)

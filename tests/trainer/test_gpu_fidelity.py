@@ -31,8 +31,8 @@ What only a GPU can still show:
 - The CUDA caching allocator's own figures (max_memory_allocated) as opposed to the tensor peak,
   and stream-ordering effects on memory reuse.
 - NVLink/P2P and GPUDirect RDMA transports, NCCL's topology detection, real busbw numbers.
-- NVML readings: nothing in the trainer or the exporter reads NVML today (no pynvml), so there
-  is no NVML branch to fake.
+- NVML itself: the exporter's GPU gauges read it through torch.cuda.utilization/temperature
+  (nvidia-ml-py); here those two calls are faked, so only the branch and the units are checked.
 - OpenMPI's binding on real sockets/NUMA nodes and the GPUs' real socket affinity (the mapper is
   checked on synthetic topologies that assume GPUs 0-3 on socket 0).
 """
@@ -472,6 +472,23 @@ def test_memory_figures_read_the_cuda_allocator(monkeypatch):
     assert exporter._memory(GPU) == {"allocated": 3 * alloc.GiB, "reserved": 5 * alloc.GiB,
                                      "peak_allocated": 4 * alloc.GiB}
     assert exporter._memory(torch.device("cpu")) == {}
+
+
+def test_the_exporter_reads_nvml_utilisation_as_a_ratio_and_temperature_in_celsius(monkeypatch):
+    """The CUDA branch of the exporter's GPU gauges (`_gpu`): NVML's percent becomes a 0-1 ratio,
+    the temperature stays in degrees celsius; a CPU device exports neither."""
+    from shardbench.trainer import exporter
+
+    monkeypatch.setattr(torch.cuda, "utilization", lambda device=None: 87)
+    monkeypatch.setattr(torch.cuda, "temperature", lambda device=None: 71)
+    collector = exporter.Collector.__new__(exporter.Collector)
+
+    def read(device):
+        collector.ex = SimpleNamespace(device=device)
+        return {name: value for name, _doc, value in collector._gpu(lambda *a: a[:3])}
+
+    assert read(GPU) == {"shardbench_gpu_utilization_ratio": 0.87, "shardbench_gpu_temperature_celsius": 71}
+    assert read(torch.device("cpu")) == {}
 
 
 def test_preflight_caps_its_sweep_at_a_third_of_free_gpu_memory(monkeypatch):
