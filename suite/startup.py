@@ -40,18 +40,32 @@ class StartupClock:
         """A poll failed: the start-up time is unknown (None), the run goes on."""
 
     def poll(self, tree: ProcessTree) -> None:
-        """Look at the processes the tree learnt since the last call (cheap: new pids only)."""
+        """Look at the processes the tree learnt and has not settled yet (cheap: new pids only)."""
         for pid, start in list(tree.known.items()):
-            if pid not in self.seen:
+            if pid in self.seen:
+                continue
+            argv = _cmdline(pid)
+            if _is_rank(argv):
                 self.seen.add(pid)
-                if _is_rank(_cmdline(pid)):
-                    self.rank_starts.append(int(start))
+                self.rank_starts.append(int(start))
+            elif not _before_exec(pid, argv):
+                self.seen.add(pid)  # exec'd into something else, or gone: never a rank
 
     def seconds(self) -> float | None:
         if self.broken or self.t0 is None or len(self.rank_starts) < self.world_size:
             return None
         last = sorted(self.rank_starts)[self.world_size - 1]
         return round((last - self.t0) / _TICKS, 3)
+
+
+def _before_exec(pid: int, argv: list[str]) -> bool:
+    """Forked but not yet exec'd: the child still shows its parent's command line. Under load a
+    launcher's child stays so for a while (seen in CI: torchrun's ranks read before their exec were
+    settled as non-ranks and the start-up time was None); such a pid is read again next poll."""
+    fields = _stat_fields(pid)
+    if not argv or not argv[0] or fields is None or len(fields) < 2:
+        return False
+    return argv == _cmdline(int(fields[1]))
 
 
 _STAMP = re.compile(re.escape(START_STAMP) + r"(\{.*\})")  # anywhere: mpirun prefixes each rank's line

@@ -36,3 +36,36 @@ def test_a_zombie_is_not_a_rank():
         assert _is_rank(_cmdline(child.pid)) is False
     finally:
         child.wait()
+
+
+def test_a_rank_read_before_its_exec_is_counted_once_it_execs():
+    """A launcher's child between fork and exec shows the launcher's command line; the clock read
+    it then, settled it as "not a rank" and the run's start-up time came out None (CI: torchrun)."""
+    import sys
+
+    from shardbench.suite.procs import ProcessTree
+    script = ("import os, sys, time\n"
+              "pid = os.fork()\n"
+              "if pid == 0:\n"
+              "    time.sleep(1.5)\n"
+              "    os.execv(sys.executable, [sys.executable, '-m', 'shardbench.trainer', '--help'])\n"
+              "os.waitpid(pid, 0)\n")
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.DEVNULL, start_new_session=True)
+    try:
+        tree = ProcessTree(parent.pid)
+        clock = StartupClock(parent.pid, world_size=1)
+        deadline = time.monotonic() + 10
+        while len(tree.known) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+            tree.refresh()
+        child = next(pid for pid in tree.known if pid != parent.pid)
+        assert not _is_rank(_cmdline(child))  # still the parent's image
+        clock.poll(tree)
+        assert clock.seconds() is None
+        while not _is_rank(_cmdline(child)) and time.monotonic() < deadline + 20:
+            time.sleep(0.05)
+        clock.poll(tree)
+        assert clock.rank_starts and clock.seconds() is not None and clock.seconds() >= 0
+    finally:
+        parent.kill()
+        parent.wait()
