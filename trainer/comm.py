@@ -169,7 +169,10 @@ class CommCounter:
 
     def _ended_by(self, op: str, result) -> None:
         """The call returned `result`: its op ends now, or when its work completes."""
-        future = result.get_future() if hasattr(result, "get_future") else None
+        try:
+            future = result.get_future() if hasattr(result, "get_future") else None
+        except RuntimeError:  # gloo's isend/irecv works have no future: their call's time only
+            future = None
         if future is None:
             self._end(op)
         else:

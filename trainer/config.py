@@ -18,6 +18,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Literal
 
 from shardbench.trainer.contract import DEVICES, PRECISIONS, STRATEGIES, ConfigError, flag
+from shardbench.trainer.parallel.layout import PP_SCHEDULES
 from shardbench.trainer.flags import add_flags
 from shardbench.trainer.presets import PRESETS, ModelConfig
 
@@ -29,7 +30,7 @@ Precision = Literal[PRECISIONS]  # type: ignore[valid-type]
 Device = Literal[DEVICES]  # type: ignore[valid-type]
 
 
-MODEL_FIELDS = ("model", "n_layer", "n_embd", "n_head", "vocab_size")
+MODEL_FIELDS = ("model", "n_layer", "n_embd", "n_head", "vocab_size", "tie_embeddings")
 """The fields model_config() builds the model from (the record's `model`, the CSV's model_key)."""
 
 
@@ -76,6 +77,10 @@ class RunConfig:
     """Override of the preset's head count."""
     vocab_size: int | None = knob(None, section="model", min=1, max=2 ** 22)
     """Override of the preset's vocabulary size."""
+    tie_embeddings: bool = knob(True, section="model")
+    """The output head shares the token embedding's weight (GPT-2); --no-tie-embeddings gives the
+    head its own (every strategy runs it; --pp needs it: the two uses would sit on different
+    stages)."""
     seq_len: int | None = knob(None, section="batch", min=1, max=2 ** 20, chart=True)
     """Tokens per sequence; default: the preset's. At most the preset's block size."""
     micro_batch: int = knob(4, section="batch", min=1, max=65536, same_loss=True, chart=True)
@@ -137,6 +142,17 @@ class RunConfig:
     dp_replicate: int = knob(1, section="parallelism", min=1, max=65536, same_loss=True)
     """fsdp only: data-parallel replicate degree (HSDP: parameters sharded inside groups of
     world size / (tp x dp-replicate) ranks and replicated across this many groups)."""
+    pp: int = knob(1, section="parallelism", min=1, max=65536, same_loss=True)
+    """Pipeline-parallel degree: the blocks split into stages over this many ranks
+    (torch.distributed.pipelining), the micro-batches of --grad-accum streamed through them; ddp
+    and fsdp only, needs --no-tie-embeddings. The data-parallel degree is world size / (pp x tp)."""
+    pp_schedule: Literal[PP_SCHEDULES] = knob("1F1B", section="parallelism", same_loss=True)  # type: ignore[valid-type]
+    """--pp's schedule: GPipe and 1F1B run one stage per rank; Interleaved1F1B, LoopedBFS and
+    InterleavedZeroBubble loop over --pp-stages-per-rank stages each; ZBVZeroBubble and DualPipeV
+    hold two stages per rank in a V."""
+    pp_stages_per_rank: int | None = knob(None, section="parallelism", min=1, max=1024, same_loss=True)
+    """Virtual pipeline stages per rank (--pp x this = stages, at most the layers); default: 1
+    for GPipe and 1F1B, 2 for the others (the V schedules need exactly 2)."""
     activation_checkpointing: bool = knob(False, section="model", same_loss=True)
     """Recompute each block's activations in backward (memory for compute)."""
     compile: bool = knob(False, section="model", same_loss=True)
@@ -201,8 +217,9 @@ class RunConfig:
         return (self.adam_beta1, self.adam_beta2)
 
     def dp_degree(self, world_size: int) -> int:
-        """Data-parallel ranks (each with rows of its own): tensor-parallel peers share rows."""
-        return max(1, world_size // self.tp)
+        """Data-parallel ranks (each with rows of its own): tensor-parallel peers and the stages
+        of one pipeline share rows."""
+        return max(1, world_size // (self.tp * self.pp))
 
     def effective_grad_accum(self, world_size: int) -> int:
         if self.global_batch is not None:

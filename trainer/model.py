@@ -1,7 +1,7 @@
 """TinyGPT: a GPT-2 style causal language model in one file (after karpathy/nanoGPT).
 
 Pre-LayerNorm blocks, GELU MLP, learned position embeddings, token embedding tied to the output
-head, attention through `scaled_dot_product_attention` (flash / memory-efficient kernels on GPU).
+head (untied with ModelConfig.tie_embeddings False: pipeline stages), attention through `scaled_dot_product_attention` (flash / memory-efficient kernels on GPU).
 
 Tensor-parallel ready (trainer/parallel.py): q, k and v are separate projections, so a column
 plan shards each by heads (a fused qkv split by columns would hand one rank all of q and part of
@@ -78,7 +78,8 @@ class TinyGPT(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.ln_f = nn.LayerNorm(cfg.n_embd)
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
-        self.lm_head.weight = self.wte.weight  # weight tying (GPT-2)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.wte.weight  # weight tying (GPT-2)
         self._init_weights()
         # GPT-2: scale residual projections by 1/sqrt(2 * n_layer) so deep stacks start stable.
         for name, p in self.named_parameters():
@@ -109,23 +110,46 @@ class TinyGPT(nn.Module):
                 nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
-        T = idx.size(1)
-        if T > self.cfg.block_size:
-            raise ValueError(f"sequence length {T} exceeds block size {self.cfg.block_size}")
-        # (T,) positions through the table: under sequence parallelism its output is sharded by
-        # position and adds to this rank's part of the token embeddings.
-        pos = torch.arange(T, device=idx.device)
-        x = self.drop(self.wte(idx) + self.wpe(pos))
+        """Tokens (B, T) -> logits (and the loss with targets). A pipeline stage (`stage()`) lacks
+        the embeddings or the head: without wte it takes hidden states (B, T, d), without lm_head
+        it returns them."""
+        x = idx
+        if self.wte is not None:
+            T = idx.size(1)
+            if T > self.cfg.block_size:
+                raise ValueError(f"sequence length {T} exceeds block size {self.cfg.block_size}")
+            # (T,) positions through the table: under sequence parallelism its output is sharded by
+            # position and adds to this rank's part of the token embeddings.
+            pos = torch.arange(T, device=idx.device)
+            x = self.drop(self.wte(idx) + self.wpe(pos))
         for block in self.blocks:
             if self.activation_checkpointing and self.training:
                 x = checkpoint(block, x, use_reentrant=False)
             else:
                 x = block(x)
+        if self.lm_head is None:
+            return x
         logits = self.lm_head(self.ln_f(x))
         if targets is None:
             return logits
-        loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.view(-1))
-        return logits, loss
+        return logits, lm_loss(logits, targets)
+
+    def stage(self, first: int, last: int, embed: bool, head: bool) -> TinyGPT:
+        """A pipeline stage sharing this model's modules: blocks[first:last], the embeddings when
+        `embed` (the first stage), the final LayerNorm and head when `head` (the last). Its
+        attribute names are the model's, so the tensor-parallel plan and FSDP apply to it."""
+        part = TinyGPT.__new__(TinyGPT)
+        nn.Module.__init__(part)
+        part.cfg, part.activation_checkpointing = self.cfg, self.activation_checkpointing
+        part.wte, part.wpe, part.drop = (self.wte, self.wpe, self.drop) if embed else (None, None, None)
+        part.blocks = nn.ModuleList(self.blocks[first:last])
+        part.ln_f, part.lm_head = (self.ln_f, self.lm_head) if head else (None, None)
+        return part
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy in float32 (the model's and a pipeline's last stage's)."""
+    return F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.view(-1))
 
 
 def count_params(model: nn.Module) -> int:

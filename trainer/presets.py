@@ -25,9 +25,14 @@ class ModelConfig:
     """How attention's input projections are stored: separate q, k, v (tensor-parallel ready).
     Part of a checkpoint's resume key, so a checkpoint of the earlier fused `qkv` layout (whose key
     lacks it) is refused in one line instead of failing on missing state-dict keys."""
+    tie_embeddings: bool = True
+    """The output head shares the token embedding's weight (GPT-2). Untied (--no-tie-embeddings):
+    the head has a weight of its own, drawn from the same random stream after the rest; pipeline
+    parallelism needs it (the two uses sit on the first and last stage)."""
 
     def flops_params(self) -> int:
-        """N in 6N + 12LdT: every parameter except the position table (it does no matmul)."""
+        """N in 6N + 12LdT: every parameter except the position table (it does no matmul); untied,
+        the head's V x d counts (a matmul), the token embedding not (a lookup): the same N."""
         d, L, V = self.n_embd, self.n_layer, self.vocab_size
         # qkv, attention proj, mlp fc, mlp proj (weights + biases), two LayerNorms
         per_block = (3 * d * d + 3 * d) + (d * d + d) + (4 * d * d + 4 * d) + (4 * d * d + d) + 4 * d
@@ -35,7 +40,8 @@ class ModelConfig:
 
     def n_params(self) -> int:
         """Every trainable parameter (the tied embedding once), without building the model."""
-        return self.flops_params() + self.block_size * self.n_embd
+        head = 0 if self.tie_embeddings else self.vocab_size * self.n_embd  # untied: the head's own weight
+        return self.flops_params() + self.block_size * self.n_embd + head
 
 
 PRESETS: dict[str, ModelConfig] = {

@@ -14,6 +14,7 @@ from typing import Any
 
 from shardbench.trainer.config import RunConfig
 from shardbench.trainer.contract import STRATEGIES, flag, is_deepspeed
+from shardbench.trainer.parallel.layout import pp_schedule_error, pp_stages_per_rank
 
 
 def _field_rule_errors(cfg: RunConfig) -> list[str]:
@@ -98,18 +99,25 @@ def _run_rule_errors(cfg: RunConfig, world_size: int) -> list[str]:
 
 
 def _layout_errors(cfg: RunConfig, world_size: int, mcfg, seq: int) -> list[str]:
-    """The degrees of the mesh (trainer/parallel/layout.py): tp x dp-replicate must divide the
-    world; tp splits heads, the vocabulary, the position table and the sequence."""
-    tp, rep = cfg.tp, cfg.dp_replicate
-    if tp == 1 and rep == 1:
+    """The degrees of the mesh (trainer/parallel/layout.py): pp x tp x dp-replicate must divide the
+    world; tp splits heads, the vocabulary, the position table and the sequence; pp splits the
+    layers into stages."""
+    tp, rep, pp = cfg.tp, cfg.dp_replicate, cfg.pp
+    if tp == 1 and rep == 1 and pp == 1:
         return []
     engine = STRATEGIES[cfg.strategy].engine
     if tp > 1 and engine not in ("ddp", "fsdp"):
         return [f"--tp {tp} is not supported with {cfg.strategy} (DeepSpeed ZeRO has no tensor-parallel "
                 "layout here): use ddp or fsdp, or --tp 1"]
+    if pp > 1 and engine not in ("ddp", "fsdp"):
+        return [f"--pp {pp} is not supported with {cfg.strategy} (DeepSpeed's engine takes the whole model, "
+                "not torch's pipeline stages): use ddp or fsdp, or --pp 1"]
     if rep > 1 and engine != "fsdp":
         return [f"--dp-replicate {rep} applies to fsdp (HSDP); {cfg.strategy} replicates or shards over "
                 "every data-parallel rank: use --dp-replicate 1"]
+    if pp > 1 and world_size % (pp * tp * rep):
+        return [f"world size {world_size} is not divisible by --pp {pp} x --tp {tp} x --dp-replicate {rep} = "
+                f"{pp * tp * rep}: pick degrees whose product divides the world size"]
     if world_size % (tp * rep):
         return [f"world size {world_size} is not divisible by --tp {tp} x --dp-replicate {rep} = {tp * rep}: "
                 "pick degrees whose product divides the world size"]
@@ -123,6 +131,31 @@ def _layout_errors(cfg: RunConfig, world_size: int, mcfg, seq: int) -> list[str]
                 break
         if cfg.checkpoint_every or cfg.async_checkpoint:
             errors.append(f"--tp {tp} does not checkpoint yet: drop --checkpoint-every / --async-checkpoint")
+    if pp > 1:
+        errors += _pipeline_errors(cfg, world_size, mcfg)
+    return errors
+
+
+def _pipeline_errors(cfg: RunConfig, world_size: int, mcfg) -> list[str]:
+    """--pp: an untied head, stages no deeper than the layers, the schedule's micro-batch needs."""
+    pp, schedule = cfg.pp, cfg.pp_schedule
+    if mcfg.tie_embeddings:
+        return [f"--pp {pp} needs --no-tie-embeddings: the tied embedding's two uses would sit on the first "
+                "and last stage with gradients never summed (silently wrong losses)"]
+    per_rank = pp_stages_per_rank(schedule, cfg.pp_stages_per_rank)
+    stages = pp * per_rank
+    if stages > mcfg.n_layer:
+        return [f"--pp {pp} x {per_rank} stage(s) per rank = {stages} stages is deeper than the model's "
+                f"{mcfg.n_layer} layers: use fewer stages or more --n-layer"]
+    errors = []
+    said = pp_schedule_error(schedule, pp, per_rank, cfg.effective_grad_accum(world_size))
+    if said:
+        errors.append(said)
+    if cfg.precision == "fp16":
+        errors.append(f"--pp {pp} with --precision fp16: the schedule runs backward itself, without the loss "
+                      "scaler; use bf16 or fp32")
+    if cfg.checkpoint_every or cfg.async_checkpoint:
+        errors.append(f"--pp {pp} does not checkpoint yet: drop --checkpoint-every / --async-checkpoint")
     return errors
 
 

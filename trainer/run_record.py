@@ -42,7 +42,9 @@ def base_record(cfg: RunConfig, d: DistEnv, device: torch.device, precision: str
         device_name=device_name(device), gpu_shape=cfg.shape,
         comm_backend="nccl" if device.type == "cuda" else "gloo",
         model={"preset": cfg.model, **{k: getattr(mcfg, k) for k in
-                                      ("n_layer", "n_embd", "n_head", "vocab_size", "block_size")}},
+                                      ("n_layer", "n_embd", "n_head", "vocab_size", "block_size")},
+               # untied only (tied records keep their model key): --no-tie-embeddings
+               **({} if mcfg.tie_embeddings else {"tie_embeddings": False})},
         n_params_flops=flops_params(mcfg), precision=precision, seq_len=seq_len,
         micro_batch=cfg.micro_batch, grad_accum=grad_accum,
         global_batch=cfg.micro_batch * grad_accum * layout.dp, layout=layout.degrees,
@@ -52,6 +54,7 @@ def base_record(cfg: RunConfig, d: DistEnv, device: torch.device, precision: str
         warnings=[peak.warning] if peak.warning else [], usd_per_gpu_hour=cfg.usd_per_gpu_hour,
         grad_reduce_dtype=cfg.grad_reduce_dtype,
         activation_checkpointing=cfg.activation_checkpointing, compile=cfg.compile, seed=cfg.seed,
+        float8=cfg.float8,
         optimizer={"name": "AdamW", "lr": cfg.lr, "betas": list(cfg.adam_betas()), "eps": cfg.adam_eps,
                    "weight_decay": cfg.weight_decay,
                    "grad_clip": cfg.grad_clip, "lr_warmup_steps": cfg.lr_warmup_steps,

@@ -48,6 +48,10 @@ class StepRunner:
     def step(self, host_batches) -> torch.Tensor:
         """One optimizer step: every micro-step's forward and backward, then the update."""
         batches = self.to_device(host_batches)
+        if self.strategy.pipeline is not None:  # the schedule runs every micro-step (--pp)
+            step_loss = self.strategy.pipeline_step(batches)  # type: ignore[attr-defined]
+            self.strategy.step(True)
+            return step_loss
         step_loss = torch.zeros((), device=self.device)
         for micro, (x, y) in enumerate(batches):
             last = micro == len(batches) - 1
@@ -73,7 +77,11 @@ class StepRunner:
         self.tensor_start = tracker.live  # (tests compare the rise above it with the allocator's)
         tracker.tag = "step"
         with tracker:
-            for micro, (x, y) in enumerate(batches):
+            if self.strategy.pipeline is not None:  # --pp: one sample after all micro-steps' backward
+                self.strategy.pipeline_step(batches)  # type: ignore[attr-defined]
+                samples.append(("micro-steps' backward (pipeline)", self.strategy.model_state()))
+                self.strategy.step(True)
+            for micro, (x, y) in enumerate(batches if self.strategy.pipeline is None else []):
                 last = micro == len(batches) - 1
                 self.strategy.forward_backward(x, y, last)
                 samples.append((f"micro-step {micro} backward", self.strategy.model_state()))

@@ -101,7 +101,7 @@ class Trainer:
             COMM.active = False
             # Outside the timer: the next step's tokens, the loss read-back, the bookkeeping.
             next_batches = self.data.step_batches(step + 1)
-            loss = (step_loss / self.grad_accum).item()
+            loss = (self.strategy.shared_loss(step_loss) / self.grad_accum).item()
             h.losses.append(loss)
             h.grad_norms.append(self.steps.grad_norm())  # type: ignore[union-attr]
             if h.time_to_first_step is None:

@@ -1,4 +1,4 @@
-"""The device mesh of a layout: one torch DeviceMesh with dimensions (dp_replicate, dp_shard,
+"""The device mesh of a layout: one torch DeviceMesh with dimensions (pp, dp_replicate, dp_shard,
 tp), built only when the layout needs one (trainer.parallel.layout.Layout.needs_mesh)."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ def build_mesh(layout: Layout, device_type: str):
     rank calls it. Each dimension's process group is named after it for the collective counter."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    mesh = init_device_mesh(device_type, (layout.dp_replicate, layout.dp_shard, layout.tp), mesh_dim_names=DIMS)
+    mesh = init_device_mesh(device_type, (layout.pp, layout.dp_replicate, layout.dp_shard, layout.tp), mesh_dim_names=DIMS)
     from shardbench.trainer.comm import COUNTER
 
     name_dims = getattr(COUNTER, "name_dims", None)

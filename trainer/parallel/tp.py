@@ -22,12 +22,16 @@ def apply_tp(model: torch.nn.Module, tp_mesh) -> None:
     from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
                                                    SequenceParallel, parallelize_module)
 
-    parallelize_module(model, tp_mesh, {
+    root = {
         "wte": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
         "wpe": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(0)),
         "ln_f": SequenceParallel(),
         "lm_head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False),
-    })
+    }
+    # A pipeline stage (TinyGPT.stage) holds the embeddings or the head only on its first / last stage.
+    root = {name: style for name, style in root.items() if getattr(model, name) is not None}
+    if root:
+        parallelize_module(model, tp_mesh, root)
     gather_sequence = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
                                          use_local_output=True)
     for block in model.blocks:  # type: ignore[union-attr]
@@ -43,7 +47,8 @@ def apply_tp(model: torch.nn.Module, tp_mesh) -> None:
         })
     # The plan gave wte and lm_head a sharded Parameter each: tie them again (same placement,
     # Shard(0) over the vocabulary), so both uses add into one gradient as in the plain model.
-    model.lm_head.weight = model.wte.weight  # type: ignore[union-attr]
+    if model.cfg.tie_embeddings:  # type: ignore[union-attr]
+        model.lm_head.weight = model.wte.weight  # type: ignore[union-attr]
 
 
 def loss_parallel():
@@ -73,6 +78,8 @@ def localize_for_ddp(model: torch.nn.Module) -> None:
 
 
 def _tie(model: torch.nn.Module) -> None:
+    if not model.cfg.tie_embeddings:  # type: ignore[union-attr]
+        return
     if model.lm_head.weight is not model.wte.weight:  # type: ignore[union-attr]
         del model.lm_head.weight  # type: ignore[union-attr]  # a Parameter slot takes no plain DTensor: free the name first
         model.lm_head.weight = model.wte.weight  # type: ignore[union-attr]

@@ -73,6 +73,9 @@ class Strategy:
     """One distributed strategy: wraps the model, runs micro-steps and optimizer steps."""
 
     name = "base"
+    pipeline = None
+    """Set when a pipeline schedule runs every micro-step itself (--pp > 1): StepRunner then calls
+    `pipeline_step(batches)` once per step instead of `forward_backward` per micro-step."""
 
     def __init__(self, ctx: Context):
         self.ctx = ctx
@@ -88,6 +91,11 @@ class Strategy:
     def step(self, last: bool) -> None:
         """Called after every micro-step; at the last one: clip, step, schedule, zero grads."""
         raise NotImplementedError
+
+    def shared_loss(self, step_loss: torch.Tensor) -> torch.Tensor:
+        """The step's summed loss as every rank reports it (outside the timer; --pp: only the last
+        stage's ranks computed it)."""
+        return step_loss
 
     def grad_norm(self) -> float | None:
         """Global gradient norm (before clipping) of the last optimizer step; read outside the

@@ -8,6 +8,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from shardbench.trainer.metrics import model_state, optimizer_state_tensors
+from shardbench.trainer.parallel import pp as pipeline_parallel
 from shardbench.trainer.parallel import tp as tensor_parallel
 from shardbench.trainer.parallel.mesh import build_mesh
 from shardbench.trainer.record import RankModelState
@@ -16,7 +17,11 @@ from shardbench.trainer.strategies.base import Context, Strategy, lr_lambda, mak
 
 class TorchStrategy(Strategy):
     """Shared by DDP and FSDP: a torch optimizer, autocast or GradScaler, clip, LambdaLR; the
-    layout's mesh and the tensor-parallel plan when the layout needs them."""
+    layout's mesh, the tensor-parallel plan and the pipeline stages when the layout needs them.
+    A subclass wraps one module (`wrap`: the whole model, or each pipeline stage)."""
+
+    pipeline: pipeline_parallel.Pipeline | None = None
+    """--pp > 1: this rank's stages and their schedule, which runs every micro-step itself."""
 
     def __init__(self, ctx: Context):
         super().__init__(ctx)
@@ -24,6 +29,37 @@ class TorchStrategy(Strategy):
         self.scaler = torch.amp.GradScaler(ctx.device.type) if ctx.precision == "fp16" else None
         self.layout = ctx.layout
         self.mesh = build_mesh(self.layout, ctx.device.type) if ctx.distributed and self.layout.needs_mesh else None
+
+    def setup(self, model):
+        model = model.to(self.ctx.device)
+        if self.layout.pp > 1:  # this rank's stages, each wrapped as a whole model would be
+            cfg, coords = self.ctx.cfg, self.layout.coords(self.ctx.dist.rank)
+            ids, n_stages, parts = pipeline_parallel.split_stages(model, self.layout, cfg.pp_schedule,
+                                                                  cfg.pp_stages_per_rank, coords["pp"])
+            parts = [self.wrap(part) for part in parts]
+            self.pipeline = pipeline_parallel.Pipeline(parts, ids, n_stages, self.mesh.get_group("pp"),  # type: ignore[union-attr]
+                                                       cfg.pp_schedule, self.ctx.grad_accum, self.ctx.device)
+            model = torch.nn.ModuleList(parts)
+        else:
+            model = self.wrap(model)
+        self.build_optimizer(model)
+
+    def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        raise NotImplementedError
+
+    def pipeline_step(self, batches) -> torch.Tensor:
+        """--pp: every micro-step through the schedule; the summed loss on the last stage's ranks."""
+        with self.loss_context(), self.autocast():
+            return self.pipeline.step(batches)  # type: ignore[union-attr]
+
+    def shared_loss(self, step_loss: torch.Tensor) -> torch.Tensor:
+        if self.pipeline is None:
+            return step_loss
+        import torch.distributed as dist
+
+        step_loss = step_loss.clone()  # only the last stage's ranks hold it: summed over the pipeline
+        dist.all_reduce(step_loss, group=self.mesh.get_group("pp"))  # type: ignore[union-attr]
+        return step_loss
 
     def apply_tp(self, model: torch.nn.Module) -> None:
         if self.mesh is not None and self.layout.tp > 1:
@@ -68,6 +104,8 @@ class TorchStrategy(Strategy):
             self.scaler.unscale_(self.optimizer)
         # The norm is recorded every step (the loss check compares it), clipped or not.
         self._norm = self.total_norm()
+        if self.pipeline is not None:  # each rank's stages: the squares summed over the pipeline
+            self._norm = pipeline_parallel.across_stages(self._norm, self.mesh.get_group("pp"))  # type: ignore[union-attr]
         if self.ctx.cfg.grad_clip > 0:
             torch.nn.utils.clip_grads_with_norm_(self.params, self.ctx.cfg.grad_clip, self._norm)
         if self.scaler:
@@ -99,22 +137,22 @@ class TorchStrategy(Strategy):
 class DDPStrategy(TorchStrategy):
     name = "ddp"
 
-    def setup(self, model):
-        model = model.to(self.ctx.device)
+    def wrap(self, model):
         self.apply_tp(model)
         self.tp_group = None
         if self.ctx.distributed and self.layout.dp > 1:
             group = None  # the world, as before meshes
             if self.mesh is not None:
                 group = self.mesh.get_group("dp_replicate")
-                self.tp_group = self.mesh.get_group("tp")
-                tensor_parallel.localize_for_ddp(model)
+                if self.layout.tp > 1:
+                    self.tp_group = self.mesh.get_group("tp")
+                    tensor_parallel.localize_for_ddp(model)
             # gradient_as_bucket_view: grads live in DDP's buckets instead of beside them.
             device_ids = [self.ctx.device.index] if self.ctx.device.type == "cuda" else None
             model = DDP(model, device_ids=device_ids, gradient_as_bucket_view=True,
                         bucket_cap_mb=self.ctx.cfg.bucket_mib, process_group=group)
             model.register_comm_hook(group, self.comm_hook())
-        self.build_optimizer(model)
+        return model
 
     def total_norm(self) -> torch.Tensor:
         if self.tp_group is None:

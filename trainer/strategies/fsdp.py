@@ -37,8 +37,7 @@ class FSDPStrategy(TorchStrategy):
         """FSDP wraps the model: more than one data-parallel rank (pure TP has one)."""
         return self.ctx.distributed and self.layout.dp > 1
 
-    def setup(self, model):
-        model = model.to(self.ctx.device)
+    def wrap(self, model):
         self.apply_tp(model)
         if self.sharded:
             from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -50,7 +49,7 @@ class FSDPStrategy(TorchStrategy):
             for block, reshard in zip(model.blocks, plan):
                 fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
             fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
-        self.build_optimizer(model)
+        return model
 
     @property
     def compute_path(self) -> str:
