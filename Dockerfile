@@ -67,8 +67,8 @@ COPY trainer /src/trainer
 COPY suite /src/suite
 COPY tui /src/tui
 # The ray extra (ray[default,train,tune], optuna): the chart's KubeRay RayJob (ray.enabled) runs its
-# head, workers and driver in this image. --build-arg EXTRAS= leaves it out.
-ARG EXTRAS=ray
+# head, workers and driver in this image; float8: torchao (--float8). --build-arg EXTRAS= leaves them out.
+ARG EXTRAS=ray,float8
 RUN pip install /src && if [ -n "$EXTRAS" ]; then pip install "/src[$EXTRAS]"; fi && rm -rf /src
 
 # --- runtime: the base of the variant, the venv, sshd; no compilers -----------------------------

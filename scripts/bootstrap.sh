@@ -22,5 +22,6 @@ if ! "$VENV/bin/python" -c "import deepspeed" 2>/dev/null; then
 fi
 # Ray (the ray backend, KubeRay's driver) and Optuna (shardbench tune): an optional extra the tests
 # use; pinned, and checked with `pip install --dry-run` to leave torch and every other pin alone.
-pip install -e ".[dev,tracking,ray]"
+# float8: torchao (--float8), which requires no torch of its own (the pinned one above stays).
+pip install -e ".[dev,tracking,ray,float8]"
 echo "$want" > "$STAMP"

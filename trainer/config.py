@@ -156,7 +156,22 @@ class RunConfig:
     activation_checkpointing: bool = knob(False, section="model", same_loss=True)
     """Recompute each block's activations in backward (memory for compute)."""
     compile: bool = knob(False, section="model", same_loss=True)
-    """torch.compile each transformer block."""
+    """torch.compile each transformer block. Compilation happens in the first step (forward and
+    backward), a warm-up step: needs --warmup-steps >= 1; its seconds are recorded apart
+    (`compile_s`, and `compile_in_measured_s` for any recompilation inside measured steps)."""
+    float8: Literal["off", "tensorwise", "rowwise"] = knob("off", section="precision")
+    """float8 training of the blocks' linears (torchao, trainer/parallel/float8.py): matmuls in
+    float8 with one scale per tensor or per row; the tied head stays in --precision. fsdp with
+    tensorwise all-gathers those weights in float8. ddp and fsdp only; needs torchao (the float8
+    extra) and float8 matmuls on the device (CPU, or a CUDA GPU of compute capability 8.9+)."""
+    ddp_comm_hook: Literal["none", "bf16", "powersgd"] = knob("none", section="parallelism")
+    """ddp only, with more than one data-parallel rank: how gradients are all-reduced. none: in
+    --grad-reduce-dtype; bf16: our bf16 hook (what --grad-reduce-dtype bf16 gives ddp); powersgd:
+    torch's PowerSGD (low-rank, error feedback) from the second optimizer step on, the loss
+    drifting from then (trainer/strategies/ddp.py)."""
+    powersgd_rank: int = knob(1, section="parallelism", min=1, max=4096)
+    """--ddp-comm-hook powersgd: the rank of its low-rank gradient approximation (higher: closer to
+    the exact all-reduce, more bytes)."""
     device: Device = knob("auto", section="parallelism", same_loss=True, chart=True)
     """auto (cuda when present), cpu or cuda."""
     deepspeed_config: str | None = knob(None, section="parallelism")

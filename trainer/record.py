@@ -269,6 +269,25 @@ class ResultRecord:
     """Price of one device-hour when the launcher knew it (values file), for the cost report."""
     activation_checkpointing: bool = False
     compile: bool = False
+    compile_s: float | None = None
+    """--compile: seconds torch.compile spent over the training steps (dynamo's total, backward and
+    inductor included); None without --compile. It happens in the first (warm-up) step, outside
+    every timed measurement."""
+    compile_in_measured_s: float | None = None
+    """--compile: the part of compile_s spent during measured steps (a recompilation); 0 when all
+    of it fell in warm-up, as it should."""
+    float8: str = "off"
+    """--float8: off, tensorwise or rowwise (torchao's float8 training of the blocks' linears)."""
+    float8_linears: int | None = None
+    """How many linears run in float8 (the blocks'; the tied head does not); None with float8 off."""
+    float8_all_gather: bool | None = None
+    """fsdp with --float8: whether those weights were all-gathered in float8 (tensorwise only);
+    None for other strategies and with float8 off."""
+    ddp_comm_hook: str = "none"
+    """The gradient hook that ran: none, bf16 or powersgd (ddp with more than one data-parallel
+    rank; --grad-reduce-dtype bf16 is the bf16 hook there); none for every other run."""
+    powersgd_rank: int | None = None
+    """PowerSGD's approximation rank when ddp_comm_hook is powersgd, else None."""
     seed: int = 0
     optimizer: dict[str, Any] = field(default_factory=dict)
     """name, lr, weight_decay, grad_clip, lr_warmup_steps."""

@@ -95,6 +95,30 @@ def _run_rule_errors(cfg: RunConfig, world_size: int) -> list[str]:
     if cfg.async_checkpoint and is_deepspeed(cfg.strategy):
         errors.append(f"--async-checkpoint applies to ddp and fsdp (torch.distributed.checkpoint), not "
                       f"{cfg.strategy}: DeepSpeed saves synchronously")
+    errors += _float8_compile_hook_errors(cfg)
+    return errors
+
+
+def _float8_compile_hook_errors(cfg: RunConfig) -> list[str]:
+    """--float8, --compile and --ddp-comm-hook beyond their choices (the device's float8 support
+    is trainer/parallel/float8.py `problem`, once torch knows the device)."""
+    errors = []
+    engine = STRATEGIES[cfg.strategy].engine
+    if cfg.float8 != "off" and engine not in ("ddp", "fsdp"):
+        errors.append(f"--float8 {cfg.float8} applies to ddp and fsdp (torchao converts torch's linears; "
+                      f"DeepSpeed's engine casts the model itself), not {cfg.strategy}: use --float8 off")
+    if cfg.float8 != "off" and cfg.tp > 1:
+        errors.append(f"--float8 {cfg.float8} with --tp {cfg.tp}: float8 tensor parallelism is not wired "
+                      "here: use --tp 1 or --float8 off")
+    if cfg.compile and cfg.warmup_steps < 1:
+        errors.append("--compile compiles in the first step, which --warmup-steps 0 would time: use "
+                      "--warmup-steps 1 or more")
+    if cfg.ddp_comm_hook != "none" and engine != "ddp":
+        errors.append(f"--ddp-comm-hook {cfg.ddp_comm_hook} applies to ddp, not {cfg.strategy}: use "
+                      "--ddp-comm-hook none (--grad-reduce-dtype sets every strategy's reduction dtype)")
+    if cfg.ddp_comm_hook == "powersgd" and cfg.grad_reduce_dtype != "fp32":
+        errors.append(f"--ddp-comm-hook powersgd compresses fp32 gradients, not --grad-reduce-dtype "
+                      f"{cfg.grad_reduce_dtype}: use --grad-reduce-dtype fp32")
     return errors
 
 

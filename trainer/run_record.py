@@ -54,6 +54,7 @@ def base_record(cfg: RunConfig, d: DistEnv, device: torch.device, precision: str
         warnings=[peak.warning] if peak.warning else [], usd_per_gpu_hour=cfg.usd_per_gpu_hour,
         grad_reduce_dtype=cfg.grad_reduce_dtype,
         activation_checkpointing=cfg.activation_checkpointing, compile=cfg.compile, seed=cfg.seed,
+        float8=cfg.float8,
         optimizer={"name": "AdamW", "lr": cfg.lr, "betas": list(cfg.adam_betas()), "eps": cfg.adam_eps,
                    "weight_decay": cfg.weight_decay,
                    "grad_clip": cfg.grad_clip, "lr_warmup_steps": cfg.lr_warmup_steps,

@@ -20,13 +20,14 @@ import torch
 from shardbench.trainer import process, run_record
 from shardbench.trainer.checkpoint import Checkpointer
 from shardbench.trainer.comm import COUNTER as COMM
-from shardbench.trainer.config import RunConfig
+from shardbench.trainer.config import ConfigError, RunConfig
 from shardbench.trainer.data import SyntheticBatches
 from shardbench.trainer.devices import check_memory, resolve_precision, usable_device
 from shardbench.trainer.dist_env import DistEnv
 from shardbench.trainer.history import CheckpointHooks, History
 from shardbench.trainer.metrics import end_setup_memory, load_avg_1m, rank_memory
 from shardbench.trainer.model import TinyGPT, count_params
+from shardbench.trainer.parallel import float8
 from shardbench.trainer.record import PROGRESS_PREFIX, ResultRecord
 from shardbench.trainer.steps import StepRunner
 from shardbench.trainer.strategies import Context, make_strategy
@@ -39,6 +40,9 @@ class Trainer:
         self.precision = resolve_precision(cfg, self.device)
         if not self.device_error:  # sized for the GPU that is not there: skip, the record says why
             check_memory(cfg, self.device, denv.world_size, denv.local_world_size)
+            refusal = float8.problem(cfg.float8, self.device)  # exit 2 before any process group
+            if refusal:
+                raise ConfigError(refusal)
         self.grad_accum = cfg.effective_grad_accum(denv.world_size)
         self.seq_len = cfg.effective_seq_len()
         self.mcfg = cfg.model_config()
@@ -67,12 +71,14 @@ class Trainer:
         torch.manual_seed(cfg.seed)  # identical initial weights on every rank and strategy
         model = TinyGPT(self.mcfg, activation_checkpointing=cfg.activation_checkpointing)
         self.record.n_params = count_params(model)
-        if cfg.compile:
-            for block in model.blocks:
-                block.compile()
         self.ctx = Context(cfg=cfg, dist=d, device=self.device, precision=self.precision,
                            grad_accum=self.grad_accum, distributed=self.distributed)
         self.strategy = make_strategy(self.ctx)
+        if cfg.float8 != "off":  # before compile and before FSDP wraps the blocks (torchtitan's order)
+            self.record.float8_linears = float8.convert(model, cfg.float8, self.strategy.float8_all_gather)
+        if cfg.compile:  # compiled at the first call: in step 0, a warm-up step (rules: --warmup-steps >= 1)
+            for block in model.blocks:
+                block.compile()
         self.strategy.setup(model)
         self.record.compute_path = self.strategy.compute_path
         for name, value in self.strategy.recorded().items():
@@ -94,8 +100,11 @@ class Trainer:
         loop_start = time.perf_counter()
         self.record.load_avg_1m_start, self.record.cpu_count = load_avg_1m(), os.cpu_count()
         self.steps.sync()  # type: ignore[union-attr]
+        compiled_before_measuring = None
         for step in range(first, cfg.steps):
             measured = step >= cfg.warmup_steps
+            if measured and compiled_before_measuring is None:
+                compiled_before_measuring = compile_seconds()
             COMM.active = measured
             dt, step_loss = self.steps.timed(next_batches)  # type: ignore[union-attr]
             COMM.active = False
@@ -117,6 +126,9 @@ class Trainer:
             self._progress(step, dt, loss, time.perf_counter() - loop_start)
             for observer in self.observers:  # e.g. the metrics exporter (trainer/exporter.py)
                 observer.after_step(self, step, dt, loss, measured)
+        if cfg.compile:  # before the memory step: its live-tensor tracking may compile again
+            self.record.compile_s = compile_seconds()
+            self.record.compile_in_measured_s = self.record.compile_s - (compiled_before_measuring or 0.0)
         if h.measured_here:  # again: a gloo completion callback may land just after its step ended,
             COMM.settle(timeout_s=5.0)  # and NCCL's timer reaches the counter after its watchdog saw the work
             h.comm_per_step = COMM.per_step(h.measured_here)
@@ -159,3 +171,11 @@ class Trainer:
         if not r.loss_per_step and h.losses:
             r.loss_per_step = list(h.losses)  # rank 0's own, when the ranks can't be averaged
             r.final_loss = h.losses[-1]
+
+
+def compile_seconds() -> float:
+    """Seconds torch.compile has spent in this process so far (dynamo's frame compiles, forward
+    and backward, inductor included): dynamo's own running total."""
+    from torch._dynamo.utils import calculate_time_spent
+
+    return calculate_time_spent()["total_wall_time"]

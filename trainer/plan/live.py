@@ -100,7 +100,7 @@ class LiveTensors(TorchDispatchMode):
 
     def track_all_reachable(self, tag: str = "state") -> None:
         """Every tensor the garbage collector can see (parameters, optimizer state, buffers)."""
-        self.track((o for o in gc.get_objects() if isinstance(o, torch.Tensor)), tag)
+        self.track((o for o in gc.get_objects() if _is_tensor(o)), tag)
 
     def retag(self, tensors: Iterable, tag: str) -> None:
         """Move tensors (already counted) to another tag, e.g. gradients made during backward."""
@@ -156,3 +156,12 @@ class LiveTensors(TorchDispatchMode):
                 if getattr(module, name, None) is original:
                     self._patched.append((module, name, original))
                     setattr(module, name, wrapped)
+
+
+def _is_tensor(o: object) -> bool:
+    """isinstance(o, Tensor), False for a dead weakref.proxy among gc's objects (torch.compile
+    leaves some): isinstance on one raises ReferenceError."""
+    try:
+        return isinstance(o, torch.Tensor)
+    except ReferenceError:
+        return False

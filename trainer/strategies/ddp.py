@@ -131,7 +131,8 @@ class TorchStrategy(Strategy):
         params = self.params
         return model_state(self.ctx.dist.rank, params=params,
                            grads=[p.grad for p in params] + self.held_grads(),
-                           optimizer=optimizer_state_tensors(self.optimizer))
+                           optimizer=optimizer_state_tensors(self.optimizer), on_host=self.ctx.state.on_host,
+                           device=self.ctx.device)
 
 
 class DDPStrategy(TorchStrategy):
@@ -151,7 +152,7 @@ class DDPStrategy(TorchStrategy):
             device_ids = [self.ctx.device.index] if self.ctx.device.type == "cuda" else None
             model = DDP(model, device_ids=device_ids, gradient_as_bucket_view=True,
                         bucket_cap_mb=self.ctx.cfg.bucket_mib, process_group=group)
-            model.register_comm_hook(group, self.comm_hook())
+            model.register_comm_hook(*self.comm_hook(group))
         return model
 
     def total_norm(self) -> torch.Tensor:
@@ -159,12 +160,30 @@ class DDPStrategy(TorchStrategy):
             return super().total_norm()
         return tensor_parallel.local_total_norm(self.params, self.tp_group)  # type: ignore[arg-type]
 
-    def comm_hook(self):
-        """The gradient all-reduce in --grad-reduce-dtype, through Python's dist.all_reduce (the
-        same collective DDP's built-in C++ path issues) so that trainer.comm can count it."""
-        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    @property
+    def hook(self) -> str:
+        """The gradient hook this run uses: --ddp-comm-hook, bf16 also for --grad-reduce-dtype bf16
+        (one hook, two spellings), none where nothing is all-reduced (one data-parallel rank)."""
+        if not (self.ctx.distributed and self.layout.dp > 1):
+            return "none"
+        cfg = self.ctx.cfg
+        return "bf16" if cfg.ddp_comm_hook == "none" and cfg.grad_reduce_dtype == "bf16" else cfg.ddp_comm_hook
 
-        hook = default_hooks.allreduce_hook if self.ctx.cfg.grad_reduce_dtype == "fp32" else bf16_allreduce_hook
+    def comm_hook(self, group):
+        """(state, hook) for DDP.register_comm_hook. Every hook all-reduces through Python's
+        dist.all_reduce (the same collective DDP's built-in C++ path issues) so that trainer.comm
+        can count it: fp32 (default_hooks.allreduce_hook), our bf16 hook, or PowerSGD."""
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+        state, hook = group, {"none": default_hooks.allreduce_hook, "bf16": bf16_allreduce_hook}.get(self.hook)
+        if self.hook == "powersgd":
+            # powerSGD_hook, not batched_powerSGD_hook: torch 2.13's batched one always fails an
+            # assertion. Its first POWERSGD_START_STEP steps are plain all-reduces (torch needs
+            # >= 2 with error feedback); the loss drifts from the first compressed step on.
+            state = powerSGD_hook.PowerSGDState(
+                process_group=group, matrix_approximation_rank=self.ctx.cfg.powersgd_rank,
+                start_powerSGD_iter=POWERSGD_START_STEP, random_seed=self.ctx.cfg.seed)
+            hook = powerSGD_hook.powerSGD_hook
         self.buckets: dict[int, torch.Tensor] = {}
 
         def remembering(state, bucket):
@@ -173,10 +192,13 @@ class DDPStrategy(TorchStrategy):
             self.buckets[bucket.index()] = bucket.buffer()
             return hook(state, bucket)
 
-        return remembering
+        return state, remembering
 
     def recorded(self) -> dict:
-        return {"bucket_mib": self.ctx.cfg.bucket_mib}
+        hook = self.hook
+        return {"bucket_mib": self.ctx.cfg.bucket_mib, "ddp_comm_hook": hook,
+                "powersgd_rank": self.ctx.cfg.powersgd_rank if hook == "powersgd" else None,
+                "grad_reduce_dtype": "bf16" if hook == "bf16" else self.ctx.cfg.grad_reduce_dtype}
 
     @property
     def compute_path(self) -> str:
@@ -190,6 +212,10 @@ class DDPStrategy(TorchStrategy):
         if isinstance(self.model, DDP) and not last:
             return self.model.no_sync()
         return contextlib.nullcontext()
+
+
+POWERSGD_START_STEP = 2
+"""Optimizer steps all-reduced exactly before PowerSGD compresses (torch's start_powerSGD_iter)."""
 
 
 def bf16_allreduce_hook(group, bucket):

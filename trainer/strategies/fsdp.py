@@ -18,6 +18,7 @@ import contextlib
 
 import torch
 
+from shardbench.trainer.parallel import float8
 from shardbench.trainer.parallel.mesh import dp_mesh
 from shardbench.trainer.strategies.base import REDUCE_DTYPES
 from shardbench.trainer.strategies.ddp import TorchStrategy
@@ -40,15 +41,19 @@ class FSDPStrategy(TorchStrategy):
     def wrap(self, model):
         self.apply_tp(model)
         if self.sharded:
-            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+            from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
             mesh = dp_mesh(self.mesh, self.layout) if self.mesh is not None else None  # None: the world
             mp = MixedPrecisionPolicy(param_dtype=self.ctx.amp_dtype,
                                       reduce_dtype=REDUCE_DTYPES[self.ctx.cfg.grad_reduce_dtype])
+            # State on the host (--offload params): sharded parameters, gradients and the optimizer
+            # step in CPU memory, each block copied to the device for its all-gather.
+            place = ({"offload_policy": CPUOffloadPolicy(pin_memory=self.ctx.device.type == "cuda")}
+                     if self.ctx.state.on_host else {})
             plan = reshard_after_forward_plan(len(model.blocks), self.ctx.cfg.reshard_after_forward)
             for block, reshard in zip(model.blocks, plan):
-                fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
-            fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
+                fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard, **place)
+            fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False, **place)
         return model
 
     @property
@@ -59,6 +64,15 @@ class FSDPStrategy(TorchStrategy):
             return f"torch.autocast {self.ctx.precision} over fp32 parameters and gradients (unsharded)"
         return (f"parameters all-gathered in {self.ctx.precision} (MixedPrecisionPolicy param_dtype): "
                 f"every op runs in {self.ctx.precision}; fp32 sharded parameters, gradients and optimizer")
+
+    @property
+    def float8_all_gather(self) -> bool:
+        return float8.all_gather_applies(self.ctx.cfg.float8, self.sharded)
+
+    def step(self, last):
+        super().step(last)
+        if last and self.float8_all_gather:  # the next all-gathers' scales, one all-reduce for all
+            float8.precompute_scales(self.model)
 
     def autocast(self):
         # Sharded: the mixed-precision policy casts parameters itself; unsharded: autocast.
@@ -93,4 +107,5 @@ class FSDPStrategy(TorchStrategy):
     def recorded(self) -> dict:
         # No bucket_mib: FSDP2 communicates per module (the record says None, not a size it ignored).
         return {"fsdp_grad_sync": self.ctx.cfg.fsdp_grad_sync,
-                "reshard_after_forward": self.ctx.cfg.reshard_after_forward}
+                "reshard_after_forward": self.ctx.cfg.reshard_after_forward,
+                "float8_all_gather": self.float8_all_gather if self.ctx.cfg.float8 != "off" else None}
