@@ -85,8 +85,9 @@ def _numbers(node: dict, path: str = "") -> dict[str, dict]:
 
 
 def ds_configs() -> dict[Path, str]:
-    """chart/files/ds_configs/<strategy>.json: the trainer's packaged config of each DeepSpeed strategy."""
-    return {DS_CONFIGS / f"{name}.json": (TRAINER_DS_CONFIGS / f"{name}.json").read_text()
+    """chart/files/ds_configs/<strategy>.json: the trainer's packaged config of each DeepSpeed
+    strategy, that of its ZeRO stage (trainer/ds_knobs.py `config_path`)."""
+    return {DS_CONFIGS / f"{name}.json": (TRAINER_DS_CONFIGS / f"zero{s.zero_stage}.json").read_text()
             for name, s in STRATEGIES.items() if s.engine == "deepspeed"}
 
 

@@ -17,7 +17,7 @@ import typing
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Literal
 
-from shardbench.trainer.contract import DEVICES, PRECISIONS, STRATEGIES, ConfigError, flag
+from shardbench.trainer.contract import DEVICES, OFFLOADS, PRECISIONS, STRATEGIES, ConfigError, flag
 from shardbench.trainer.parallel.layout import PP_SCHEDULES
 from shardbench.trainer.flags import add_flags
 from shardbench.trainer.presets import PRESETS, ModelConfig
@@ -120,6 +120,21 @@ class RunConfig:
     """fsdp only: reduce-scatter gradients after every micro-step (torchtitan's default: only
     sharded gradients are held) or only after the last one (unsharded gradients held between
     micro-steps, fewer collectives)."""
+    offload: Literal[OFFLOADS] = knob("none", section="parallelism", same_loss=True)  # type: ignore[valid-type]
+    """Model state kept in host memory instead of on the device (the layout's state location,
+    trainer/contract.py StateLayout): none; optimizer (zero1/2/3: DeepSpeed's offload_optimizer,
+    the optimizer steps on the host from an fp32 gradient partition there); params (parameters
+    too: zero3's offload_param, fsdp's CPUOffloadPolicy with gradients and optimizer on the host).
+    Not ddp. On a CPU run host and device memory are one: nothing moves, and the report compares
+    what the device holds as the whole."""
+    zero_hpz_partition_size: int = knob(1, section="parallelism", min=1, max=65536, same_loss=True)
+    """zero3 only: ZeRO++ hierarchical partitioning (hpZ), a secondary copy of the parameters
+    sharded over groups of this many consecutive ranks (one node's GPUs), so backward's
+    all-gathers stay inside a group; it must divide the data-parallel ranks. 1: off."""
+    zero_quantized_weights: bool = knob(False, section="parallelism")
+    """zero3 only, CUDA only: ZeRO++ qwZ, parameters all-gathered in int8 blocks."""
+    zero_quantized_gradients: bool = knob(False, section="parallelism")
+    """zero3 only, CUDA only: ZeRO++ qgZ, gradients reduce-scattered in int4 blocks (all-to-all)."""
     reshard_after_forward: bool = knob(True, section="parallelism", same_loss=True)
     """fsdp and zero3, matched: free each block's gathered parameters after its forward and gather
     them again for backward, on every block but the last, the root staying gathered (FSDP2's

@@ -4,9 +4,9 @@ The trainer, the suite (matrix, runner, report), benchtui and the chart (through
 scripts/gen_chart_contract.py) all read these tables; none keeps its own copy. Torch-free, so
 argument checks, the matrix expander and the TUI read it for free at start-up.
 
-- STRATEGIES: each strategy as data (engine, ZeRO stage, which state is sharded and which lives
-  on the host, default launcher, whether it needs a
-  process group alone, how many bytes of model state per parameter it holds).
+- StateLayout: the parallelism declaration's state part (engine, ZeRO stage, which state is
+  sharded, which lives on the host) and the model-state bytes per parameter that follow from it,
+  by location. STRATEGIES: the named presets of it (`--strategy`), with their default launcher.
 - PRECISIONS, DEVICES, LAUNCHERS, CLUSTER_LAUNCHERS, BACKENDS, STATUSES: the allowed names.
 - run ids: `config_id()` hashes the measured fields off their defaults (+ a version); `run_id()` puts a
   readable prefix before it and the repeat after; `parse_run_id()` reads one back.
@@ -27,69 +27,130 @@ class ConfigError(ValueError):
     """A bad argument: the message is one line that says what is wrong and how to fix it."""
 
 
-@dataclass(frozen=True)
-class StrategyInfo:
-    """One distributed strategy as data."""
+STATE = ("params", "grads", "optimizer")
+"""The kinds of model state a layout places: parameters, gradients, optimizer state (AdamW's
+moments, and DeepSpeed's fp32 master copy with them)."""
+LOCATIONS = ("device", "host")
+"""Where model state lives: the compute device's memory, or host memory (offload)."""
+OFFLOADS = ("none", "optimizer", "params")
+"""What `--offload` moves to host memory (StateLayout.offloaded): nothing; the optimizer (with
+DeepSpeed, also the fp32 gradient partition it steps from); or the parameters as well (and with
+them gradients and the optimizer: ZeRO-3's offload_param + offload_optimizer, FSDP2's
+CPUOffloadPolicy)."""
 
-    name: str
+
+@dataclass(frozen=True)
+class StateLayout:
+    """How the data-parallel ranks hold the model: the engine that runs them and, per kind of
+    state (STATE), whether it is split across the ranks and where it lives. With the mesh
+    degrees (trainer/parallel/layout.py: dp_replicate, dp_shard, tp, pp) this is a run's whole
+    parallelism declaration. The planner, the memory model and the verdicts read these
+    attributes, never a strategy's name."""
+
     engine: str
     """Who implements it: ddp (torch DDP), fsdp (torch FSDP2) or deepspeed."""
-    zero_stage: int | None
-    """DeepSpeed ZeRO stage (1, 2, 3); None for the torch-native strategies."""
-    default_launcher: str
-    """The launcher a matrix's `launcher: auto` picks: DeepSpeed's own for ZeRO, else mpirun."""
-    group_at_world_size_1: bool
-    """Needs a process group even alone (DeepSpeed does; DDP and FSDP run the plain model)."""
-    replicated_bytes_per_param: tuple[float, float]
-    """Model-state bytes every rank holds whole, (fp32 run, bf16/fp16 run), AdamW."""
-    sharded_bytes_per_param: tuple[float, float]
-    """Model-state bytes split across the N ranks, (fp32 run, bf16/fp16 run), AdamW."""
-    summary: str
+    zero_stage: int | None = None
+    """DeepSpeed ZeRO stage (1, 2, 3); None for the torch-native engines."""
     sharded: tuple[str, ...] = ()
-    """Which model state is split across the data-parallel ranks ("params", "grads",
-    "optimizer"); the rest is replicated. The planner reads the layout from these attributes."""
+    """Which model state is split across the data-parallel ranks; the rest is replicated."""
     on_host: tuple[str, ...] = ()
     """Which model state lives in host memory (offload); the rest is on the device."""
+
+    @property
+    def group_at_world_size_1(self) -> bool:
+        """Needs a process group even alone (DeepSpeed does; DDP and FSDP run the plain model)."""
+        return self.engine == "deepspeed"
+
+    def bytes_per_param(self, precision: str) -> dict[str, float]:
+        """Bytes per parameter of each kind of state, whole (AdamW). Torch engines keep fp32
+        weights and gradients under autocast (4 + 4) and two fp32 moments (8); DeepSpeed keeps
+        the model's weights and reduced gradients in its dtype (4, or 2 in bf16/fp16) and an fp32
+        master copy beside the moments (12); its offloaded gradient partition is fp32 (4)."""
+        if self.engine != "deepspeed":
+            return {"params": 4, "grads": 4, "optimizer": 8}
+        w = 2 if precision in ("bf16", "fp16") else 4
+        return {"params": w, "grads": 4 if "grads" in self.on_host else w, "optimizer": 12}
+
+    def split(self, kind: str, grad_accum: int = 1, fsdp_grad_sync: str = "every_micro_step") -> bool:
+        """Whether `kind` is split across the ranks at the peak of an optimizer step. DeepSpeed's
+        ZeRO-1 reduces gradients into partitions as ZeRO-2 does, except that with grad-accum > 1
+        it holds whole ones between micro-steps; so does FSDP with --fsdp-grad-sync last_micro_step."""
+        if kind != "grads":
+            return kind in self.sharded
+        if grad_accum > 1 and (self.zero_stage == 1 or (self.engine == "fsdp" and fsdp_grad_sync == "last_micro_step")):
+            return False
+        return "grads" in self.sharded or self.zero_stage is not None
+
+    def model_state_bytes_by_location(self, precision: str, world_size: int, grad_accum: int = 1,
+                                      fsdp_grad_sync: str = "every_micro_step") -> dict[str, float]:
+        """Bytes per parameter one of `world_size` ranks holds at the peak of an optimizer step,
+        by LOCATIONS (communication buffers excluded)."""
+        out = dict.fromkeys(LOCATIONS, 0.0)
+        for kind, size in self.bytes_per_param(precision).items():
+            where = "host" if kind in self.on_host else "device"
+            out[where] += size / world_size if self.split(kind, grad_accum, fsdp_grad_sync) else size
+        return out
 
     def model_state_bytes_per_param(self, precision: str, world_size: int, grad_accum: int = 1,
                                     fsdp_grad_sync: str = "every_micro_step") -> float:
         """Bytes of parameters + gradients + optimizer state (+ master copies) one of `world_size`
-        ranks holds per parameter at the peak of an optimizer step (AdamW: two fp32 moments,
-        8 B; communication buffers excluded). With grad-accum > 1, ZeRO-1 (and FSDP with
-        --fsdp-grad-sync last_micro_step) hold whole gradients between micro-steps instead of
-        their partition."""
-        half = 1 if precision in ("bf16", "fp16") else 0
-        replicated, sharded = self.replicated_bytes_per_param[half], self.sharded_bytes_per_param[half]
-        whole_grads = self.zero_stage == 1 or (self.engine == "fsdp" and fsdp_grad_sync == "last_micro_step")
-        if grad_accum > 1 and whole_grads:
-            grads = 2 if half and self.engine == "deepspeed" else 4
-            replicated, sharded = replicated + grads, sharded - grads
-        return replicated + sharded / world_size
+        ranks holds per parameter at the peak of an optimizer step, wherever they live."""
+        return sum(self.model_state_bytes_by_location(precision, world_size, grad_accum, fsdp_grad_sync).values())
+
+    def offloaded(self, offload: str) -> StateLayout:
+        """This layout with `--offload` applied: the kinds of state it moves to the host (OFFLOADS).
+        Whether the engine can is a rule (trainer/rules.py `offload_error`)."""
+        kinds = set(self.on_host) | set({"none": (), "optimizer": ("optimizer",), "params": STATE}[offload])
+        if "optimizer" in kinds and self.engine == "deepspeed":  # ZeRO-Offload steps from an fp32 gradient
+            kinds.add("grads")                                    # partition on the host
+        return StateLayout(self.engine, self.zero_stage, self.sharded, tuple(k for k in STATE if k in kinds))
+
+
+@dataclass(frozen=True, kw_only=True)
+class StrategyInfo(StateLayout):
+    """A strategy: a named preset of a StateLayout (`--strategy`), with the launcher a matrix's
+    `launcher: auto` picks and a one-line summary."""
+
+    name: str
+    default_launcher: str
+    """The launcher a matrix's `launcher: auto` picks: DeepSpeed's own for ZeRO, else mpirun."""
+    summary: str
+
+    @property
+    def state(self) -> StateLayout:
+        return StateLayout(self.engine, self.zero_stage, self.sharded, self.on_host)
 
 
 ZERO_SHARDED = {1: ("optimizer",), 2: ("grads", "optimizer"), 3: ("params", "grads", "optimizer")}
 """What each DeepSpeed ZeRO stage splits across the ranks."""
 
 
-def _zero(stage: int, replicated: tuple[float, float], sharded: tuple[float, float], summary: str) -> StrategyInfo:
-    return StrategyInfo(f"zero{stage}", "deepspeed", stage, "deepspeed", True, replicated, sharded, summary,
-                        ZERO_SHARDED[stage])
+def _zero(stage: int, summary: str) -> StrategyInfo:
+    return StrategyInfo("deepspeed", stage, ZERO_SHARDED[stage], name=f"zero{stage}", default_launcher="deepspeed",
+                        summary=summary)
 
 
-# Bytes per parameter: ddp keeps fp32 weights 4 + grads 4 + moments 8 on every rank (autocast
-# keeps fp32 weights and grads); fsdp shards the same 16. ZeRO-1/2 keep the model's weights whole
-# (4 B, or 2 B in bf16/fp16) and partition DeepSpeed's fp32 master 4, the reduced gradients
-# (4 or 2) and the moments 8; ZeRO-3 partitions everything.
+# Bytes per parameter follow from the attributes (StateLayout.bytes_per_param): ddp keeps fp32
+# weights 4 + grads 4 + moments 8 on every rank; fsdp shards the same 16. ZeRO-1/2 keep the model's
+# weights whole (4 B, or 2 B in bf16/fp16) and partition DeepSpeed's fp32 master 4, the reduced
+# gradients (4 or 2) and the moments 8; ZeRO-3 partitions everything.
 STRATEGIES: dict[str, StrategyInfo] = {s.name: s for s in (
-    StrategyInfo("ddp", "ddp", None, "mpirun", False, (16, 16), (0, 0),
-                 "DistributedDataParallel: everything replicated, gradients all-reduced"),
-    StrategyInfo("fsdp", "fsdp", None, "mpirun", False, (0, 0), (16, 16),
-                 "FSDP2 fully_shard per block and root: parameters, gradients, optimizer sharded",
-                 ("params", "grads", "optimizer")),
-    _zero(1, (4, 2), (16, 14), "DeepSpeed ZeRO-1: optimizer state partitioned"),
-    _zero(2, (4, 2), (16, 14), "DeepSpeed ZeRO-2: optimizer state and gradients partitioned"),
-    _zero(3, (0, 0), (20, 16), "DeepSpeed ZeRO-3: parameters, gradients, optimizer partitioned"),
+    StrategyInfo("ddp", name="ddp", default_launcher="mpirun",
+                 summary="DistributedDataParallel: everything replicated, gradients all-reduced"),
+    StrategyInfo("fsdp", sharded=STATE, name="fsdp", default_launcher="mpirun",
+                 summary="FSDP2 fully_shard per block and root: parameters, gradients, optimizer sharded"),
+    _zero(1, "DeepSpeed ZeRO-1: optimizer state partitioned"),
+    _zero(2, "DeepSpeed ZeRO-2: optimizer state and gradients partitioned"),
+    _zero(3, "DeepSpeed ZeRO-3: parameters, gradients, optimizer partitioned"),
 )}
+"""The presets `--strategy` names. A new row with a known engine runs, is planned and is reported
+with no other edit (DEVELOPERS.md "Adding a strategy")."""
+
+
+def state_layout(strategy: str, offload: str = "none") -> StateLayout:
+    """The state layout a run of preset `strategy` with `--offload offload` has."""
+    return STRATEGIES[strategy].state.offloaded(offload)
+
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 DEVICES = ("auto", "cpu", "cuda")

@@ -8,7 +8,7 @@ import torch
 
 from shardbench.trainer import env_info
 from shardbench.trainer.config import ConfigError, RunConfig
-from shardbench.trainer.rules import check_fits
+from shardbench.trainer.rules import check_fits, device_error
 
 # The oldest Linux driver each CUDA major version runs on (NVIDIA's CUDA compatibility guide:
 # minor-version compatibility across 12.x from 525.60.13; CUDA 13 from 580.65.06).
@@ -69,11 +69,14 @@ def resolve_precision(cfg: RunConfig, device: torch.device) -> str:
 def check_memory(cfg: RunConfig, device: torch.device, world_size: int, local_world_size: int) -> None:
     """Refuse (exit 2) a model whose state cannot fit, before anything is allocated: the kernel's
     OOM killer would otherwise end the run with no record. Every rank builds the full fp32 model
-    on the host first, so the host must hold that too."""
-    if device.type == "cuda":
+    on the host first, so the host must hold that too. Offloaded state (--offload) must fit the
+    host, the rest the GPU; on a CPU run both are the host. Also the rules of the resolved device."""
+    refusal = device_error(cfg, device.type)
+    if refusal is None and device.type == "cuda":
         free, _total = torch.cuda.mem_get_info(device)
-        refusal = check_fits(cfg, world_size, 1, free, f"GPU {device.index}")
-    else:
+        refusal = (check_fits(cfg, world_size, 1, free, f"GPU {device.index}", "device")
+                   or check_fits(cfg, world_size, local_world_size, host_memory_available(), "this host", "host"))
+    elif refusal is None:
         refusal = check_fits(cfg, world_size, local_world_size, host_memory_available(), "this host")
     if refusal:
         raise ConfigError(refusal)

@@ -59,11 +59,39 @@ def match_knobs(ds: dict, bucket_mib: float, reshard_after_forward: bool, stage:
     return ds
 
 
-def zero_config(strategy: str, bucket_mib: float, reshard_after_forward: bool, precision: str,
-                grad_reduce_dtype: str = "fp32", unit_numel: int | None = None) -> dict:
-    """The zero_optimization block a run of `strategy` gets from trainer/ds_configs + the knobs."""
-    ds = json.loads((DS_CONFIGS / f"{strategy}.json").read_text())
-    stage = int(ds.get("zero_optimization", {}).get("stage", 0))
+def config_path(stage: int) -> Path:
+    """The packaged DeepSpeed config of ZeRO stage `stage` (every preset of that stage reads it)."""
+    return DS_CONFIGS / f"zero{stage}.json"
+
+
+def place_state(ds: dict, on_host: tuple[str, ...] | list[str], hpz_partition_size: int = 1,
+                quantized_weights: bool = False, quantized_gradients: bool = False, pin_memory: bool = False) -> dict:
+    """Write where the state lives (the layout's `on_host`: ZeRO-Offload) and ZeRO++ into `ds`.
+    Offload keeps our torch AdamW (`zero_force_ds_cpu_optimizer` false): DeepSpeed's own CPU Adam
+    would be JIT-compiled (cpu_adam) and would differ from every other strategy's optimizer.
+    Pinned host buffers only on a GPU (they speed up its copies; on a CPU run there is no copy)."""
+    zero = ds.setdefault("zero_optimization", {})
+    if "optimizer" in on_host:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": pin_memory}
+    if "params" in on_host:
+        zero["offload_param"] = {"device": "cpu", "pin_memory": pin_memory}
+    if on_host:
+        ds["zero_force_ds_cpu_optimizer"] = False
+    if hpz_partition_size > 1:
+        zero["zero_hpz_partition_size"] = int(hpz_partition_size)
+    if quantized_weights:
+        zero["zero_quantized_weights"] = True
+    if quantized_gradients:
+        zero["zero_quantized_gradients"] = True
+    return ds
+
+
+def zero_config(stage: int, bucket_mib: float, reshard_after_forward: bool, precision: str,
+                grad_reduce_dtype: str = "fp32", unit_numel: int | None = None, on_host: tuple[str, ...] = (),
+                hpz_partition_size: int = 1) -> dict:
+    """The zero_optimization block a run of ZeRO stage `stage` gets from trainer/ds_configs + the knobs."""
+    ds = json.loads(config_path(stage).read_text())
+    place_state(ds, on_host, hpz_partition_size)
     return match_knobs(ds, bucket_mib, reshard_after_forward, stage, precision, grad_reduce_dtype,
                        unit_numel)["zero_optimization"]
 

@@ -179,20 +179,39 @@ def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tens
 
 
 def model_state(rank: int, params: Iterable, grads: Iterable = (), master: Iterable = (),
-                optimizer: Iterable = (), comm_buffers: Iterable = ()) -> RankModelState:
+                optimizer: Iterable = (), comm_buffers: Iterable = (), on_host: Iterable[str] = (),
+                device: torch.device | None = None) -> RankModelState:
     """Bytes this rank holds, by kind, each byte once (counted in the order params, grads,
-    master, optimizer, comm buffers: a region already counted is not counted again)."""
-    counter = StorageCounter()
-    p, g, m = counter.add(params), counter.add(grads), counter.add(master)
-    o, c = counter.add(optimizer), counter.add(comm_buffers)
+    master, optimizer, comm buffers: a region already counted is not counted again), and by
+    where they live. On a GPU that is each tensor's device (host memory: a CPU tensor). On a CPU
+    run host and device memory are one, so the layout's declared location (`on_host`: its kinds
+    of state, contract.STATE; the fp32 master travels with the optimizer) says which bytes a GPU
+    run would keep on the host."""
+    counter, host_kinds = StorageCounter(), set(on_host)
+    on_gpu = device is not None and device.type == "cuda"
+    sizes, host = {}, 0
+    for name, kind, tensors in (("params", "params", params), ("grads", "grads", grads),
+                                ("master", "optimizer", master), ("optimizer", "optimizer", optimizer),
+                                ("comm", None, comm_buffers)):
+        tensors = [t for t in tensors if isinstance(t, torch.Tensor)]
+        if on_gpu:
+            elsewhere = counter.add(t for t in tensors if _local(t).device.type == "cpu")
+            sizes[name] = elsewhere + counter.add(tensors)
+        else:
+            sizes[name] = elsewhere = counter.add(tensors)
+            elsewhere = elsewhere if kind in host_kinds else 0
+        host += elsewhere
+    p, g, m, o, c = sizes["params"], sizes["grads"], sizes["master"], sizes["optimizer"], sizes["comm"]
+    total = p + g + m + o + c
     return RankModelState(rank=rank, params_bytes=p, grads_bytes=g, optimizer_bytes=o, master_bytes=m,
-                          comm_buffer_bytes=c, total_bytes=p + g + m + o + c)
+                          comm_buffer_bytes=c, total_bytes=total, device_bytes=total - host, host_bytes=host)
 
 
 def with_comm_buffer_bytes(state: RankModelState, comm: int) -> RankModelState:
     """`state` with its communication buffers counted as `comm` bytes (buffers that existed during
     the sampled phase but were freed before the sample: ZeRO-1/2's reduce buckets)."""
     state.total_bytes += comm - state.comm_buffer_bytes
+    state.device_bytes += comm - state.comm_buffer_bytes  # buffers are the device's
     state.comm_buffer_bytes = comm
     return state
 

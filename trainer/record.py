@@ -84,6 +84,12 @@ class RankModelState:
     """Communication buffers held across steps (DeepSpeed's reduce buckets) beyond the above."""
     total_bytes: int = 0
     """The sum of the above at the sample where it was largest."""
+    device_bytes: int = 0
+    """Of total_bytes, what lives in the compute device's memory."""
+    host_bytes: int = 0
+    """Of total_bytes, what the layout keeps in host memory (offload, contract.StateLayout.on_host):
+    on a GPU the tensors in CPU memory; on a CPU run, where host and device memory are one, the
+    kinds of state the layout places on the host."""
     peak_at: str = ""
     """Where that sample was taken, e.g. "micro-step 1 backward" or "optimizer step"."""
 

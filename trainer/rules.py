@@ -13,7 +13,7 @@ from dataclasses import fields
 from typing import Any
 
 from shardbench.trainer.config import RunConfig
-from shardbench.trainer.contract import STRATEGIES, flag, is_deepspeed
+from shardbench.trainer.contract import STATE, STRATEGIES, StateLayout, flag, is_deepspeed, state_layout
 from shardbench.trainer.parallel.layout import pp_schedule_error, pp_stages_per_rank
 
 
@@ -92,6 +92,7 @@ def _run_rule_errors(cfg: RunConfig, world_size: int) -> list[str]:
     if cfg.checkpoint_every and not cfg.checkpoint_dir:
         errors.append("--checkpoint-every needs --checkpoint-dir: give the directory to save into")
     errors += _layout_errors(cfg, world_size, mcfg, seq)
+    errors += _state_errors(cfg, world_size)
     if cfg.async_checkpoint and is_deepspeed(cfg.strategy):
         errors.append(f"--async-checkpoint applies to ddp and fsdp (torch.distributed.checkpoint), not "
                       f"{cfg.strategy}: DeepSpeed saves synchronously")
@@ -183,6 +184,57 @@ def _pipeline_errors(cfg: RunConfig, world_size: int, mcfg) -> list[str]:
     return errors
 
 
+def state_error(state: StateLayout, strategy: str) -> str | None:
+    """Whether the engine can place its state where the layout says (an attribute rule: a preset
+    row with state on the host is checked as `--offload` is)."""
+    if not state.on_host:
+        return None
+    kinds = ", ".join(state.on_host)
+    if state.engine == "ddp":
+        return (f"{strategy} cannot keep {kinds} in host memory (offload): DDP holds every rank's state on its "
+                "device; use --offload none, or fsdp / zero1-3 to offload")
+    if state.engine == "fsdp" and set(state.on_host) != set(STATE):
+        return (f"{strategy} with {kinds} in host memory: FSDP2's CPUOffloadPolicy moves parameters, gradients "
+                "and optimizer together; use --offload params")
+    if state.engine == "deepspeed" and "params" in state.on_host and state.zero_stage != 3:
+        return (f"{strategy} cannot keep parameters in host memory: DeepSpeed offloads parameters at ZeRO stage 3 "
+                "only; use --offload optimizer, or zero3")
+    return None
+
+
+def _state_errors(cfg: RunConfig, world_size: int) -> list[str]:
+    """Where state lives (--offload) and ZeRO++ (hpZ, qwZ, qgZ), by the layout's attributes."""
+    state = state_layout(cfg.strategy, cfg.offload)
+    errors = [e for e in (state_error(state, cfg.strategy),) if e]
+    if state.on_host and state.engine == "fsdp" and not errors and cfg.dp_degree(world_size) == 1:
+        errors.append(f"{cfg.strategy} with state in host memory needs more than one data-parallel rank: alone "
+                      "FSDP runs the plain model, which stays on the device; use --offload none or more ranks")
+    zeropp = [name for name, on in (("--zero-hpz-partition-size", cfg.zero_hpz_partition_size > 1),
+                                    ("--zero-quantized-weights", cfg.zero_quantized_weights),
+                                    ("--zero-quantized-gradients", cfg.zero_quantized_gradients)) if on]
+    if zeropp and state.zero_stage != 3:
+        return errors + [f"{zeropp[0]} is ZeRO++, which applies to ZeRO stage 3: use zero3, or drop it"]
+    hpz, dp = cfg.zero_hpz_partition_size, cfg.dp_degree(world_size)
+    if hpz > 1 and dp % hpz:
+        errors.append(f"--zero-hpz-partition-size {hpz} does not divide the {dp} data-parallel ranks: use a "
+                      "divisor of them (the GPUs of one node)")
+    if hpz > 1 and "params" in state.on_host:
+        errors.append(f"--zero-hpz-partition-size {hpz} keeps a secondary parameter copy on the device, which "
+                      "--offload params moves to the host: use one of them")
+    if cfg.device == "cpu" and device_error(cfg, "cpu"):
+        errors.append(device_error(cfg, "cpu"))  # type: ignore[arg-type]
+    return errors
+
+
+def device_error(cfg: RunConfig, device_type: str) -> str | None:
+    """A rule of the resolved device (`--device auto` is known only in the trainer): ZeRO++'s
+    quantized collectives (qwZ, qgZ) run CUDA kernels."""
+    if device_type != "cuda" and (cfg.zero_quantized_weights or cfg.zero_quantized_gradients):
+        which = "--zero-quantized-weights" if cfg.zero_quantized_weights else "--zero-quantized-gradients"
+        return f"{which} (ZeRO++ qwZ/qgZ) needs a CUDA GPU (its quantization kernels): drop it on {device_type}"
+    return None
+
+
 def check_gpus_per_worker(cfg: RunConfig, gpus_per_worker: int) -> str | None:
     """A tensor-parallel group must sit inside one worker (its collectives run every layer)."""
     if cfg.tp > 1 and gpus_per_worker % cfg.tp:
@@ -202,18 +254,21 @@ def validate(cfg: RunConfig, world_size: int) -> list[str]:
     return _run_rule_errors(cfg, world_size)
 
 
-def model_state_bytes(cfg: RunConfig, world_size: int) -> int:
-    """Model-state bytes one rank will hold (the strategy's formula x parameters): what must fit
-    before anything is allocated."""
-    info = STRATEGIES[cfg.strategy]
+def model_state_bytes(cfg: RunConfig, world_size: int, location: str | None = None) -> int:
+    """Model-state bytes one rank will hold (the layout's formula x parameters), in `location`
+    (device or host; None: both): what must fit before anything is allocated."""
+    state = state_layout(cfg.strategy, cfg.offload)
     precision = "fp32" if cfg.precision == "auto" else cfg.precision
-    return int(cfg.model_config().n_params() * info.model_state_bytes_per_param(precision, world_size))
+    by_location = state.model_state_bytes_by_location(precision, world_size)
+    per_param = sum(by_location.values()) if location is None else by_location[location]
+    return int(cfg.model_config().n_params() * per_param)
 
 
-def check_fits(cfg: RunConfig, world_size: int, ranks_here: int, available_bytes: int, where: str) -> str | None:
-    """A one-line refusal when the model state of `ranks_here` ranks cannot fit in
-    `available_bytes` of `where` (host or device memory), else None."""
-    need = model_state_bytes(cfg, world_size) * ranks_here
+def check_fits(cfg: RunConfig, world_size: int, ranks_here: int, available_bytes: int, where: str,
+               location: str | None = None) -> str | None:
+    """A one-line refusal when the model state of `ranks_here` ranks in `location` (device, host,
+    or None: all of it) cannot fit in `available_bytes` of `where`, else None."""
+    need = model_state_bytes(cfg, world_size, location) * ranks_here
     if need <= available_bytes:
         return None
     return (f"{cfg.model} under {cfg.strategy} needs about {need / 2**30:.1f} GiB of model state "

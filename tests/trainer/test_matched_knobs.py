@@ -18,7 +18,7 @@ import pytest
 
 from tests.trainer.conftest import REPO, cpu_env, free_port, run_trainer
 from shardbench.trainer.model import PRESETS, TinyGPT
-from shardbench.trainer.strategies.zero import CONFIG_DIR
+from shardbench.trainer.ds_knobs import DS_CONFIGS as CONFIG_DIR
 
 pytestmark = pytest.mark.slow  # multi-process runs
 

@@ -9,7 +9,7 @@ import jsonschema
 import pytest
 
 from tests.trainer.conftest import run_trainer
-from shardbench.trainer.contract import STRATEGIES as STRATEGY_TABLE, default_launcher
+from shardbench.trainer.contract import STATE, STRATEGIES as STRATEGY_TABLE, default_launcher
 from shardbench.trainer.model import PRESETS, TinyGPT
 
 pytestmark = pytest.mark.slow  # multi-process runs
@@ -18,7 +18,7 @@ STRATEGIES = list(STRATEGY_TABLE)  # a new row of the contract's table runs here
 # World size 2: each strategy's default launcher, but each launcher starts at least one
 # plain-torch and one DeepSpeed strategy.
 LAUNCHER_AT_2 = {**{s: default_launcher(s) for s in STRATEGIES}, "ddp": "torchrun", "zero3": "mpirun"}
-SHARDED = [s for s, info in STRATEGY_TABLE.items() if info.replicated_bytes_per_param == (0, 0)]
+SHARDED = [s for s, info in STRATEGY_TABLE.items() if not info.on_host and set(info.sharded) == set(STATE)]
 """Strategies that hold no whole copy of anything (fsdp, zero3)."""
 STEPS = 6
 # Same global batch (8 sequences) everywhere; grad-accum 2 exercises the no-sync micro-steps.

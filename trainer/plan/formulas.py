@@ -11,7 +11,7 @@ import math
 
 from shardbench.trainer import ds_knobs
 from shardbench.trainer.plan.inputs import Params, PlanInput
-from shardbench.trainer.plan.layout import deepspeed, sharded, stage
+from shardbench.trainer.plan.layout import deepspeed, on_host, sharded, stage
 
 DDP_BUCKET = 25 << 20             # DDP's bucket_cap_mb default, 25 MiB (--bucket-mib's default)
 
@@ -30,13 +30,13 @@ def zero_config(inp: PlanInput) -> dict:
     the ZeRO strategy makes it (ZeRO-3's prefetch bucket: one block's gathered elements)."""
     unit = None
     if stage(inp.layout) == 3:
-        plain = ds_knobs.zero_config(inp.strategy, inp.bucket_mib, inp.reshard_after_forward, inp.precision,
+        plain = ds_knobs.zero_config(3, inp.bucket_mib, inp.reshard_after_forward, inp.precision,
                                      inp.grad_reduce_dtype)
         threshold = int(plain.get("stage3_param_persistence_threshold", 100_000))
         block = Params.of(inp.model_config()).block(0)
         unit = ds_knobs.unit_numel([Params.numel(s) for _, s in block], threshold) if block else None
-    return ds_knobs.zero_config(inp.strategy, inp.bucket_mib, inp.reshard_after_forward, inp.precision,
-                               inp.grad_reduce_dtype, unit)
+    return ds_knobs.zero_config(stage(inp.layout), inp.bucket_mib, inp.reshard_after_forward, inp.precision,
+                               inp.grad_reduce_dtype, unit, inp.layout.on_host, inp.zero_hpz_partition_size)
 
 
 def fsdp_shard_numel(params: Params, world: int) -> int:
@@ -63,6 +63,7 @@ def model_state(inp: PlanInput) -> dict[str, int]:
                 "optimizer": 8 * shard, "master": 0}
     part = math.ceil(P / N)
     weight, grad = (2, 2) if _half(inp) else (4, 4)
+    grad = 4 if on_host(lay, "grads") else grad  # ZeRO-Offload's gradient partition is fp32, on the host
     # Gradients not sharded (ZeRO-1): whole between micro-steps, reduced into the partition at
     # the last one; sharded: reduced into the partition at every micro-step.
     whole_grads = not sharded(lay, "grads") and inp.grad_accum > 1

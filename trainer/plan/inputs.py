@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from shardbench.trainer.contract import StrategyInfo
+from shardbench.trainer.contract import STRATEGIES, StrategyInfo
 from shardbench.trainer.presets import PRESETS, ModelConfig
 
 
@@ -27,6 +27,10 @@ class PlanInput:
     device: str = "cpu"
     """cpu or cuda: which AdamW runs (foreach on CPU, fused on GPU) and whether an allocator
     overhead is added."""
+    offload: str = "none"
+    """--offload: which model state lives in host memory (contract.StateLayout.offloaded)."""
+    zero_hpz_partition_size: int = 1
+    """--zero-hpz-partition-size: ZeRO++ hpZ's secondary partition (zero3)."""
     weight_decay: float = 0.01
     bucket_mib: float = 25.0
     """--bucket-mib: DDP's bucket cap and DeepSpeed's bucket sizes (trainer/ds_knobs.py)."""
@@ -43,7 +47,7 @@ class PlanInput:
         and for the mesh layouts of trainer/parallel/ (tensor parallel, HSDP) beyond it."""
         from shardbench.trainer.plan.layout import NotModelled, layout
 
-        info = layout(self.strategy)
+        info = layout(self.strategy, self.offload)
         if self.tp > 1:
             raise NotModelled(f"tensor parallel (--tp {self.tp}): the planner models data-parallel layouts only")
         if self.dp_replicate > 1:
@@ -81,7 +85,16 @@ class PlanInput:
                    reshard_after_forward=r.get("reshard_after_forward") is not False,
                    tp=int((r.get("layout") or {}).get("tp") or 1),
                    dp_replicate=int((r.get("layout") or {}).get("dp_replicate") or 1)
-                   if r.get("strategy") == "fsdp" else 1, **over)
+                   if _replicates_shards(r.get("strategy")) else 1,
+                   offload=str((r.get("settings") or {}).get("offload") or "none"),
+                   zero_hpz_partition_size=int(r.get("zero_hpz_partition_size") or 1), **over)
+
+
+def _replicates_shards(strategy: str | None) -> bool:
+    """Whether the record's layout degree dp_replicate is HSDP's replicate degree (a sharding
+    torch engine); DDP's record puts every data-parallel rank there."""
+    info = STRATEGIES.get(strategy or "")
+    return info is not None and info.engine == "fsdp"
 
 
 @dataclass

@@ -7,6 +7,7 @@ import functools
 from dataclasses import replace
 
 from shardbench.trainer.plan import formulas
+from shardbench.trainer.plan import offload
 from shardbench.trainer.plan.inputs import Params, PlanInput
 from shardbench.trainer.plan.layout import deepspeed, layout, sharded, stage
 
@@ -161,6 +162,16 @@ def predict(inp: PlanInput, device_memory_bytes: int | None = None, links: dict 
             "DeepSpeed: trainer/ds_configs buckets and persistence threshold (closed forms, 0.19)",
         ],
     }
+    # Where it lives: offloaded state in host memory, the rest of the peak on the device, which
+    # is what must fit (contract.StateLayout.on_host; the record's model_state device/host bytes).
+    host = offload.host_bytes(inp, cats)
+    out["memory_by_location"] = {"device": peak - host, "host": host}
+    if device_memory_bytes:
+        out["fits"] = peak - host <= device_memory_bytes
+    if host:
+        out["assumptions"].append(  # type: ignore[attr-defined]
+            f"{', '.join(inp.layout.on_host)} in host memory (--offload {inp.offload}): the optimizer steps on "
+            "the host; its step's time there is in the calibration, not modelled apart")
     if stage(inp.layout) == 3 and inp.world_size > 1:
         out["assumptions"].append(  # type: ignore[attr-defined]
             "ZeRO-3 blocks as leaf modules, prefetched one ahead; " + (

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 
+from shardbench.trainer.plan import offload
 from shardbench.trainer.plan.inputs import PlanInput
 from shardbench.trainer.presets import ModelConfig
 
@@ -150,5 +151,7 @@ def step_time(inp: PlanInput, comm: dict, links: dict, calibration: dict | None)
         compute *= slowdown
         source += f"; x{slowdown:g}: {inp.world_size} ranks share the machine (cpuSharedSlowdown)"
     exposed = exposed_ops + max(0.0, overlappable - (2 / 3) * compute)
-    return {**out, "seconds": compute + exposed, "compute_s": compute, "exposed_comm_s": exposed,
+    offload_s, offload_why = offload.seconds(inp, links)  # state in host memory: the host link
+    return {**out, "seconds": compute + exposed + offload_s, "compute_s": compute, "exposed_comm_s": exposed,
+            "offload_s": offload_s, "offload": offload_why,
             "compute_rate_flops": rate / slowdown, "compute_source": source}

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from shardbench.trainer.config import RunConfig
+from shardbench.trainer.contract import StateLayout, state_layout
 from shardbench.trainer.dist_env import DistEnv
 from shardbench.trainer.parallel.layout import Layout
 from shardbench.trainer.record import RankModelState
@@ -34,6 +35,11 @@ class Context:
     def layout(self) -> Layout:
         """The run's degrees on the (dp_replicate, dp_shard, tp) mesh."""
         return Layout.of(self.cfg, self.dist.world_size)
+
+    @property
+    def state(self) -> StateLayout:
+        """Where the run keeps each kind of model state (the preset with --offload applied)."""
+        return state_layout(self.cfg.strategy, self.cfg.offload)
 
     @property
     def amp_dtype(self) -> torch.dtype | None:

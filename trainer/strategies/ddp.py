@@ -131,7 +131,8 @@ class TorchStrategy(Strategy):
         params = self.params
         return model_state(self.ctx.dist.rank, params=params,
                            grads=[p.grad for p in params] + self.held_grads(),
-                           optimizer=optimizer_state_tensors(self.optimizer))
+                           optimizer=optimizer_state_tensors(self.optimizer), on_host=self.ctx.state.on_host,
+                           device=self.ctx.device)
 
 
 class DDPStrategy(TorchStrategy):

@@ -41,15 +41,19 @@ class FSDPStrategy(TorchStrategy):
     def wrap(self, model):
         self.apply_tp(model)
         if self.sharded:
-            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+            from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
             mesh = dp_mesh(self.mesh, self.layout) if self.mesh is not None else None  # None: the world
             mp = MixedPrecisionPolicy(param_dtype=self.ctx.amp_dtype,
                                       reduce_dtype=REDUCE_DTYPES[self.ctx.cfg.grad_reduce_dtype])
+            # State on the host (--offload params): sharded parameters, gradients and the optimizer
+            # step in CPU memory, each block copied to the device for its all-gather.
+            place = ({"offload_policy": CPUOffloadPolicy(pin_memory=self.ctx.device.type == "cuda")}
+                     if self.ctx.state.on_host else {})
             plan = reshard_after_forward_plan(len(model.blocks), self.ctx.cfg.reshard_after_forward)
             for block, reshard in zip(model.blocks, plan):
-                fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
-            fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
+                fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard, **place)
+            fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False, **place)
         return model
 
     @property

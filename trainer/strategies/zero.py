@@ -1,6 +1,7 @@
-"""DeepSpeed ZeRO stages 1, 2 and 3.
+"""DeepSpeed ZeRO stages 1, 2 and 3, with the layout's state on the device or the host (ZeRO-Offload)
+and ZeRO++ (hpZ; qwZ/qgZ on a GPU).
 
-The JSON config comes from trainer/ds_configs/<strategy>.json (or --deepspeed-config); the
+The JSON config comes from trainer/ds_configs/zero<stage>.json (or --deepspeed-config); the
 trainer writes the batch sizes, clipping and precision into it as integers/booleans, never
 "auto", so the config that ran is exactly the one recorded. The optimizer is a torch AdamW handed
 to deepspeed.initialize: DeepSpeed's own config "optimizer" block would JIT-compile a CPU Adam
@@ -14,21 +15,18 @@ from pathlib import Path
 
 import torch
 
-from shardbench.trainer.contract import STRATEGIES
 from shardbench.trainer import ds_knobs
 from shardbench.trainer.metrics import StorageCounter, model_state, optimizer_state_tensors, with_comm_buffer_bytes
 from shardbench.trainer.record import RankModelState
 from shardbench.trainer.strategies.base import Context, Strategy, lr_lambda, make_adamw, param_groups
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "ds_configs"
-
-
 def deepspeed_config(ctx: Context, model=None) -> dict:
     """The DeepSpeed config of this run; `model` (TinyGPT) sizes ZeRO-3's prefetch to one block."""
     cfg = ctx.cfg
-    path = Path(cfg.deepspeed_config) if cfg.deepspeed_config else CONFIG_DIR / f"{cfg.strategy}.json"
+    state = ctx.state
+    stage = state.zero_stage
+    path = Path(cfg.deepspeed_config) if cfg.deepspeed_config else ds_knobs.config_path(stage)  # type: ignore[arg-type]
     ds = json.loads(path.read_text())
-    stage = STRATEGIES[cfg.strategy].zero_stage
     ds.setdefault("zero_optimization", {})["stage"] = stage
     micro, accum, world = cfg.micro_batch, ctx.grad_accum, ctx.dist.world_size
     ds["train_micro_batch_size_per_gpu"] = int(micro)
@@ -46,6 +44,8 @@ def deepspeed_config(ctx: Context, model=None) -> dict:
         unit = max(ds_knobs.unit_numel([p.numel() for p in b.parameters()], threshold) for b in model.blocks)
     ds_knobs.match_knobs(ds, cfg.bucket_mib, cfg.reshard_after_forward, stage, ctx.precision,  # type: ignore[arg-type]
                          cfg.grad_reduce_dtype, unit)
+    ds_knobs.place_state(ds, state.on_host, cfg.zero_hpz_partition_size, cfg.zero_quantized_weights,
+                         cfg.zero_quantized_gradients, pin_memory=ctx.device.type == "cuda")
     ds.pop("optimizer", None)  # ours is passed in: see the module docstring
     ds.pop("scheduler", None)
     return ds
@@ -123,7 +123,7 @@ class ZeroStrategy(Strategy):
             dist_init_required=False,  # trainer.train set up the process group already
         )
         self.model = self.engine.module
-        if STRATEGIES[self.ctx.cfg.strategy].zero_stage == 3:
+        if self.ctx.state.zero_stage == 3:
             persist_root(self.optimizer, [p for name, p in self.model.named_parameters()
                                           if not name.startswith("blocks.")])
         else:
@@ -162,8 +162,9 @@ class ZeroStrategy(Strategy):
     def recorded(self) -> dict:
         cfg = self.ctx.cfg
         out = {"bucket_mib": cfg.bucket_mib}
-        if STRATEGIES[cfg.strategy].zero_stage == 3:  # only stage 3 gathers parameters
+        if self.ctx.state.zero_stage == 3:  # only stage 3 gathers parameters
             out["reshard_after_forward"] = cfg.reshard_after_forward
+            out["zero_hpz_partition_size"] = cfg.zero_hpz_partition_size
         return out
 
     @property
@@ -182,8 +183,10 @@ class ZeroStrategy(Strategy):
         masters = []
         for name in MASTER_ATTRS:
             masters += _tensors(getattr(opt, name, None))
+        grads += [m.grad for m in masters]  # ZeRO-Offload's fp32 gradient partition (on the host)
         inner = getattr(opt, "optimizer", opt)
         state = model_state(self.ctx.dist.rank, params=params, grads=grads, master=masters,
-                            optimizer=optimizer_state_tensors(inner), comm_buffers=_bucket_tensors(opt))
+                            optimizer=optimizer_state_tensors(inner), comm_buffers=_bucket_tensors(opt),
+                            on_host=self.ctx.state.on_host, device=self.ctx.device)
         # ZeRO-1/2: the buckets the backward just sampled held (freed at its end), as allocated.
         return with_comm_buffer_bytes(state, max(state.comm_buffer_bytes, getattr(self, "bucket_bytes", 0)))
