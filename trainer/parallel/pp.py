@@ -74,3 +74,38 @@ def across_stages(norm: torch.Tensor, pp_group) -> torch.Tensor:
     squares = norm.detach().to(torch.float64).pow(2)
     dist.all_reduce(squares, group=pp_group)
     return squares.sqrt()
+
+
+def all_reduce_grads(params: list[torch.Tensor], group, bucket_bytes: int, dtype: torch.dtype) -> None:
+    """DDP's gradient average for pipeline stages, after the schedule: buckets of at most
+    `bucket_bytes` (--bucket-mib) flattened, all-reduced in `dtype` (--grad-reduce-dtype) and
+    written back. Not torch's DDP: PipelineStage drives DDP's reducer by hand
+    (prepare_for_backward on the last micro-batch only), and with more than one data-parallel
+    rank its bucket rebuild then saw every parameter twice and failed an internal assertion at
+    the second step (torch 2.13, "rebuilt params size of: 68" for 34 parameters)."""
+    import torch.distributed as dist
+
+    # Tensor-parallel gradients are DTensors: their local shards, written in place.
+    grads = [p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad for p in params if p.grad is not None]
+    n = dist.get_world_size(group)
+    bucket: list[torch.Tensor] = []
+
+    def flush() -> None:
+        flat = torch.cat([g.reshape(-1) for g in bucket]).to(dtype)
+        dist.all_reduce(flat, group=group)
+        flat.div_(n)
+        offset = 0
+        for g in bucket:
+            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+            offset += g.numel()
+        bucket.clear()
+
+    size = 0
+    for g in reversed(grads):  # DDP's order: the last layers' gradients are ready first
+        if bucket and size + g.numel() * g.element_size() > bucket_bytes:
+            flush()
+            size = 0
+        bucket.append(g)
+        size += g.numel() * g.element_size()
+    if bucket:
+        flush()

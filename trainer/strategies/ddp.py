@@ -12,7 +12,7 @@ from shardbench.trainer.parallel import pp as pipeline_parallel
 from shardbench.trainer.parallel import tp as tensor_parallel
 from shardbench.trainer.parallel.mesh import build_mesh
 from shardbench.trainer.record import RankModelState
-from shardbench.trainer.strategies.base import Context, Strategy, lr_lambda, make_adamw, param_groups
+from shardbench.trainer.strategies.base import REDUCE_DTYPES, Context, Strategy, lr_lambda, make_adamw, param_groups
 
 
 class TorchStrategy(Strategy):
@@ -137,6 +137,16 @@ class TorchStrategy(Strategy):
 
 class DDPStrategy(TorchStrategy):
     name = "ddp"
+    dp_group = None
+    """--pp with more than one data-parallel rank: the group the stages' gradients are averaged
+    over after the schedule (pp.all_reduce_grads; torch's DDP fails under PipelineStage)."""
+
+    def pipeline_step(self, batches):
+        loss = super().pipeline_step(batches)
+        if self.dp_group is not None:
+            pipeline_parallel.all_reduce_grads(self.params, self.dp_group, int(self.ctx.cfg.bucket_mib * 2 ** 20),
+                                               REDUCE_DTYPES[self.ctx.cfg.grad_reduce_dtype])
+        return loss
 
     def wrap(self, model):
         self.apply_tp(model)
@@ -145,6 +155,9 @@ class DDPStrategy(TorchStrategy):
             group = None  # the world, as before meshes
             if self.mesh is not None:
                 group = self.mesh.get_group("dp_replicate")
+                if self.layout.pp > 1:  # stages stay unwrapped: gradients averaged after the schedule
+                    self.dp_group = group
+                    return model
                 if self.layout.tp > 1:
                     self.tp_group = self.mesh.get_group("tp")
                     tensor_parallel.localize_for_ddp(model)
