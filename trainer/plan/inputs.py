@@ -40,6 +40,10 @@ class PlanInput:
     """--tp: tensor-parallel degree (trainer/parallel/); not modelled beyond 1."""
     dp_replicate: int = 1
     """--dp-replicate: HSDP's replicate degree; not modelled beyond 1."""
+    pp: int = 1
+    """--pp: pipeline-parallel degree; not modelled beyond 1 (the stages' memory and the schedule's bubble)."""
+    tie_embeddings: bool = True
+    """--tie-embeddings: the parameter table (Params.of) is the tied model's; untied is not modelled."""
 
     @property
     def layout(self) -> StrategyInfo:
@@ -47,6 +51,12 @@ class PlanInput:
         and for the mesh layouts of trainer/parallel/ (tensor parallel, HSDP) beyond it."""
         from shardbench.trainer.plan.layout import NotModelled, layout
 
+        if self.pp > 1:
+            raise NotModelled(f"pipeline parallel (--pp {self.pp}): the planner does not model pipeline stages "
+                              "(their memory, point-to-point traffic and the schedule's bubble)")
+        if not self.tie_embeddings:
+            raise NotModelled("an untied head (--no-tie-embeddings): the planner's parameter table is the tied "
+                              "model's")
         info = layout(self.strategy, self.offload)
         if self.tp > 1:
             raise NotModelled(f"tensor parallel (--tp {self.tp}): the planner models data-parallel layouts only")
@@ -84,6 +94,8 @@ class PlanInput:
                    bucket_mib=float(r.get("bucket_mib") or 25.0),
                    reshard_after_forward=r.get("reshard_after_forward") is not False,
                    tp=int((r.get("layout") or {}).get("tp") or 1),
+                   pp=int((r.get("layout") or {}).get("pp") or 1),
+                   tie_embeddings=(r.get("model") or {}).get("tie_embeddings", True) is not False,
                    dp_replicate=int((r.get("layout") or {}).get("dp_replicate") or 1)
                    if _replicates_shards(r.get("strategy")) else 1,
                    offload=str((r.get("settings") or {}).get("offload") or "none"),
