@@ -25,7 +25,7 @@ from shardbench.trainer.fielddocs import field_docs  # noqa: E402
 
 DOC = REPO / "docs" / "knobs.md"
 _BOUNDS = (("min", ">= {}"), ("above", "> {}"), ("max", "<= {}"), ("below", "< {}"))
-_ROLES = ("recorded_only", "same_loss", "per_world", "chart")
+_ROLES = ("recorded_only", "same_loss", "per_world", "changes_loss", "chart")
 
 
 def _type(name: str) -> str:
@@ -48,7 +48,9 @@ def markdown() -> str:
              "Each knob is a trainer flag, a matrix key and a `shardbench run` flag (DEVELOPERS.md, "
              "\"Adding a knob\"). Roles: `recorded_only` (not in the config id, CSV or comparisons), "
              "`same_loss` (runs differing only here must share a loss curve), `per_world` (follows the "
-             "world size at a fixed global batch), `chart` (a first-class chart value `run.<camelCase>`).", ""]
+             "world size at a fixed global batch), `changes_loss` (changes the loss curve by design: the loss "
+             "check reports each value's difference from the default as measured), `chart` (a first-class "
+             "chart value `run.<camelCase>`).", ""]
     for section, group in knobs.by_section().items():
         lines += [f"## {section}", "", "| flag | type | default | bounds | roles | meaning |",
                   "| --- | --- | --- | --- | --- | --- |"]

@@ -43,7 +43,8 @@ of the run."""
 
 def knob(default: Any = MISSING, *, section: str, min: float | None = None, above: float | None = None,
          max: float | None = None, below: float | None = None, recorded_only: bool = False,
-         same_loss: bool = False, per_world: bool = False, chart: bool = False, column: str | None = None) -> Any:
+         same_loss: bool = False, per_world: bool = False, chart: bool = False, column: str | None = None,
+         changes_loss: bool = False) -> Any:
     """A field with its metadata; trainer/knobs.py derives every other part from it.
 
     section: one of SECTIONS. min/above, max/below: inclusive and exclusive bounds that
@@ -54,12 +55,14 @@ def knob(default: Any = MISSING, *, section: str, min: float | None = None, abov
     check compares them); a measured field without it splits the loss groups. per_world: follows
     the world size at a fixed global batch (not part of a scaling base). chart: a first-class
     chart value `run.<camelCase>` (else a cluster run gets it through run.extraArgs). column: the
-    CSV column that already holds it under another name."""
+    CSV column that already holds it under another name. changes_loss: runs that differ only here
+    follow different loss curves by design (float8, a compressing gradient hook): the loss check
+    compares each value's runs with the default's and reports the difference as measured."""
     if section not in SECTIONS:
         raise TypeError(f"knob(section={section!r}): use one of {', '.join(SECTIONS)}")
     meta = {"section": section, "min": min, "above": above, "max": max, "below": below,
             "recorded_only": recorded_only, "same_loss": same_loss, "per_world": per_world, "chart": chart,
-            "column": column}
+            "column": column, "changes_loss": changes_loss}
     return field(default=default, metadata=meta)
 
 
@@ -174,12 +177,12 @@ class RunConfig:
     """torch.compile each transformer block. Compilation happens in the first step (forward and
     backward), a warm-up step: needs --warmup-steps >= 1; its seconds are recorded apart
     (`compile_s`, and `compile_in_measured_s` for any recompilation inside measured steps)."""
-    float8: Literal["off", "tensorwise", "rowwise"] = knob("off", section="precision")
+    float8: Literal["off", "tensorwise", "rowwise"] = knob("off", section="precision", changes_loss=True)
     """float8 training of the blocks' linears (torchao, trainer/parallel/float8.py): matmuls in
     float8 with one scale per tensor or per row; the tied head stays in --precision. fsdp with
     tensorwise all-gathers those weights in float8. ddp and fsdp only; needs torchao (the float8
     extra) and float8 matmuls on the device (CPU, or a CUDA GPU of compute capability 8.9+)."""
-    ddp_comm_hook: Literal["none", "bf16", "powersgd"] = knob("none", section="parallelism")
+    ddp_comm_hook: Literal["none", "bf16", "powersgd"] = knob("none", section="parallelism", changes_loss=True)
     """ddp only, with more than one data-parallel rank: how gradients are all-reduced. none: in
     --grad-reduce-dtype; bf16: our bf16 hook (what --grad-reduce-dtype bf16 gives ddp); powersgd:
     torch's PowerSGD (low-rank, error feedback) from the second optimizer step on, the loss

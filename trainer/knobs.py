@@ -88,6 +88,13 @@ def per_world(cls: type = RunConfig) -> frozenset[str]:
     return frozenset(f.name for f in measured(cls) if _meta(f, "per_world"))
 
 
+def changes_loss(cls: type = RunConfig) -> dict[str, Any]:
+    """Measured fields whose values follow different loss curves by design (float8, a compressing
+    DDP hook), each with the default its other values are compared against (suite/analyze/losscheck.py
+    drifts)."""
+    return {f.name: default(f.name, cls) for f in measured(cls) if _meta(f, "changes_loss")}
+
+
 def chart_fields(cls: type = RunConfig) -> list[Field]:
     """First-class chart values, in RunConfig's order (the order of their flags)."""
     return [f for f in knob_fields(cls) if _meta(f, "chart")]
