@@ -37,9 +37,9 @@ class PlanInput:
     reshard_after_forward: bool = True
     """--reshard-after-forward: ZeRO-3 frees gathered parameters after each block's forward."""
     tp: int = 1
-    """--tp: tensor-parallel degree (trainer/parallel/); not modelled beyond 1."""
+    """--tp: tensor-parallel degree (trainer/parallel/)."""
     dp_replicate: int = 1
-    """--dp-replicate: HSDP's replicate degree; not modelled beyond 1."""
+    """--dp-replicate: HSDP's replicate degree."""
     pp: int = 1
     """--pp: pipeline-parallel degree; not modelled beyond 1 (the stages' memory and the schedule's bubble)."""
     tie_embeddings: bool = True
@@ -47,8 +47,10 @@ class PlanInput:
 
     @property
     def layout(self) -> StrategyInfo:
-        """The strategy's layout (trainer/plan/layout.py): NotModelled when the planner has none,
-        and for the mesh layouts of trainer/parallel/ (tensor parallel, HSDP) beyond it."""
+        """The strategy's layout (trainer/plan/layout.py): NotModelled when the planner has none.
+        Mesh layouts (trainer/parallel/) are traced on a fake mesh with closed-form collectives
+        (trainer/plan/mesh.py), in fp32 without activation checkpointing (the activation
+        collectives' dtype and recompute are not modelled)."""
         from shardbench.trainer.plan.layout import NotModelled, layout
 
         if self.pp > 1:
@@ -58,11 +60,10 @@ class PlanInput:
             raise NotModelled("an untied head (--no-tie-embeddings): the planner's parameter table is the tied "
                               "model's")
         info = layout(self.strategy, self.offload)
-        if self.tp > 1:
-            raise NotModelled(f"tensor parallel (--tp {self.tp}): the planner models data-parallel layouts only")
-        if self.dp_replicate > 1:
-            raise NotModelled(f"HSDP (--dp-replicate {self.dp_replicate}): the planner models one data-parallel "
-                              "dimension only")
+        if self.tp > 1 and (self.precision != "fp32" or self.activation_checkpointing):
+            raise NotModelled(f"tensor parallel (--tp {self.tp}) with "
+                              f"{'activation checkpointing' if self.activation_checkpointing else self.precision}: "
+                              "the planner models TP in fp32 without recompute")
         return info
 
     def model_config(self) -> ModelConfig:

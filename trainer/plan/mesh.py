@@ -153,7 +153,13 @@ def model_state(inp: PlanInput) -> dict[str, int]:
     S = shard_degree(inp)
     n = formulas.fsdp_shard_numel(params, S) if engine == "fsdp" and wrapped(inp) else params.total
     whole = inp.fsdp_grad_sync == "last_micro_step" and inp.grad_accum > 1 and engine == "fsdp" and wrapped(inp)
-    return {"params": 4 * n, "grads": 4 * (params.total if whole else n), "optimizer": 8 * n, "master": 0}
+    grads = params.total if whole else n
+    if inp.tp > 1 and not wrapped(inp):
+        # With no data-parallel wrapper the position table's gradient comes back Replicate (whole)
+        # though its parameter is Shard(0) (DTensor's embedding backward under sequence parallel).
+        cfg = inp.model_config()
+        grads += cfg.block_size * cfg.n_embd - cfg.block_size // inp.tp * cfg.n_embd
+    return {"params": 4 * n, "grads": 4 * grads, "optimizer": 8 * n, "master": 0}
 
 
 def sharded_by_dim(inp: PlanInput) -> dict[str, list[str]]:

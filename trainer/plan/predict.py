@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 from dataclasses import replace
 
-from shardbench.trainer.plan import formulas
+from shardbench.trainer.plan import formulas, mesh
 from shardbench.trainer.plan import offload
 from shardbench.trainer.plan.inputs import Params, PlanInput
 from shardbench.trainer.plan.layout import deepspeed, layout, sharded, stage
@@ -87,6 +87,8 @@ def _fitted(inp: PlanInput) -> int:
 
 def memory(inp: PlanInput, trace_fsdp: bool = True) -> tuple[dict[str, int], int, str, dict | None]:
     """(bytes by category, total tensor peak, method, traced comm or None)."""
+    if mesh.is_mesh(inp):
+        return _mesh_memory(inp)
     state = formulas.model_state(inp)
     cats = {**state, "buckets": formulas.buckets(inp), "gathered_params": 0, "activations": 0}
     lay, N = inp.layout, inp.world_size
@@ -136,6 +138,22 @@ def memory(inp: PlanInput, trace_fsdp: bool = True) -> tuple[dict[str, int], int
     return cats, int(total), method, comm
 
 
+@functools.lru_cache(maxsize=16)
+def _mesh_traced(inp: PlanInput):
+    from shardbench.trainer.plan.trace import trace_step
+
+    return trace_step(inp, "mesh")
+
+
+def _mesh_memory(inp: PlanInput) -> tuple[dict[str, int], int, str, dict | None]:
+    """A mesh layout traced at its world size on a fake mesh; model state closed form (exact)."""
+    t = _mesh_traced(replace(inp, bucket_mib=25.0) if mesh.wrapped(inp) else inp)
+    cats = {**mesh.model_state(inp), "buckets": 0, "gathered_params": 0, "activations": 0}
+    total = max(t.peak_bytes, sum(cats.values()))
+    cats["activations"] = max(0, total - sum(cats.values()))
+    return cats, int(total), f"traced (the layout on a fake {inp.world_size}-rank mesh)", None
+
+
 def predict(inp: PlanInput, device_memory_bytes: int | None = None, links: dict | None = None,
             calibration: dict | None = None, trace_fsdp: bool | None = None) -> dict:
     from shardbench.trainer.plan import timing
@@ -145,7 +163,8 @@ def predict(inp: PlanInput, device_memory_bytes: int | None = None, links: dict 
     if trace_fsdp is None:
         trace_fsdp = inp.world_size <= TRACE_FSDP_UP_TO
     cats, total, method, traced_comm = memory(inp, trace_fsdp)
-    comm = traced_comm if traced_comm is not None else formulas.comm(inp)
+    by_dim = mesh.comm_by_dim(inp) if mesh.is_mesh(inp) else None
+    comm = mesh.per_op(by_dim) if by_dim is not None else traced_comm if traced_comm is not None else formulas.comm(inp)
     overhead = int(ALLOCATOR_OVERHEAD * total) if inp.device == "cuda" else 0
     peak = total + overhead
     state = sum(cats[k] for k in ("params", "grads", "optimizer", "master"))
@@ -178,6 +197,12 @@ def predict(inp: PlanInput, device_memory_bytes: int | None = None, links: dict 
                 "re-sharded after forward: each block gathered in forward and again in backward (the last kept)"
                 if inp.reshard_after_forward else "blocks kept gathered from forward to backward")
             + "; the root (tied embedding, wpe, ln_f) persistent, re-gathered after the step")
+    if by_dim is not None:  # collectives and what is divided, per mesh dimension
+        out["comm_per_step_by_dim"] = by_dim
+        out["memory_sharded_by_dim"] = mesh.sharded_by_dim(inp)
+        out["assumptions"].append(  # type: ignore[attr-defined]
+            "mesh layout: tp innermost (a TP group on one node's intra-node link), data-parallel dimensions "
+            "on the inter-node link once they span nodes; TP's activation collectives exposed (not overlapped)")
     out["links"] = links or {}
-    out["step_time"] = timing.step_time(inp, comm, links or {}, calibration)
+    out["step_time"] = timing.step_time(inp, comm, links or {}, calibration, by_dim)
     return out

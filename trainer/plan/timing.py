@@ -116,7 +116,23 @@ def shared_slowdown(inp: PlanInput, links: dict) -> float:
     return float(links.get("cpu_shared_slowdown") or 1.0)
 
 
-def step_time(inp: PlanInput, comm: dict, links: dict, calibration: dict | None) -> dict:
+def mesh_groups(inp: PlanInput) -> dict[str, tuple[int, int]]:
+    """{mesh dimension: (its group's size, how many consecutive ranks the group spans)}: tp is
+    innermost (a TP group is tp neighbouring ranks, one node when tp divides the GPUs per node),
+    dp_shard strides over tp, dp_replicate over the rest. The span picks the link (`link`)."""
+    from shardbench.trainer.contract import STRATEGIES
+    from shardbench.trainer.plan import mesh
+
+    dp = inp.world_size // inp.tp
+    R, S = (inp.dp_replicate, mesh.shard_degree(inp)) if STRATEGIES[inp.strategy].engine == "fsdp" else (dp, 1)
+    return {"tp": (inp.tp, inp.tp), "dp_shard": (S, S * inp.tp), "dp_replicate": (R, inp.world_size)}
+
+
+def step_time(inp: PlanInput, comm: dict, links: dict, calibration: dict | None,
+              by_dim: dict | None = None) -> dict:
+    """`by_dim` (a mesh layout's collectives per dimension): each dimension's collectives on the
+    link its group spans, over its group's ranks; TP's are exposed (activations: the next op
+    waits for them)."""
     cfg, T = inp.model_config(), inp.effective_seq_len()
     bw, alpha, which = link(links, inp.world_size)
     ops, why = overlap(inp)
@@ -124,15 +140,26 @@ def step_time(inp: PlanInput, comm: dict, links: dict, calibration: dict | None)
         ops, why = set(), "none on CPU: gloo's collectives use the cores that compute"
     overlappable, exposed_ops = 0.0, 0.0
     per_op = links.get("op_busbw_GBps") or {}
-    for op, v in (comm or {}).items():
-        op_bw = float(per_op[op]) * 1e9 if per_op.get(op) else bw
-        t = collective_seconds(op, v["calls"], v["bytes"], inp.world_size, op_bw, alpha)
-        if op in ops:
-            overlappable += t
-        else:
-            exposed_ops += t
+    groups = mesh_groups(inp) if by_dim is not None else {}
+    links_by_dim = {}
+    for dim, dim_comm in (by_dim or {"": comm or {}}).items():
+        size, span = groups.get(dim, (inp.world_size, inp.world_size))
+        dim_bw, dim_alpha, dim_link = link(links, span) if dim else (bw, alpha, which)
+        if dim:
+            links_by_dim[dim] = dim_link
+        for op, v in dim_comm.items():
+            op_bw = float(per_op[op]) * 1e9 if per_op.get(op) else dim_bw
+            if dim:  # an op's own busbw (gloo's, measured on one machine) never beats the link's
+                op_bw = min(op_bw, dim_bw)
+            t = collective_seconds(op, v["calls"], v["bytes"], size, op_bw, dim_alpha)
+            if op in ops and dim != "tp":
+                overlappable += t
+            else:
+                exposed_ops += t
     out = {"seconds": None, "comm_s": overlappable + exposed_ops, "link": which, "link_GBps": bw / 1e9,
            "alpha_us": alpha * 1e6, "op_busbw_GBps": dict(per_op), "overlap": why}
+    if links_by_dim:
+        out["link_by_dim"] = links_by_dim
     if calibration and calibration.get("achieved_flops"):
         rate, source = float(calibration["achieved_flops"]), calibration.get("source", "calibrated")
     elif links.get("peak_tflops"):
@@ -145,7 +172,8 @@ def step_time(inp: PlanInput, comm: dict, links: dict, calibration: dict | None)
     if inp.activation_checkpointing:
         flops += recompute_flops_per_token(cfg, T)
         source += "; + activation checkpointing's recompute (each block's forward again)"
-    compute = flops * inp.micro_batch * inp.grad_accum * T / rate
+    # a tensor-parallel rank computes 1/tp of its data-parallel rank's matmuls
+    compute = flops * inp.micro_batch * inp.grad_accum * T / rate / inp.tp
     slowdown = shared_slowdown(inp, links)
     if slowdown != 1.0:
         compute *= slowdown

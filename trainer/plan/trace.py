@@ -7,7 +7,9 @@ What is traced: the plain model (DDP at any world size holds exactly its memory:
 gradient buckets are the gradients), FSDP2 at the run's world size (fully_shard per block and
 root, the trainer's reshard plan and mixed-precision policy), and the plain model as the source
 of the activation and temporary memory of DeepSpeed's ZeRO stages (DeepSpeed cannot run on fake
-tensors: it swaps parameters that hold weak references; trainer/plan/formulas.py adds its state).
+tensors: it swaps parameters that hold weak references; trainer/plan/formulas.py adds its state),
+and the mesh layouts on a fake (dp_replicate, dp_shard, tp) mesh ("mesh": the TP plan with
+loss_parallel, FSDP2 over the data-parallel part, DDP + TP's buckets as persistent local gradients).
 The step is the trainer's: grad-accum micro-steps of forward + backward (autocast in bf16/fp16,
 loss / grad-accum), clip the global norm, AdamW (foreach on CPU, fused on GPU), zero the
 gradients. One step runs first so that AdamW's state exists; the second is measured.
@@ -103,11 +105,14 @@ class _Step:
             model = TinyGPT(inp.model_config(), activation_checkpointing=inp.activation_checkpointing)
         finally:
             torch.set_default_dtype(default)
+        self.tp_mesh = None
         if engine == "fsdp":
             self._shard(model)
+        if engine == "mesh":
+            self._parallelize(model)
         self.model = model
         self.buckets = []
-        if engine == "ddp":
+        if engine == "ddp" or (engine == "mesh" and self._ddp_wrapped()):
             # gradient_as_bucket_view: DDP's buckets persist and become the gradients at the
             # synchronising micro-step; no_sync micro-steps accumulate into separate gradients.
             self.buckets = [torch.zeros_like(p) for p in model.parameters()]
@@ -123,7 +128,47 @@ class _Step:
         self.x = torch.zeros((inp.micro_batch, T), dtype=torch.long)
         self.y = torch.zeros((inp.micro_batch, T), dtype=torch.long)
 
-    def _shard(self, model) -> None:
+    def _ddp_wrapped(self) -> bool:
+        """DDP + TP: DDP's buckets hold the local gradients (traced as the ddp engine's)."""
+        from shardbench.trainer.contract import STRATEGIES
+        from shardbench.trainer.plan import mesh
+
+        return STRATEGIES[self.inp.strategy].engine == "ddp" and mesh.wrapped(self.inp)
+
+    def _parallelize(self, model) -> None:
+        """A mesh layout as the trainer builds it (trainer/parallel/mesh.py, tp.py, the strategies):
+        the TP plan on the tp dimension, FSDP2 over the data-parallel part of the mesh."""
+        from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        from shardbench.trainer.contract import STRATEGIES
+        from shardbench.trainer.parallel import tp
+        from shardbench.trainer.parallel.layout import DIMS
+        from shardbench.trainer.plan import mesh as closed
+
+        inp = self.inp
+        R, S = (inp.dp_replicate, closed.shard_degree(inp)) if STRATEGIES[inp.strategy].engine == "fsdp" else (
+            inp.world_size // inp.tp, 1)
+        with unset_fake_temporarily():  # a mesh's rank table is a real tensor
+            degrees = {"pp": 1, "dp_replicate": R, "dp_shard": S, "tp": inp.tp}
+            world = init_device_mesh("cpu", tuple(degrees[d] for d in DIMS), mesh_dim_names=DIMS)
+        if inp.tp > 1:
+            with unset_fake_temporarily():
+                self.tp_mesh = world["tp"]
+            tp.apply_tp(model, self.tp_mesh)
+        if STRATEGIES[inp.strategy].engine == "fsdp" and closed.wrapped(inp):
+            with unset_fake_temporarily():
+                dp = world["dp_replicate", "dp_shard"] if R > 1 else world["dp_shard"]
+            # FSDP2 over TP joins the dp and tp meshes into a new DeviceMesh (its rank table a real
+            # tensor): built outside fake mode, as the meshes above
+            concatenate = DeviceMesh.__dict__["_concatenate"]
+            DeviceMesh._concatenate = staticmethod(_unfaked(concatenate.__func__))  # type: ignore[method-assign]
+            try:
+                self._shard(model, dp)
+            finally:
+                DeviceMesh._concatenate = concatenate  # type: ignore[method-assign]
+
+    def _shard(self, model, mesh=None) -> None:
         from torch.distributed.device_mesh import DeviceMesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
         from torch._subclasses.fake_tensor import unset_fake_temporarily
@@ -131,8 +176,9 @@ class _Step:
         from shardbench.trainer.strategies.fsdp import reshard_after_forward_plan
         from shardbench.trainer.strategies.base import REDUCE_DTYPES
 
-        with unset_fake_temporarily():  # a mesh's rank table is a real tensor
-            mesh = DeviceMesh("cpu", list(range(self.inp.world_size)))
+        if mesh is None:
+            with unset_fake_temporarily():  # a mesh's rank table is a real tensor
+                mesh = DeviceMesh("cpu", list(range(self.inp.world_size)))
         mp = MixedPrecisionPolicy(param_dtype=self.amp, reduce_dtype=REDUCE_DTYPES[self.inp.grad_reduce_dtype])
         plan = reshard_after_forward_plan(len(model.blocks), self.inp.reshard_after_forward)
         for block, reshard in zip(model.blocks, plan):
@@ -140,9 +186,15 @@ class _Step:
         fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
 
     def autocast(self):
-        if self.amp is None or self.engine not in ("plain", "ddp"):
+        if self.amp is None or self.engine not in ("plain", "ddp", "mesh"):
             return contextlib.nullcontext()
         return torch.autocast(device_type="cpu", dtype=self.amp)
+
+    def loss_context(self):
+        """Tensor parallel: the loss and its backward on vocabulary-sharded logits."""
+        from shardbench.trainer.parallel import tp
+
+        return tp.loss_parallel() if self.tp_mesh is not None else tp.no_loss_parallel()
 
     def sample(self, trace: Trace) -> None:
         params = list(self.model.parameters())
@@ -163,7 +215,7 @@ class _Step:
 
     def _held_grads(self) -> list:
         """FSDP's unsharded gradients kept between micro-steps (as FSDPStrategy.held_grads)."""
-        if self.engine != "fsdp":
+        if self.engine not in ("fsdp", "mesh"):
             return []
         from torch.distributed.fsdp import FSDPModule
 
@@ -183,11 +235,12 @@ class _Step:
         for micro in range(accum):
             if tracker is not None:
                 tracker.phase = "forward"
-            if self.engine == "fsdp" and self.inp.fsdp_grad_sync == "last_micro_step":
+            if self.inp.fsdp_grad_sync == "last_micro_step" and hasattr(self.model, "set_requires_gradient_sync"):
                 self.model.set_requires_gradient_sync(micro == accum - 1)  # type: ignore[operator]
-            with self.autocast():
-                _, loss = self.model(self.x, self.y)
-            (loss / accum).backward()
+            with self.loss_context():
+                with self.autocast():
+                    _, loss = self.model(self.x, self.y)
+                (loss / accum).backward()
             if self.buckets and accum > 1 and micro == accum - 1:
                 for p, b in zip(self.model.parameters(), self.buckets):
                     b.copy_(p.grad)  # type: ignore[arg-type]
@@ -203,11 +256,27 @@ class _Step:
             tracker.phase = "forward"
             trace.before_opt_bytes = tracker.live
             tracker.peak = tracker.live
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        if self.engine == "mesh":  # the trainer's mesh norm (DTensor gradients of several meshes)
+            from shardbench.trainer.parallel.tp import mesh_total_norm
+
+            params = list(self.model.parameters())
+            norm = mesh_total_norm([p.grad for p in params if p.grad is not None])
+            torch.nn.utils.clip_grads_with_norm_(params, 1.0, norm)
+        else:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
         self.opt.step()
         if trace is not None:
             self.sample(trace)
         self.opt.zero_grad(set_to_none=not (self.buckets and self.inp.grad_accum == 1))
+
+
+def _unfaked(fn):
+    def call(*args, **kwargs):
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        with unset_fake_temporarily():
+            return fn(*args, **kwargs)
+    return call
 
 
 def engine_for(inp: PlanInput) -> str:
@@ -215,9 +284,13 @@ def engine_for(inp: PlanInput) -> str:
     DDP across the world, or the plain model (one torch rank)."""
     from shardbench.trainer.plan.layout import deepspeed, sharded
 
+    from shardbench.trainer.plan import mesh
+
     lay = inp.layout
     if deepspeed(lay):
         return "zero"
+    if mesh.is_mesh(inp):
+        return "mesh"
     if inp.world_size > 1:
         return "fsdp" if sharded(lay, "params") else "ddp"
     return "plain"
@@ -240,12 +313,13 @@ def trace_step(inp: PlanInput, engine: str | None = None) -> Trace:
     from shardbench.trainer.comm import COUNTER
 
     engine = engine or engine_for(inp)
-    world = inp.world_size if engine == "fsdp" else 1
+    world = inp.world_size if engine in ("fsdp", "mesh") else 1
     t0 = time.perf_counter()
     trace = Trace(engine=engine, world_size=world)
     COUNTER.install()
     gc.collect()
-    with fake_world(world), FakeTensorMode() as mode:
+    # the mesh engine: FSDP2 over a TP-planned model reads the mesh's (real) rank table in its ops
+    with fake_world(world), FakeTensorMode(allow_non_fake_inputs=engine == "mesh") as mode:
         step = _Step(inp, engine, mode)
         step.warm_up()
         gc.collect()
