@@ -1,0 +1,83 @@
+"""Where model state lives (--offload: ZeRO-Offload, ZeRO-3 parameter offload, FSDP2's
+CPUOffloadPolicy) and ZeRO++ hpZ: every row trains to one process's losses, reports its memory
+by location, and the planner predicts that split; impossible combinations are one line, exit 2,
+before any process group."""
+from __future__ import annotations
+
+import pytest
+
+from tests.trainer.conftest import run_trainer
+from shardbench.trainer import rules
+from shardbench.trainer.config import RunConfig
+from shardbench.trainer.plan.inputs import PlanInput
+
+COMMON = ["--model", "tiny", "--seq-len", "32", "--global-batch", "8", "--steps", "4", "--warmup-steps", "1",
+          "--precision", "fp32", "--seed", "7", "--lr", "1e-3", "--lr-warmup-steps", "2", "--device", "cpu"]
+ROWS = {  # name: trainer flags at 2 ranks (torchrun: the quickest start-up here)
+    "zero2-offload": ["--strategy", "zero2", "--offload", "optimizer"],
+    "zero3-offload-optimizer": ["--strategy", "zero3", "--offload", "optimizer"],
+    "zero3-offload": ["--strategy", "zero3", "--offload", "params"],
+    "fsdp-offload": ["--strategy", "fsdp", "--offload", "params"],
+    "zero3-hpz": ["--strategy", "zero3", "--zero-hpz-partition-size", "2"],
+}
+TOLERANCE = 1e-5
+"""fp32 on CPU: the layouts differ from one process only in summation order (reductions over 2
+ranks, DeepSpeed's flat partitions); measured here up to 9.5e-7 (one process's own rounding)."""
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory) -> dict:
+    run = run_trainer(["--strategy", "ddp", "--micro-batch", "8", *COMMON], tmp_path_factory.mktemp("one"))
+    assert run.returncode == 0, run.stderr[-3000:]
+    return run.record
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("row", list(ROWS))
+def test_offload_and_hpz_rows_train_to_one_process_losses(one_process, row, tmp_path):
+    run = run_trainer([*ROWS[row], "--micro-batch", "4", *COMMON], tmp_path, launcher="torchrun", nproc=2)
+    assert run.returncode == 0, run.stderr[-3000:]
+    r = run.record
+    diffs = [abs(a - b) for a, b in zip(r["loss_per_step"], one_process["loss_per_step"])]
+    assert len(diffs) == 4 and max(diffs) <= TOLERANCE, diffs
+    for rank in r["model_state"]:  # memory by where it lives, the parts adding up
+        assert rank["device_bytes"] + rank["host_bytes"] == rank["total_bytes"]
+        assert (rank["host_bytes"] > 0) == (row != "zero3-hpz"), rank
+    if row in ("zero2-offload", "fsdp-offload"):  # the planner's split is the counted one (CPU: by kind)
+        from shardbench.trainer.plan.predict import predict
+
+        plan = predict(PlanInput.from_record(r))
+        assert plan["memory_by_location"]["host"] == max(s["host_bytes"] for s in r["model_state"])
+
+
+@pytest.mark.parametrize("flags,said", [
+    (["--strategy", "ddp", "--offload", "optimizer"], "ddp cannot keep optimizer in host memory (offload)"),
+    (["--strategy", "zero2", "--offload", "params"], "DeepSpeed offloads parameters at ZeRO stage 3 only"),
+    (["--strategy", "fsdp", "--offload", "optimizer"], "use --offload params"),
+    (["--strategy", "zero2", "--zero-hpz-partition-size", "2"], "applies to ZeRO stage 3"),
+    (["--strategy", "zero3", "--zero-quantized-weights"], "needs a CUDA GPU"),
+    (["--strategy", "zero3", "--zero-quantized-gradients"], "needs a CUDA GPU"),
+])
+def test_impossible_placements_are_one_line_before_any_process_group(flags, said, tmp_path):
+    run = run_trainer([*flags, "--seq-len", "16", "--steps", "2", "--warmup-steps", "1", "--device", "cpu"], tmp_path)
+    errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
+    assert run.returncode == 2 and len(errors) == 1 and said in errors[0], run.stderr[-2000:]
+    assert "Traceback" not in run.stderr
+
+
+def test_quantized_zeropp_is_refused_where_auto_resolves_to_cpu():
+    """--device auto is known only in the trainer: rules.device_error is its rule there."""
+    cfg = RunConfig(strategy="zero3", zero_quantized_gradients=True)
+    assert rules.validate(cfg, 2) == []
+    assert "needs a CUDA GPU" in rules.device_error(cfg, "cpu") and rules.device_error(cfg, "cuda") is None
+
+
+def test_the_declaration_places_state_by_attributes():
+    from shardbench.trainer import contract
+
+    z2 = contract.state_layout("zero2", "optimizer")
+    assert z2.on_host == ("grads", "optimizer")  # ZeRO-Offload steps from an fp32 gradient partition there
+    assert z2.model_state_bytes_by_location("bf16", 2) == {"device": 2.0, "host": (4 + 12) / 2}
+    assert contract.state_layout("fsdp", "params").model_state_bytes_by_location("fp32", 4) == {"device": 0.0,
+                                                                                                "host": 4.0}
+    assert contract.state_layout("zero3", "none").on_host == ()
