@@ -47,7 +47,12 @@ def _check_value(value: Any, kind: Any, meta: typing.Mapping[str, Any]) -> str |
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
             return f"must be a finite number, got {value!r}"
     elif base is str:
-        return None if isinstance(value, str) else f"must be text, got {value!r}"
+        if not isinstance(value, str):
+            return f"must be text, got {value!r}"
+        # On a command line (the trainer's, its launcher's) it would read as a flag: `--output-dir
+        # --help` ended every run with "expected one argument" after the dry run passed.
+        return f"got {value!r}, which starts with '-' (it would read as a flag): for a path write ./{value}" \
+            if value.startswith("-") else None
     else:
         return None
     low, above, high, below = meta.get("min"), meta.get("above"), meta.get("max"), meta.get("below")
