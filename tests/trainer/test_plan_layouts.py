@@ -137,7 +137,8 @@ def test_plan_run_and_report_say_not_modelled_in_one_line(tmp_path):
     out = proc.stdout
     assert "Traceback" not in out + proc.stderr
     assert "EXIT 0" in out
-    said = [line for line in out.splitlines() if "not modelled" in line and not line.startswith(("UNPL", "PANEL", "REP"))]
+    said = [line for line in out.splitlines()
+            if "not modelled" in line and not line.startswith(("UNPL", "PANEL", "REP"))]
     assert said == ["fsdp-partial w2: not modelled: fsdp-partial: an FSDP engine with params, grads, optimizer "
                     "not all sharded"], out
     assert re.search(r"^zero2 \| 2 \|", out, flags=re.M), out  # the modelled row is still planned

@@ -21,7 +21,8 @@ import dataclasses
 from shardbench.trainer import contract
 contract.STRATEGIES["ddpcopy"] = dataclasses.replace(contract.STRATEGIES["ddp"], name="ddpcopy",
                                                      summary="a throwaway copy of ddp (test_strategy_flow.py)")
-contract.STRATEGIES["zero2host"] = dataclasses.replace(contract.STRATEGIES["zero2"], name="zero2host", on_host=("optimizer",),
+contract.STRATEGIES["zero2host"] = dataclasses.replace(contract.STRATEGIES["zero2"], name="zero2host",
+                                                       on_host=("optimizer",),
                                                        summary="a throwaway ZeRO-2 with its optimizer on the host")
 '''
 """Two throwaway rows: a copy of ddp, and issue 27's layout row (ZeRO-2 with its optimizer on the

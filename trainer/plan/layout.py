@@ -30,7 +30,7 @@ def unmodelled(info: StrategyInfo) -> str | None:
             return f"{info.name}: DeepSpeed ZeRO stage {info.zero_stage} (the planner knows stages 1-3)"
         if sharded != set(ZERO_SHARDED[info.zero_stage]):
             return f"{info.name}: ZeRO-{info.zero_stage} with {', '.join(info.sharded) or 'nothing'} sharded"
-        if not ds_knobs.config_path(info.zero_stage).is_file():  # type: ignore[arg-type]
+        if not ds_knobs.config_path(info.zero_stage).is_file():
             return f"{info.name}: no trainer/ds_configs/zero{info.zero_stage}.json to read its buckets from"
         return None
     return f"{info.name}: engine {info.engine!r} (the planner knows ddp, fsdp and deepspeed)"
