@@ -1,7 +1,8 @@
 """TinyGPT: a GPT-2 style causal language model in one file (after karpathy/nanoGPT).
 
 Pre-LayerNorm blocks, GELU MLP, learned position embeddings, token embedding tied to the output
-head (untied with ModelConfig.tie_embeddings False: pipeline stages), attention through `scaled_dot_product_attention` (flash / memory-efficient kernels on GPU).
+head (untied with ModelConfig.tie_embeddings False, as pipeline stages need it), attention
+through `scaled_dot_product_attention` (flash / memory-efficient kernels on GPU).
 
 Tensor-parallel ready (trainer/parallel.py): q, k and v are separate projections, so a column
 plan shards each by heads (a fused qkv split by columns would hand one rank all of q and part of
@@ -141,9 +142,9 @@ class TinyGPT(nn.Module):
         part = TinyGPT.__new__(TinyGPT)
         nn.Module.__init__(part)
         part.cfg, part.activation_checkpointing = self.cfg, self.activation_checkpointing
-        part.wte, part.wpe, part.drop = (self.wte, self.wpe, self.drop) if embed else (None, None, None)
+        part.wte, part.wpe, part.drop = (self.wte, self.wpe, self.drop) if embed else (None, None, None)  # type: ignore[assignment]
         part.blocks = nn.ModuleList(self.blocks[first:last])
-        part.ln_f, part.lm_head = (self.ln_f, self.lm_head) if head else (None, None)
+        part.ln_f, part.lm_head = (self.ln_f, self.lm_head) if head else (None, None)  # type: ignore[assignment]
         return part
 
 

@@ -49,7 +49,7 @@ class StepRunner:
         """One optimizer step: every micro-step's forward and backward, then the update."""
         batches = self.to_device(host_batches)
         if self.strategy.pipeline is not None:  # the schedule runs every micro-step (--pp)
-            step_loss = self.strategy.pipeline_step(batches)  # type: ignore[attr-defined]
+            step_loss = self.strategy.pipeline_step(batches)
             self.strategy.step(True)
             return step_loss
         step_loss = torch.zeros((), device=self.device)
@@ -78,7 +78,7 @@ class StepRunner:
         tracker.tag = "step"
         with tracker:
             if self.strategy.pipeline is not None:  # --pp: one sample after all micro-steps' backward
-                self.strategy.pipeline_step(batches)  # type: ignore[attr-defined]
+                self.strategy.pipeline_step(batches)
                 samples.append(("micro-steps' backward (pipeline)", self.strategy.model_state()))
                 self.strategy.step(True)
             for micro, (x, y) in enumerate(batches if self.strategy.pipeline is None else []):

@@ -10,7 +10,8 @@ def build_mesh(layout: Layout, device_type: str):
     rank calls it. Each dimension's process group is named after it for the collective counter."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    mesh = init_device_mesh(device_type, (layout.pp, layout.dp_replicate, layout.dp_shard, layout.tp), mesh_dim_names=DIMS)
+    shape = (layout.pp, layout.dp_replicate, layout.dp_shard, layout.tp)
+    mesh = init_device_mesh(device_type, shape, mesh_dim_names=DIMS)
     from shardbench.trainer.comm import COUNTER
 
     name_dims = getattr(COUNTER, "name_dims", None)

@@ -109,3 +109,22 @@ def all_reduce_grads(params: list[torch.Tensor], group, bucket_bytes: int, dtype
         size += g.numel() * g.element_size()
     if bucket:
         flush()
+
+
+def pipeline_record(cfg, layout: Layout, rank: int, world_size: int, per_dim: dict) -> dict:
+    """The record's `pipeline`: the schedule, its stages, and each pipeline rank's point-to-point
+    traffic per measured step (of the first pipeline: data- and tensor-parallel coordinates 0).
+    `per_dim` is this rank's COUNTER.per_dim_step(). A collective: every rank calls it."""
+    from shardbench.trainer.process import gather
+
+    per_rank = pp_stages_per_rank(cfg.pp_schedule, cfg.pp_stages_per_rank)
+    pp_dim = per_dim.get("pp", {})
+    mine = {op: {k: pp_dim.get(op, {}).get(k, 0) for k in ("calls", "bytes")} for op in ("send", "recv")}
+    everyone = gather((layout.coords(rank), mine), world_size)
+    ranks = []
+    for coords, traffic in everyone:
+        if coords["dp_replicate"] == coords["dp_shard"] == coords["tp"] == 0:
+            ranks.append({"pp_rank": coords["pp"],
+                          "stages": pp_stage_ids(cfg.pp_schedule, layout.pp, per_rank, coords["pp"]), **traffic})
+    return {"schedule": cfg.pp_schedule, "stages": layout.pp * per_rank, "stages_per_rank": per_rank,
+            "p2p_per_step": sorted(ranks, key=lambda r: r["pp_rank"])}

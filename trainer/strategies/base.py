@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from typing import Any
 from dataclasses import dataclass
 
 import torch
@@ -79,7 +80,7 @@ class Strategy:
     """One distributed strategy: wraps the model, runs micro-steps and optimizer steps."""
 
     name = "base"
-    pipeline = None
+    pipeline: Any = None
     """Set when a pipeline schedule runs every micro-step itself (--pp > 1): StepRunner then calls
     `pipeline_step(batches)` once per step instead of `forward_backward` per micro-step."""
 
@@ -96,6 +97,10 @@ class Strategy:
 
     def step(self, last: bool) -> None:
         """Called after every micro-step; at the last one: clip, step, schedule, zero grads."""
+        raise NotImplementedError
+
+    def pipeline_step(self, batches) -> torch.Tensor:
+        """--pp: every micro-step of one optimizer step through the schedule; the summed loss."""
         raise NotImplementedError
 
     def shared_loss(self, step_loss: torch.Tensor) -> torch.Tensor:

@@ -37,7 +37,7 @@ class TorchStrategy(Strategy):
             ids, n_stages, parts = pipeline_parallel.split_stages(model, self.layout, cfg.pp_schedule,
                                                                   cfg.pp_stages_per_rank, coords["pp"])
             parts = [self.wrap(part) for part in parts]
-            self.pipeline = pipeline_parallel.Pipeline(parts, ids, n_stages, self.mesh.get_group("pp"),  # type: ignore[union-attr]
+            self.pipeline = pipeline_parallel.Pipeline(parts, ids, n_stages, self.mesh.get_group("pp"),
                                                        cfg.pp_schedule, self.ctx.grad_accum, self.ctx.device)
             model = torch.nn.ModuleList(parts)
         else:
@@ -105,7 +105,7 @@ class TorchStrategy(Strategy):
         # The norm is recorded every step (the loss check compares it), clipped or not.
         self._norm = self.total_norm()
         if self.pipeline is not None:  # each rank's stages: the squares summed over the pipeline
-            self._norm = pipeline_parallel.across_stages(self._norm, self.mesh.get_group("pp"))  # type: ignore[union-attr]
+            self._norm = pipeline_parallel.across_stages(self._norm, self.mesh.get_group("pp"))
         if self.ctx.cfg.grad_clip > 0:
             torch.nn.utils.clip_grads_with_norm_(self.params, self.ctx.cfg.grad_clip, self._norm)
         if self.scaler:
