@@ -135,8 +135,23 @@ def schema(current: dict) -> dict:
     run["precision"]["default"] = _default("precision")
     run["device"]["enum"] = list(DEVICES)
     out["properties"]["launcher"]["enum"] = list(CLUSTER_LAUNCHERS)
+    out["properties"]["run"]["allOf"] = layout_rules()
     _numbers(out)
     return out
+
+
+def layout_rules() -> list[dict]:
+    """The impossible layouts JSON Schema can say on run: alone (trainer/rules.py _layout_errors):
+    tensor parallel only with the torch engines, HSDP's replicate degree only with FSDP. Products
+    with the world size and gpusPerWorker are the template's (shardbench.validateLayout)."""
+    def engines(*names: str) -> list[str]:
+        return [n for n, s in STRATEGIES.items() if s.engine in names]
+
+    def above_one(key: str) -> dict:
+        return {"properties": {key: {"minimum": 2}}, "required": [key]}  # typed by run.<key> itself
+
+    return [{"if": above_one("tp"), "then": {"properties": {"strategy": {"enum": engines("ddp", "fsdp")}}}},
+            {"if": above_one("dpReplicate"), "then": {"properties": {"strategy": {"enum": engines("fsdp")}}}}]
 
 
 def number_bounds(current: dict) -> dict[str, dict]:

@@ -153,11 +153,11 @@ class RunConfig:
     threads_per_rank: int = knob(1, section="parallelism", min=1, max=4096, same_loss=True)
     """CPU threads of every rank whatever the world size (1 rank = 1 core, like 1 GPU); each rank
     is pinned to cores of its own when the machine has enough."""
-    tp: int = knob(1, section="parallelism", min=1, max=65536, same_loss=True)
+    tp: int = knob(1, section="parallelism", min=1, max=65536, same_loss=True, chart=True)
     """Tensor-parallel degree: each block's attention heads and MLP columns split over this many
     ranks of one worker (sequence parallel on the norms, vocabulary-parallel embedding and loss);
     ddp and fsdp only. The data-parallel degree is world size / tp."""
-    dp_replicate: int = knob(1, section="parallelism", min=1, max=65536, same_loss=True)
+    dp_replicate: int = knob(1, section="parallelism", min=1, max=65536, same_loss=True, chart=True)
     """fsdp only: data-parallel replicate degree (HSDP: parameters sharded inside groups of
     world size / (tp x dp-replicate) ranks and replicated across this many groups)."""
     pp: int = knob(1, section="parallelism", min=1, max=65536, same_loss=True)

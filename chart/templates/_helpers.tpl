@@ -30,16 +30,25 @@ full name is cut to 50, leaving room for "-worker-NNN" and "-launcher".
 {{- mul (int .Values.workers) (int .Values.gpusPerWorker) }}
 {{- end }}
 
+{{/* Data-parallel ranks: world size / run.tp (a tensor-parallel group shares its rows). */}}
+{{- define "shardbench.dpDegree" -}}
+{{- div (int (include "shardbench.worldSize" .)) (max 1 (int (default 1 .Values.run.tp))) }}
+{{- end }}
+
 {{/*
 Grad-accum steps: run.gradAccum, or derived from run.globalBatch. A global batch that the
-micro-batch x world size does not divide cannot be run with the same tokens per step, so it fails
-here (JSON Schema cannot compare two values).
+micro-batch x data-parallel ranks does not divide cannot be run with the same tokens per step, so
+it fails here (JSON Schema cannot compare two values).
 */}}
 {{- define "shardbench.gradAccum" -}}
 {{- $gb := .Values.run.globalBatch }}
 {{- if $gb }}
-{{- $per := mul (int .Values.run.microBatch) (int (include "shardbench.worldSize" .)) }}
+{{- $per := mul (int .Values.run.microBatch) (int (include "shardbench.dpDegree" .)) }}
 {{- if or (lt (int $gb) $per) (ne (mod (int $gb) $per) 0) }}
+{{- $tp := int (default 1 .Values.run.tp) }}
+{{- if gt $tp 1 }}
+{{- fail (printf "run.globalBatch %d is not a multiple of run.microBatch %d x data-parallel ranks %d (world size %d / run.tp %d) = %d" (int $gb) (int .Values.run.microBatch) (int (include "shardbench.dpDegree" .)) (int (include "shardbench.worldSize" .)) $tp $per) }}
+{{- end }}
 {{- fail (printf "run.globalBatch %d is not a multiple of run.microBatch %d x world size %d (workers %d x gpusPerWorker %d) = %d" (int $gb) (int .Values.run.microBatch) (int (include "shardbench.worldSize" .)) (int .Values.workers) (int .Values.gpusPerWorker) $per) }}
 {{- end }}
 {{- div (int $gb) $per }}
@@ -61,6 +70,24 @@ with the configuration hash only it computes (trainer.contract.run_id), so no --
 {{- define "shardbench.masterAddr" -}}
 {{- $job := include "shardbench.fullname" . }}
 {{- printf "%s-worker-0.%s.%s.svc" $job $job .Release.Namespace }}
+{{- end }}
+
+{{/*
+The layout's degrees (trainer/rules.py says the same in the trainer and the matrix): a TP group is
+run.tp consecutive ranks and must stay inside one worker (its collectives run per layer on the
+intra-node link), so run.tp divides gpusPerWorker; tp x dpReplicate divides the world size. The
+schema rejects what it can say alone (ZeRO with tp > 1, dpReplicate > 1 without fsdp).
+*/}}
+{{- define "shardbench.validateLayout" -}}
+{{- $tp := int (default 1 .Values.run.tp) }}
+{{- $rep := int (default 1 .Values.run.dpReplicate) }}
+{{- $world := int (include "shardbench.worldSize" .) }}
+{{- if and (gt $tp 1) (ne (mod (int .Values.gpusPerWorker) $tp) 0) }}
+{{- fail (printf "run.tp %d does not divide gpusPerWorker %d: a tensor-parallel group must stay inside one worker; pick a run.tp that divides gpusPerWorker" $tp (int .Values.gpusPerWorker)) }}
+{{- end }}
+{{- if ne (mod $world (mul $tp $rep)) 0 }}
+{{- fail (printf "world size %d (workers %d x gpusPerWorker %d) is not divisible by run.tp %d x run.dpReplicate %d = %d: pick degrees whose product divides the world size" $world (int .Values.workers) (int .Values.gpusPerWorker) $tp $rep (mul $tp $rep)) }}
+{{- end }}
 {{- end }}
 
 {{/* Cross-field checks the JSON schema cannot express; each fails with one line. */}}
@@ -91,13 +118,14 @@ with the configuration hash only it computes (trainer.contract.run_id), so no --
 {{- if and (eq .Values.rdma.mode "sriov") (not .Values.rdma.networks) }}
 {{- fail "rdma.mode sriov needs rdma.networks: the Multus network(s) of the VFs, e.g. rdma-vf,rdma-vf (k8s.v1.cni.cncf.io/networks)" }}
 {{- end }}
+{{- include "shardbench.validateLayout" . }}
 {{- $_ := include "shardbench.gradAccum" . }}
 {{- include "shardbench.validateStorage" . }}
 {{- include "shardbench.validateNumbers" . }}
 {{- end }}
 
 {{/*
-Arguments after `python -m shardbench.trainer`, in the order suite/matrix.py RunSpec.trainer_args()
+Arguments after `python -m shardbench.trainer`, in the order suite/matrix/expand.py RunSpec.trainer_args()
 writes them (tests/chart/test_launch_command.py checks they agree). One JSON list. The first-class
 run values and their flags come from files/contract.json `runFlags` (generated from the trainer's
 RunConfig fields marked chart=True), e.g. run.microBatch -> --micro-batch.
