@@ -320,7 +320,7 @@ class ResultRecord:
     """Every knob of the run as given (trainer.config.RunConfig's fields, trainer.knobs.settings):
     the CSV reads the knobs it has no column for from here."""
     layout: dict[str, int] | None = None
-    """The run's degrees on the (dp_replicate, dp_shard, tp) device mesh, whose product is the world
+    """The run's degrees on the (pp, dp_replicate, dp_shard, tp) device mesh, whose product is the world
     size (trainer/parallel/layout.py): ddp replicates over every data-parallel rank, fsdp shards
     over dp_shard and replicates over dp_replicate (HSDP), ZeRO shards; tp splits each layer.
     None in records before layouts."""
@@ -329,8 +329,13 @@ class ResultRecord:
     ({"tp": {"all_gather": {"calls", "bytes"}}, "dp_shard": {...}}; "world" for the world group,
     "other" for a group no dimension owns); empty for a run without a mesh (trainer/comm.py)."""
     mesh_coords: list[dict[str, Any]] = field(default_factory=list)
-    """Per rank: its host, local rank and coordinate on each mesh dimension (dp_replicate,
+    """Per rank: its host, local rank and coordinate on each mesh dimension (pp, dp_replicate,
     dp_shard, tp), gathered at the end of the run."""
+    pipeline: dict[str, Any] | None = None
+    """--pp > 1 (trainer/parallel/pp.py): the schedule, its stages, stages per rank, and
+    `p2p_per_step`: per pipeline rank of the first pipeline, the stages it holds and its send and
+    recv calls and bytes per measured step (activations forward, their gradients back). None
+    without a pipeline."""
     reshard_after_forward: bool | None = None
     """fsdp and zero3: gathered parameters freed after each block's forward (True) or kept until
     backward (False); None for strategies that do not gather parameters."""

@@ -27,6 +27,7 @@ from shardbench.trainer.dist_env import DistEnv
 from shardbench.trainer.history import CheckpointHooks, History
 from shardbench.trainer.metrics import end_setup_memory, load_avg_1m, rank_memory
 from shardbench.trainer.model import TinyGPT, count_params
+from shardbench.trainer.parallel.layout import Layout
 from shardbench.trainer.parallel import float8
 from shardbench.trainer.record import PROGRESS_PREFIX, ResultRecord
 from shardbench.trainer.steps import StepRunner
@@ -156,6 +157,11 @@ class Trainer:
         mine = (rank_memory(self.dist.rank, self.device, self.setup_peak), self.state, self.affinity)
         mine[0].tensor_peak_bytes = self.steps.tensor_peak if self.steps else None
         run_record.finish_record(self.record, self.history.losses, self.dist, self.device, mine, wall_start)
+        if self.cfg.pp > 1:  # each pipeline rank's send/recv (a gather: every rank is here)
+            from shardbench.trainer.parallel.pp import pipeline_record
+
+            self.record.pipeline = pipeline_record(self.cfg, Layout.of(self.cfg, self.dist.world_size), self.dist.rank,
+                                                   self.dist.world_size, COMM.per_dim_step(self.history.measured_here))
         self.fill_timings(self.record)
         return self.record
 

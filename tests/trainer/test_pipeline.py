@@ -47,6 +47,13 @@ def one_process(tmp_path_factory) -> dict:
     return run.record
 
 
+def stage_owners(schedule: str, pp: int, per_rank: int) -> dict[int, int]:
+    """Stage -> the pipeline rank holding it."""
+    from shardbench.trainer.parallel.layout import pp_stage_ids
+
+    return {s: r for r in range(pp) for s in pp_stage_ids(schedule, pp, per_rank, r)}
+
+
 def p2p_expected(schedule: str, pp: int, per_rank: int, pp_rank: int, micro_batches: int,
                  activation_bytes: int) -> tuple[int, int]:
     """(calls, bytes) each of send and recv per step on pipeline rank `pp_rank`: per micro-batch,
@@ -54,8 +61,7 @@ def p2p_expected(schedule: str, pp: int, per_rank: int, pp_rank: int, micro_batc
     activation forward and its gradient back (the first stage's input, tokens, has none)."""
     from shardbench.trainer.parallel.layout import pp_stage_ids
 
-    n_stages = pp * per_rank
-    owner = {s: r for r in range(pp) for s in pp_stage_ids(schedule, pp, per_rank, r)}
+    n_stages, owner = pp * per_rank, stage_owners(schedule, pp, per_rank)
     mine = pp_stage_ids(schedule, pp, per_rank, pp_rank)
     crossings = sum(1 for s in mine for nb in (s - 1, s + 1) if 0 <= nb < n_stages and owner[nb] != pp_rank)
     return crossings * micro_batches, crossings * micro_batches * activation_bytes
@@ -77,18 +83,33 @@ def test_pipeline_trains_to_one_process_loss_and_grad_norm(tmp_path, one_process
           f"max |grad norm - accurate one process| {max(norm_diff):.2e}")
     assert max(loss_diff) <= TOL, (r["loss_per_step"], one_process["loss_per_step"])
     assert max(norm_diff) <= TOL, (r["grad_norm_per_step"], ACCURATE_NORM)
-    # Rank 0's point-to-point traffic: the arithmetic of its stages' boundaries.
-    from shardbench.trainer.parallel.layout import pp_stages_per_rank
+    # Every pipeline rank's point-to-point traffic (the record's `pipeline`) is the arithmetic
+    # of its stages' boundaries; rank 0's is also its per-dimension counters' "pp".
+    from shardbench.trainer.parallel.layout import pp_stage_ids, pp_stages_per_rank
 
     schedule = flags[flags.index("--pp-schedule") + 1]
+    per_rank, n_micro = pp_stages_per_rank(schedule, None), r["grad_accum"]
     activation = micro * (SEQ // layout["tp"]) * D * 4  # fp32 (B, T / tp, d): sequence-parallel under TP
-    calls, nbytes = p2p_expected(schedule, layout["pp"], pp_stages_per_rank(schedule, None), 0,
-                                 r["grad_accum"], activation)
+    pipe = r["pipeline"]
+    assert (pipe["schedule"], pipe["stages"], pipe["stages_per_rank"]) == (schedule, 2 * per_rank, per_rank)
+    assert [p["pp_rank"] for p in pipe["p2p_per_step"]] == list(range(layout["pp"]))
+    for p in pipe["p2p_per_step"]:
+        calls, nbytes = p2p_expected(schedule, layout["pp"], per_rank, p["pp_rank"], n_micro, activation)
+        assert p["stages"] == pp_stage_ids(schedule, layout["pp"], per_rank, p["pp_rank"])
+        assert p["send"] == p["recv"] == {"calls": calls, "bytes": nbytes}, p
+    # In all: each of the stages - 1 boundaries that cross ranks carries every micro-batch's
+    # activation forward and its gradient back.
+    owner = stage_owners(schedule, layout["pp"], per_rank)
+    crossings = sum(1 for s in range(pipe["stages"] - 1) if owner[s] != owner[s + 1])
+    total = sum(p["send"]["bytes"] + p["recv"]["bytes"] for p in pipe["p2p_per_step"])
+    assert total == crossings * n_micro * activation * 2 * 2  # 2 directions, each a send and a recv
     pp_traffic = r["comm_per_step_by_dim"]["pp"]
     for op in ("send", "recv"):
-        assert pp_traffic[op] == {"calls": calls, "bytes": nbytes}, (op, pp_traffic)
+        assert {k: pp_traffic[op][k] for k in ("calls", "bytes")} == pipe["p2p_per_step"][0][op]
         assert r["comm_per_step"][op] == {**pp_traffic[op], "seconds": r["comm_per_step"][op]["seconds"]}
-    print(f"P2P {name}: rank 0 sends {calls} x {activation} B = {nbytes} B per step, receives as many")
+    print(f"P2P {name}: {crossings} rank-crossing boundaries x {n_micro} micro-batches x {activation} B x 2 "
+          f"directions = {total // 2} B sent per step over the pipeline; rank 0 sends "
+          f"{pipe['p2p_per_step'][0]['send']}")
     coords = r["mesh_coords"]
     assert [c["pp"] for c in coords] == [rank // (ranks // 2) for rank in range(ranks)]
 
