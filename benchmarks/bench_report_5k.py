@@ -1,7 +1,7 @@
 """`shardbench report` on 5,000 result records: wall time and peak RSS of the real CLI process.
 
 Usage: python benchmarks/bench_report_5k.py [--records 5000] [--shape repeats|configs] [--steps 100]
-Records are written as <results>/<run-id>/result.json (suite/synthetic.py, the same made-up
+Records are written as <results>/<run-id>/result.json (tests/synthetic.py, the same made-up
 but schema-valid records the tests use), then `python -m shardbench.suite.cli report` runs on them in a
 child process; its peak RSS is the child's ru_maxrss (getrusage RUSAGE_CHILDREN), its time the
 wall clock around it. Shapes: `repeats` = 20 configurations x 250 repeats; `configs` = 1,000
@@ -27,7 +27,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from shardbench.suite import synthetic  # noqa: E402
+from tests import synthetic  # noqa: E402
 
 
 def many_configs(n: int, steps: int, seed: int = 0) -> list[dict]:
@@ -51,7 +51,7 @@ def many_configs(n: int, steps: int, seed: int = 0) -> list[dict]:
 
 
 USAGE = "REPORT_USAGE "
-WRAP = ("import json, resource, sys\nfrom shardbench.suite.cli import main\ncode = main(sys.argv[1:])\n"
+WRAP = ("import json, resource, sys\nfrom shardbench.suite.cli.commands import main\ncode = main(sys.argv[1:])\n"
         "u = resource.getrusage(resource.RUSAGE_SELF)\n"
         f"print({USAGE!r} + json.dumps({{'rss_kb': u.ru_maxrss, 'cpu': u.ru_utime + u.ru_stime}}), file=sys.stderr)\n"
         "sys.exit(code)")
@@ -59,8 +59,8 @@ WRAP = ("import json, resource, sys\nfrom shardbench.suite.cli import main\ncode
 
 def predictions() -> dict[tuple[str, int], dict]:
     """The planner's prediction per (strategy, world size) of the tiny model at seq len 32."""
-    from shardbench.suite.matrix import MatrixSpec, expand
-    from shardbench.suite.planning import predict_specs
+    from shardbench.suite.matrix.expand import MatrixSpec, expand
+    from shardbench.suite.matrix.planning import predict_specs
 
     specs, _ = expand(MatrixSpec(strategies=["ddp", "fsdp", "zero1", "zero2", "zero3"], world_sizes=[1, 2, 4, 8],
                                  seq_lens=[32], repeats=1, shape=None, device="cpu", precision="fp32"))

@@ -18,9 +18,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from shardbench.suite import synthetic  # noqa: E402
-from shardbench.suite.collect import extract  # noqa: E402
-from shardbench.suite.report import report_from_records  # noqa: E402
+from tests import synthetic  # noqa: E402
+from shardbench.suite.execute.collect import extract  # noqa: E402
+from shardbench.suite.report.markdown import report_from_records  # noqa: E402
 
 
 def bench_matrix(tmp: Path) -> None:

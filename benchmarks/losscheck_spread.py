@@ -1,4 +1,4 @@
-"""The spread between strategies that the loss check's tolerances are set above (suite/losscheck.py).
+"""The spread between strategies that the loss check's tolerances are set above (suite/analyze/losscheck.py).
 
 Runs tiny (seq 64, global batch 4, 6 steps) with ddp at 1 rank and ddp, fsdp, zero1, zero2, zero3
 at 2 ranks, in each precision given, plus ddp at 2 ranks whose learning rate is off by a factor
@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tests.trainer.conftest import BIN, Run, cpu_env, free_port, run_trainer  # noqa: E402
-from shardbench.suite import losscheck  # noqa: E402
+from shardbench.suite.analyze import losscheck  # noqa: E402
 
 COMMON = ["--model", "tiny", "--seq-len", "64", "--global-batch", "4", "--steps", "6", "--warmup-steps", "1",
           "--lr", "1e-3", "--lr-warmup-steps", "1", "--seed", "3"]

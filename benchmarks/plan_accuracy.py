@@ -14,7 +14,7 @@ from pathlib import Path
 from shardbench.trainer.plan.accuracy import errors
 from shardbench.trainer.plan.inputs import PlanInput
 from shardbench.trainer.plan.predict import predict
-from shardbench.suite.plan_cmd import shape_context
+from shardbench.suite.cli.plan_cmd import shape_context
 
 
 def main(directory: Path) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 from tests.trainer.conftest import run_trainer
 from shardbench.trainer.plan.inputs import PlanInput
 from shardbench.trainer.plan.predict import predict
-from shardbench.suite.plan_cmd import shape_context
+from shardbench.suite.cli.plan_cmd import shape_context
 
 ARGS = ["--model", "tiny", "--n-layer", "4", "--n-embd", "192", "--n-head", "4", "--seq-len", "128",
         "--micro-batch", "4", "--grad-accum", "1", "--steps", "8", "--warmup-steps", "3", "--precision", "fp32",

@@ -41,7 +41,7 @@ if [ "${K_MPI_JOB_ROLE:-}" = "launcher" ] && [ -f "$hostfile" ]; then
   done
   echo "shardbench-entrypoint: every worker answers ssh ($(echo "$hosts" | wc -w) hosts, ${SECONDS}s)" >&2
   # The launch command starts now (exec keeps this process): the suite measures the launcher's
-  # start-up from here to the last rank's own start stamp (suite/startup.py, trainer/record.py).
+  # start-up from here to the last rank's own start stamp (suite/execute/startup.py, trainer/record.py).
   echo "SHARDBENCH_START {\"launcher\": $(date +%s.%N | cut -c1-14)}" >&2
 fi
 

@@ -21,7 +21,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def sample(results: Path) -> str:
     """The README block for this result set (markdown)."""
-    from shardbench.suite import analysis, metrics, summary
+    from shardbench.suite.analyze import analysis
+    from shardbench.suite.analyze import rows as metrics
+    from shardbench.suite.report import summary
 
     records = metrics.load_records(results)
     if not records:

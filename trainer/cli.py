@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     process_start = min(process_start, process_start_time())
     # On a cluster the suite cannot read the ranks' /proc: the stamp is how it measures the
-    # launcher's start-up there (suite/startup.py). After the checks: a refused run says one line.
+    # launcher's start-up there (suite/execute/startup.py). After the checks: a refused run says one line.
     print(f'{START_STAMP}{{"rank": {denv.rank}, "t": {process_start:.3f}}}', file=sys.stderr, flush=True)
     from shardbench.trainer import exporter
 

@@ -185,7 +185,7 @@ CONFIG_ID_VERSION = 2
 """How config ids are made, hashed with them and written into every spec.json. 1 (until
 2026-11): every measured field, defaults included, so each new knob changed every id. 2: only
 the measured fields off their defaults (trainer.config.id_fields). A results directory holding
-spec.json files of another version is refused by `shardbench run` (suite/store.py)."""
+spec.json files of another version is refused by `shardbench run` (suite/execute/store.py)."""
 
 
 def config_id(measured: dict[str, Any]) -> str:

@@ -89,7 +89,7 @@ def nccl_env_across_ranks(gather) -> tuple[dict[str, str], list[str]]:
 def process_start_time() -> float:
     """When this process started (epoch seconds): from /proc on Linux, else now. Counted back
     from now by /proc/uptime (10 ms), not from /proc/stat's btime, a whole second that put the
-    start up to a second early: the start stamps (suite/startup.py) compare it across processes."""
+    start up to a second early: the start stamps (suite/execute/startup.py) compare it across processes."""
     try:
         with open("/proc/self/stat") as fh:
             start_ticks = int(fh.read().rsplit(")", 1)[1].split()[19])

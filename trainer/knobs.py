@@ -7,7 +7,7 @@ record's `settings`. From the metadata:
   already has the column, or `column=` names it), a key of every scaling base;
 - a measured field is in the loss check's group (runs must share it to be compared step by step)
   unless `same_loss=True` says runs that differ only there must follow one curve; the batch is
-  compared through the global batch the run resolved (suite/groups.py reads these roles:
+  compared through the global batch the run resolved (suite/analyze/groups.py reads these roles:
   the one derivation of every grouping);
 - `per_world=True`: follows the world size at a fixed global batch, so not in a scaling base;
 - `chart=True`: a first-class chart value `run.<camelCase>` whose flag the chart's template
@@ -77,14 +77,14 @@ def column(f: Field) -> str:
 
 
 def same_loss(cls: type = RunConfig) -> frozenset[str]:
-    """Measured fields runs of one loss group may differ in (suite/groups.py LOSS_EXCEPT):
+    """Measured fields runs of one loss group may differ in (suite/analyze/groups.py LOSS_EXCEPT):
     every other measured field, the model's and the global batch included, splits the groups."""
     return frozenset(f.name for f in measured(cls) if _meta(f, "same_loss"))
 
 
 def per_world(cls: type = RunConfig) -> frozenset[str]:
     """Measured fields a scaling base may differ in from the runs it is the base of
-    (suite/groups.py BASE_EXCEPT): they follow the world size at a fixed global batch."""
+    (suite/analyze/groups.py BASE_EXCEPT): they follow the world size at a fixed global batch."""
     return frozenset(f.name for f in measured(cls) if _meta(f, "per_world"))
 
 

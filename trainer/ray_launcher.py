@@ -237,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     from shardbench.trainer.env_info import process_start_time
     from shardbench.trainer.record import START_STAMP
 
-    # The launch command's start, for launcher_startup_s on a cluster (suite/startup.py); this
+    # The launch command's start, for launcher_startup_s on a cluster (suite/execute/startup.py); this
     # process's start from /proc, as the local backend reads it.
     args, trainer_args = parse_args(sys.argv[1:] if argv is None else argv)
     say(f'{START_STAMP}{{"launcher": {process_start_time():.3f}}}')

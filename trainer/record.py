@@ -21,7 +21,7 @@ END_MARKER = "BENCHMARK_RESULT_JSON_END"
 # Rank 0 prints one of these per step so launchers, the CLI and the TUI can show progress:
 #   SHARDBENCH_PROGRESS {"step": 3, "steps": 110, "phase": "warmup", "loss": 10.8, ...}
 PROGRESS_PREFIX = "SHARDBENCH_PROGRESS "
-# The start stamps a cluster run's launcher_startup_s is read from (suite/startup.py), epoch
+# The start stamps a cluster run's launcher_startup_s is read from (suite/execute/startup.py), epoch
 # seconds each from its own process's clock: every rank prints its process start
 #   SHARDBENCH_START {"rank": 1, "t": 1764000000.25}
 # and the launch command its own start: docker/entrypoint.sh just before it execs the MPIJob's

@@ -70,7 +70,7 @@ def get_backend(name: str, cluster: ClusterOptions | None = None, ray_cluster: b
     option, because it changes how the matrix lays runs out (shape defaults, nodes, faults)."""
     if name == "local":
         from shardbench.suite.backends.local import LocalBackend
-        from shardbench.suite.faults import Recovering
+        from shardbench.suite.faults.restart import Recovering
 
         return Recovering(LocalBackend())  # checkpoints, the fault axis, relaunches
     if name == "ray" and ray_cluster:

@@ -4,12 +4,12 @@ The command line comes from trainer.launchers.build_command (the same one the ch
 CPU-only machines run the ranks with gloo; a machine with GPUs runs them with NCCL (the trainer
 decides from --device). The combined stdout/stderr of all ranks is streamed line by line into
 run_dir/log.txt and turned into RunLogLine / RunProgress events, and fed to a streaming
-collector (shardbench.suite.collect): the record is taken from the stream itself, so a log file that
+collector (shardbench.suite.execute.collect): the record is taken from the stream itself, so a log file that
 could not be written (disk full) loses nothing; the trainer's own result.json is the fallback.
 The runner writes the run's result.json; this backend only launches, streams and returns.
 
 Ending a run (cancel, timeout, or leftovers after the launcher exits) ends every process the
-launcher ever started, wherever it moved (shardbench.suite.procs.ProcessTree).
+launcher ever started, wherever it moved (shardbench.suite.execute.procs.ProcessTree).
 """
 from __future__ import annotations
 
@@ -24,13 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from shardbench.trainer.launchers import LaunchPlan, build_command, nccl_env_names
-from shardbench.suite.collect import failed_record, iter_lines, now_iso, validate
-from shardbench.suite.runlines import LineReader
-from shardbench.suite.events import Emit, RunLogLine, RunStateChanged, guarded
-from shardbench.suite.matrix import RunSpec
-from shardbench.suite.procs import ProcessTree
-from shardbench.suite.startup import StartupClock
-from shardbench.suite.store import read_json
+from shardbench.suite.execute.collect import failed_record, iter_lines, now_iso, validate
+from shardbench.suite.execute.runlines import LineReader
+from shardbench.suite.execute.events import Emit, RunLogLine, RunStateChanged, guarded
+from shardbench.suite.matrix.expand import RunSpec
+from shardbench.suite.execute.procs import ProcessTree
+from shardbench.suite.execute.startup import StartupClock
+from shardbench.suite.execute.store import read_json
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TRAINER_OUT = "trainer-output"
@@ -217,8 +217,8 @@ class LocalBackend:
 
     def tied(self, cmd: list[str]) -> list[str]:
         """The launch command under a supervisor that ends it, ranks first, if this process dies
-        outright (shardbench.suite.procs.supervise: rank 0 keeps its record under mpirun too)."""
-        return [sys.executable, "-m", "shardbench.suite.procs", *cmd]
+        outright (shardbench.suite.execute.procs.supervise: rank 0 keeps its record under mpirun too)."""
+        return [sys.executable, "-m", "shardbench.suite.execute.procs", *cmd]
 
     def _wait(self, proc: subprocess.Popen, tree: ProcessTree, cancel: threading.Event,
               timeout_s: float | None, clock: StartupClock | None = None) -> str | None:

@@ -34,9 +34,9 @@ from shardbench.trainer.launchers import LaunchPlan, build_command
 from shardbench.trainer.ray_launcher import EVENT_PREFIX, STOP_GRACE_S
 from shardbench.trainer.record import FaultRecovery
 from shardbench.suite.backends.local import TRAINER_OUT, LocalBackend
-from shardbench.suite.events import Emit, RunLogLine, RunProgress, guarded
-from shardbench.suite.faults import CHECKPOINTS, _Attempt, _needs_checkpoints, parse_fault
-from shardbench.suite.matrix import local_gpu_count
+from shardbench.suite.execute.events import Emit, RunLogLine, RunProgress, guarded
+from shardbench.suite.faults.restart import CHECKPOINTS, _Attempt, _needs_checkpoints, parse_fault
+from shardbench.suite.matrix.expand import local_gpu_count
 
 
 class RayEvents:
@@ -105,10 +105,10 @@ class RayBackend(LocalBackend):
         ckpt = run_dir / CHECKPOINTS
         if _needs_checkpoints(spec):
             shutil.rmtree(ckpt, ignore_errors=True)  # an earlier run's checkpoints are not this run's
-            options = {**dict(spec.options), "checkpoint_dir": str(ckpt), "resume": "auto"}
+            options = {**dict(spec.extra_knobs), "checkpoint_dir": str(ckpt), "resume": "auto"}
             if spec.fault != "none":
                 options.setdefault("pg_timeout_s", 30.0)  # a hang must end well within the run's timeout
-            spec = replace(spec, options=tuple(sorted(options.items())))
+            spec = replace(spec, extra_knobs=tuple(sorted(options.items())))
         events = RayEvents(emit)
         fault = parse_fault(spec.fault)
         watch = _Attempt(spec, fault, f"{run_dir}{os.sep}", events)

@@ -9,7 +9,7 @@ import yaml
 from jsonschema import Draft7Validator
 
 from chart_helpers import CHART, VALUES_DIR, VALUES_FILES
-from shardbench.suite.matrix import load_shape
+from shardbench.suite.matrix.expand import load_shape
 from shardbench.trainer.presets import PRESETS
 
 SHAPE_KEYS = ["name", "instanceType", "gpuModel", "gpusPerNode", "gpuMemoryGiB", "peakTflopsBf16",

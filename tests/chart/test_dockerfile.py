@@ -229,7 +229,7 @@ def test_entrypoint_runs_the_command_once_hosts_resolve(tmp_path):
 
 
 def test_entrypoint_stamps_the_launch_commands_start_on_the_launcher_only(tmp_path):
-    """The suite reads a cluster run's launcher_startup_s from this stamp (suite/startup.py): the
+    """The suite reads a cluster run's launcher_startup_s from this stamp (suite/execute/startup.py): the
     epoch second the launch command starts, after the wait for the workers, not before it."""
     before = time.time()
     proc = run_entrypoint(tmp_path, "localhost slots=1\n")

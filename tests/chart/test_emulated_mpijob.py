@@ -19,7 +19,7 @@ import pytest
 
 from chart_helpers import REPO, dockerfile_env, one, render
 
-from shardbench.suite.startup import StampClock
+from shardbench.suite.execute.startup import StampClock
 
 pytestmark = pytest.mark.slow
 
@@ -179,7 +179,7 @@ def test_emulated_mpijob_runs_across_two_workers(emulation_ready, tmp_path, laun
     assert rec["nccl_env_disagreement"] == []  # ... every one of them
     assert rec["versions"]["image"] == "shardbench:0.1.0-cpu"  # SHARDBENCH_IMAGE reached rank 0
     # launcher_startup_s on a cluster: the entrypoint's stamp as it execs the launch command and
-    # every rank's own start stamp (through mpirun) are in the launcher's output (suite/startup.py).
+    # every rank's own start stamp (through mpirun) are in the launcher's output (suite/execute/startup.py).
     clock = StampClock(WORKERS)
     for line in (proc.stdout + proc.stderr).splitlines():
         clock.feed(line)

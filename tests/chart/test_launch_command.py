@@ -1,5 +1,5 @@
 """The launcher command the chart renders is trainer.launchers.build_command() for the same run,
-with the trainer arguments of shardbench.suite.matrix.RunSpec.trainer_args(): one source of truth for
+with the trainer arguments of shardbench.suite.matrix.expand.RunSpec.trainer_args(): one source of truth for
 every flag, whether a run starts on this machine or as an MPIJob."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from chart_helpers import (CHART, CHART_LAUNCHERS, NAMESPACE, RELEASE, STRATEGIE
                            VALUES_FILES, launcher_argv, one, render)
 from shardbench.trainer.contract import is_deepspeed
 from shardbench.trainer.launchers import CONTAINER_ENV_VARS, LaunchPlan, build_command
-from shardbench.suite.matrix import RunSpec, load_shape
+from shardbench.suite.matrix.expand import RunSpec, load_shape
 
 JOB = f"{RELEASE}-shardbench"
 

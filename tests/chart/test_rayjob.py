@@ -1,6 +1,6 @@
 """The chart's KubeRay RayJob (ray.enabled): it renders instead of the MPIJob, validates against
 KubeRay v1.7.0's RayJob CRD schema (vendored), passes the operator's own rules that the schema
-lacks (submissionMode among them, suite/backends/rayjob.py), its pods validate as core Pods,
+lacks (submissionMode among them, suite/backends/kube/rayjob_rules.py), its pods validate as core Pods,
 and its driver is trainer/launchers.py's ray command for the same run, flag for flag."""
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import yaml
 
 from chart_helpers import NAMESPACE, VALUES_DIR, core_validate, kube_versions_in_range, one, openapi_to_jsonschema, render, template_error
 from shardbench.trainer.launchers import LaunchPlan, build_command
-from shardbench.suite.backends.rayjob import rayjob_errors
+from shardbench.suite.backends.kube.rayjob_rules import rayjob_errors
 
 CRD = Path(__file__).resolve().parent / "vendor" / "ray.io_rayjobs.v1.7.0.yaml.gz"
 # rdma.mode none: the RayJob's pods have no RDMA wiring (the chart refuses an RDMA mode with Ray).

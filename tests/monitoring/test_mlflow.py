@@ -129,8 +129,8 @@ def test_a_suite_run_reaches_the_mlflow_server(mlflow_server, tmp_path):
 def test_a_failed_run_is_a_failed_mlflow_run(mlflow_server, tmp_path):
     from mlflow.tracking import MlflowClient
 
-    from shardbench.suite.events import RunFinished, RunQueued
-    from shardbench.suite.tracking import Tracker
+    from shardbench.suite.execute.events import RunFinished, RunQueued
+    from shardbench.suite.execute.tracking import Tracker
 
     tracker = Tracker(mlflow_server, tmp_path, "failures")
     record = {"run_id": "zero3-w2-x-r0", "status": "oom", "error": "CUDA out of memory", "strategy": "zero3",
@@ -145,8 +145,8 @@ def test_a_failed_run_is_a_failed_mlflow_run(mlflow_server, tmp_path):
 def test_default_store_is_a_local_file_store_under_the_results(tmp_path):
     from mlflow.tracking import MlflowClient
 
-    from shardbench.suite.events import RunFinished, RunQueued, RunStateChanged
-    from shardbench.suite.tracking import Tracker, default_uri
+    from shardbench.suite.execute.events import RunFinished, RunQueued, RunStateChanged
+    from shardbench.suite.execute.tracking import Tracker, default_uri
 
     uri = default_uri(tmp_path)
     assert uri.startswith("file:") and uri.endswith("/mlruns")

@@ -5,7 +5,7 @@ import signal
 import subprocess
 import sys
 
-from shardbench.suite.cli import main
+from shardbench.suite.cli.commands import main
 from shardbench.trainer.streams import TolerantStream
 
 
@@ -22,7 +22,7 @@ def test_console_script_ends_quietly_on_a_closed_pipe():
     # command by SIGPIPE, with no BrokenPipeError traceback on stderr.
     read_end, write_end = os.pipe()
     os.close(read_end)
-    code = "import sys; from shardbench.suite.cli import entry; sys.exit(entry())"
+    code = "import sys; from shardbench.suite.cli.commands import entry; sys.exit(entry())"
     proc = subprocess.run([sys.executable, "-c", code, "run", "--dry-run", "--strategies", "ddp"],
                           stdout=write_end, stderr=subprocess.PIPE, text=True)
     os.close(write_end)

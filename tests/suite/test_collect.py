@@ -11,9 +11,9 @@ import jsonschema
 import pytest
 
 from shardbench.trainer.record import END_MARKER, START_MARKER
-from shardbench.suite import synthetic
-from shardbench.suite.collect import extract, extract_file, failed_record, parse_progress
-from shardbench.suite.matrix import MatrixSpec, expand
+from tests import synthetic
+from shardbench.suite.execute.collect import extract, extract_file, failed_record, parse_progress
+from shardbench.suite.matrix.expand import MatrixSpec, expand
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEMA = json.loads((REPO / "trainer/schema/result.schema.json").read_text())
@@ -204,7 +204,7 @@ def test_collector_streams_a_large_log_in_bounded_memory(tmp_path):
         for _ in range(40_000_000 // len(line)):
             fh.write(line)
         fh.write(block(rec()).encode())
-    code = (f"import resource; from shardbench.suite.collect import extract_file; "
+    code = (f"import resource; from shardbench.suite.execute.collect import extract_file; "
             f"before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss; "
             f"found = extract_file({str(log)!r}); assert found.record is not None, found.error; "
             f"print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)")

@@ -1,4 +1,4 @@
-"""`shardbench compare A B` (suite/compare.py): the same configurations side by side with
+"""`shardbench compare A B` (suite/cli/compare.py): the same configurations side by side with
 95% intervals, a change named significant only when its interval excludes zero and neither side
 is flagged, configurations of one side listed, and what changed in the recorded software."""
 from __future__ import annotations
@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 from shardbench.trainer.record import write_atomic
-from shardbench.suite.compare import compare_dirs
-from shardbench.suite.synthetic import record
+from shardbench.suite.cli.compare import compare_dirs
+from tests.synthetic import record
 
 ROOT = Path(__file__).resolve().parents[2]
 

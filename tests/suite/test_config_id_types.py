@@ -1,7 +1,7 @@
 """A float knob written as 1 (a YAML int) or 1.0 is one configuration: the suite's config id and
 the one the trainer computes from its parsed command line must agree (they did not: 1 and 1.0
 hashed apart, so a repeat's record looked like another configuration's)."""
-from shardbench.suite.matrix import expand, matrix_from_dict
+from shardbench.suite.matrix.expand import expand, matrix_from_dict
 from shardbench.trainer.config import build_parser, id_fields
 from shardbench.trainer import contract
 

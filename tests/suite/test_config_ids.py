@@ -16,11 +16,11 @@ import pytest
 from shardbench.trainer import contract
 from shardbench.trainer.config import RunConfig, id_fields, knob
 from shardbench.trainer.record import write_atomic
-from shardbench.suite import synthetic
+from tests import synthetic
 from shardbench.suite.backends.local import LocalBackend
-from shardbench.suite.matrix import MatrixSpec, expand
-from shardbench.suite.runner import Runner
-from shardbench.suite.store import ResultsDir, ResultsDirError
+from shardbench.suite.matrix.expand import MatrixSpec, expand
+from shardbench.suite.execute.runner import Runner
+from shardbench.suite.execute.store import ResultsDir, ResultsDirError
 
 ROOT = Path(__file__).resolve().parents[2]
 

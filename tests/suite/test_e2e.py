@@ -16,7 +16,7 @@ import jsonschema
 import pandas as pd
 import pytest
 
-from shardbench.suite.runner import interleaved
+from shardbench.suite.execute.runner import interleaved
 
 pytestmark = pytest.mark.slow
 
@@ -29,8 +29,8 @@ MATRIX = ["--strategies", "ddp,zero2", "--world-sizes", "1,2", "--seq-lens", "64
 
 
 def _specs():
-    from shardbench.suite.cli import build_parser, effective_matrix
-    from shardbench.suite.matrix import expand
+    from shardbench.suite.cli.commands import build_parser, effective_matrix
+    from shardbench.suite.matrix.expand import expand
 
     specs, errors = expand(effective_matrix(build_parser().parse_args(["run", *MATRIX])))
     assert not errors

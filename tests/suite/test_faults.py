@@ -11,9 +11,9 @@ import pytest
 
 from shardbench.trainer import contract
 from shardbench.suite.backends import get_backend
-from shardbench.suite.faults import Fault, fault_errors, parse_fault
-from shardbench.suite.matrix import expand, matrix_from_dict
-from shardbench.suite.runner import Runner
+from shardbench.suite.faults.restart import Fault, fault_errors, parse_fault
+from shardbench.suite.matrix.expand import expand, matrix_from_dict
+from shardbench.suite.execute.runner import Runner
 
 STRATEGIES = list(contract.STRATEGIES)  # a new row of the contract's table runs here too
 BASE = {"world_sizes": [2], "seq_lens": [32], "steps": 8, "warmup_steps": 1, "repeats": 1, "precision": "fp32",
@@ -152,7 +152,7 @@ def _ckpt_record(strategy, world, step_s, save_s, recovery_s=None, redone=2, eve
     from dataclasses import asdict
 
     from shardbench.trainer.record import CheckpointCost, FaultRecovery
-    from shardbench.suite import synthetic
+    from tests import synthetic
 
     rec = synthetic.record(strategy=strategy, world_size=world)
     rec["step_time_s"]["mean"] = step_s
@@ -165,7 +165,7 @@ def _ckpt_record(strategy, world, step_s, save_s, recovery_s=None, redone=2, eve
 
 
 def test_fault_table_uses_youngs_interval_and_states_the_failure_rate():
-    from shardbench.suite import faults_report as fr
+    from shardbench.suite.report import fault_section as fr
 
     records = [_ckpt_record("ddp", 2, step_s=0.5, save_s=2.0, recovery_s=30.0),
                _ckpt_record("ddp", 2, step_s=0.5, save_s=2.0),
@@ -191,13 +191,13 @@ def test_fault_table_uses_youngs_interval_and_states_the_failure_rate():
 
 
 def synthetic_plain():
-    from shardbench.suite import synthetic
+    from tests import synthetic
 
     return synthetic.record()
 
 
 def test_the_report_has_the_fault_table(tmp_path):
-    from shardbench.suite.report import report_from_records
+    from shardbench.suite.report.markdown import report_from_records
 
     records = [_ckpt_record("ddp", 2, step_s=0.5, save_s=2.0, recovery_s=30.0)]
     report = report_from_records(records, tmp_path / "out", tmp_path)
@@ -206,7 +206,7 @@ def test_the_report_has_the_fault_table(tmp_path):
 
 def test_benchtui_results_show_the_same_fault_table():
     from shardbench.tui.app.results_model import compute
-    from shardbench.suite import faults_report
+    from shardbench.suite.report import fault_section as faults_report
 
     records = [_ckpt_record("ddp", 2, step_s=0.5, save_s=2.0, recovery_s=30.0)]
     lines = compute(records).fault_table

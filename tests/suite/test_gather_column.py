@@ -2,8 +2,9 @@
 own collective counter), so a "fsdp faster than zero3" can be read against the traffic behind it."""
 from __future__ import annotations
 
-from shardbench.suite import analysis, report
-from shardbench.suite.synthetic import record
+from shardbench.suite.analyze import analysis
+from shardbench.suite.report import markdown as report
+from tests.synthetic import record
 
 
 def gathering(strategy: str, tps: float, calls: int, nbytes: int, repeat: int) -> dict:

@@ -1,5 +1,5 @@
 """Issue 18: comparisons of like with like. Verdict groups, efficiency bases and loss groups are
-"all measured settings equal except strategy / world size" (suite/groups.py), every verdict
+"all measured settings equal except strategy / world size" (suite/analyze/groups.py), every verdict
 names the configurations it compares, and the report answers first."""
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from shardbench.trainer import contract
-from shardbench.suite import analysis, groups
-from shardbench.suite.report import build_report
-from shardbench.suite.synthetic import record
+from shardbench.suite.analyze import analysis
+from shardbench.suite.analyze import groups
+from shardbench.suite.report.markdown import build_report
+from tests.synthetic import record
 
 REF_LOSS = [9.0, 8.5, 8.2, 8.1, 8.05, 8.03]
 
@@ -80,9 +81,10 @@ def test_settings_come_from_the_records_command_line():
     b = record("ddp", 2, 1000.0, args=base, optimizer={})
     sa, sb = groups.settings(a), groups.settings(b)
     assert sa["weight_decay"] == 0.1 and sb["weight_decay"] == 0.01
-    assert groups.verdict_key(sa) != groups.verdict_key(sb)
+    assert groups.key(sa, groups.VERDICT_EXCEPT) != groups.key(sb, groups.VERDICT_EXCEPT)
     c = record("fsdp", 2, 1000.0, args=["--strategy", "fsdp", "--steps", "6"], optimizer={})
-    assert groups.verdict_key(groups.settings(c)) == groups.verdict_key(sb)  # strategy and launcher differ only
+    # strategy and launcher differ only:
+    assert groups.key(groups.settings(c), groups.VERDICT_EXCEPT) == groups.key(sb, groups.VERDICT_EXCEPT)
 
 
 def test_report_opens_with_the_summary_table(tmp_path: Path):
@@ -140,6 +142,6 @@ def test_groupings_follow_the_knobs_roles_and_the_records_settings():
                           groups.settings(rec("fsdp")))
     assert ddp10["precision"] == "fp32" and ddp10["bucket_mib"] == 10.0 and fsdp["bucket_mib"] is None
     assert groups.loss_key(ddp10) == groups.loss_key(ddp25) == groups.loss_key(fsdp)
-    assert groups.verdict_key(ddp10) != groups.verdict_key(ddp25)
+    assert groups.key(ddp10, groups.VERDICT_EXCEPT) != groups.key(ddp25, groups.VERDICT_EXCEPT)
     wd = groups.settings(rec("ddp", weight_decay=0.1))
     assert groups.loss_key(wd) != groups.loss_key(ddp25) and groups.base_key(wd) != groups.base_key(ddp25)

@@ -1,4 +1,4 @@
-"""report.html (suite/html_report.py) opened in a real headless Chromium: it loads with no
+"""report.html (suite/report/html_page.py) opened in a real headless Chromium: it loads with no
 console error and no request beyond the file itself, every plot renders, the tables sort, a
 screenshot is made. Plus the loss-curve and per-rank plots every report now has."""
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from shardbench.trainer.record import write_atomic
-from shardbench.suite.report import build_report
-from shardbench.suite.synthetic import record
+from shardbench.suite.report.markdown import build_report
+from tests.synthetic import record
 
 from .browser import Browser
 

@@ -7,10 +7,12 @@ from dataclasses import fields
 
 from shardbench.trainer import knobs
 from shardbench.trainer.config import RunConfig
-from shardbench.suite import analysis, groups, metrics
-from shardbench.suite.collect import failed_record
-from shardbench.suite.matrix import KNOB_KEYS, MatrixSpec, RunSpec, expand
-from shardbench.suite.synthetic import record
+from shardbench.suite.analyze import analysis
+from shardbench.suite.analyze import groups
+from shardbench.suite.analyze import rows as metrics
+from shardbench.suite.execute.collect import failed_record
+from shardbench.suite.matrix.expand import KNOB_KEYS, MatrixSpec, RunSpec, expand
+from tests.synthetic import record
 
 
 def test_matrix_and_run_spec_declare_no_trainer_knob():
@@ -21,7 +23,7 @@ def test_matrix_and_run_spec_declare_no_trainer_knob():
     m = MatrixSpec()
     for name in ("steps", "micro_batch", "warmup_steps", "seed", "model", "precision", "device"):
         assert getattr(m, name) == knobs.default(name)
-    assert MatrixSpec(steps=7).options == {"steps": 7} and MatrixSpec(steps=7).steps == 7
+    assert MatrixSpec(steps=7).overrides == {"steps": 7} and MatrixSpec(steps=7).steps == 7
 
 
 def test_a_run_spec_holds_the_run_config():
@@ -74,7 +76,7 @@ def test_a_failed_record_carries_the_settings_of_its_spec():
 
 def test_the_suite_cli_has_a_flag_per_matrix_key_and_knob():
     """One generator (trainer.flags) writes the trainer's, the matrix's and the cluster's flags."""
-    from shardbench.suite.cli import build_parser
+    from shardbench.suite.cli.commands import build_parser
 
     run = next(a for a in build_parser()._actions if a.dest == "command").choices["run"]
     flags = {s for a in run._actions for s in a.option_strings}

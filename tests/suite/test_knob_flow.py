@@ -57,7 +57,7 @@ def test_only_config_py_differs(copy):
 def test_a_new_field_is_a_flag_a_matrix_axis_and_a_chart_value(copy):
     proc = py(copy, """
         from shardbench.trainer.config import build_parser
-        from shardbench.suite.matrix import matrix_from_dict, expand
+        from shardbench.suite.matrix.expand import matrix_from_dict, expand
         from shardbench.suite.backends.kube.values import run_overrides
         parser = build_parser()
         helps = {a.dest: a.help for a in parser._actions}
@@ -140,7 +140,8 @@ def test_a_real_run_records_it_and_the_csv_compares_on_it(copy, tmp_path):
         "throwaway_knob", "lr", "weight_decay", "grad_clip", "lr_warmup_steps", "adam_beta1", "adam_beta2", "adam_eps"]
     proc = py(copy, f"""
         import json
-        from shardbench.suite import groups, metrics
+        from shardbench.suite.analyze import groups
+        from shardbench.suite.analyze import rows as metrics
         record = json.load(open({str(out / 'result.json')!r}))
         df = metrics.to_frame([record])
         assert df.loc[0, "throwaway_knob"] == 7

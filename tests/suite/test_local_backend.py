@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from tests.fsfaults import fill, tmpfs
-from shardbench.suite import events as ev
+from shardbench.suite.execute import events as ev
 from shardbench.suite.backends.local import LocalBackend
-from shardbench.suite.matrix import MatrixSpec, expand
+from shardbench.suite.matrix.expand import MatrixSpec, expand
 
 pytestmark = pytest.mark.slow
 
@@ -54,7 +54,7 @@ def has_progress(run_dir: Path) -> bool:
 
 def run_dir_for(tmp_path, spec) -> Path:
     run_dir = tmp_path / spec.run_id
-    run_dir.mkdir(parents=True)  # the runner makes it (shardbench.suite.store.ResultsDir.begin)
+    run_dir.mkdir(parents=True)  # the runner makes it (shardbench.suite.execute.store.ResultsDir.begin)
     return run_dir
 
 

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from tests.trainer.conftest import BIN, REPO, Run, cpu_env, free_port, run_trainer
-from shardbench.suite import analysis, report
-from shardbench.suite.synthetic import record
+from shardbench.suite.analyze import analysis
+from shardbench.suite.report import markdown as report
+from tests.synthetic import record
 
 COMMON = ["--model", "tiny", "--seq-len", "64", "--global-batch", "4", "--steps", "4", "--warmup-steps", "1",
           "--precision", "fp32", "--lr", "1e-3", "--lr-warmup-steps", "1"]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from shardbench.suite import safe_yaml
+from shardbench.suite.matrix import safe_yaml
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -18,7 +18,7 @@ def _bomb() -> str:
     lines = ['a0: &a0 ["ddp","ddp","ddp","ddp","ddp","ddp","ddp","ddp","ddp"]']
     for i in range(1, 9):
         lines.append(f"a{i}: &a{i} [" + ",".join([f"*a{i - 1}"] * 9) + "]")
-    return "options:\n" + "\n".join("  " + line for line in lines) + "\nstrategies: *a8\n"
+    return "overrides:\n" + "\n".join("  " + line for line in lines) + "\nstrategies: *a8\n"
 
 
 HOSTILE = {
@@ -26,7 +26,7 @@ HOSTILE = {
     "deep-nesting": "results: " + "[" * 5000 + "]" * 5000 + "\n",
     "nesting-past-the-limit": "results: " + "[" * 40 + "]" * 40 + "\n",
     "self-referencing-anchor": "strategies: &s [ddp, *s]\n",
-    "self-referencing-mapping": "options: &o {lr: 0.1, again: *o}\n",
+    "self-referencing-mapping": "overrides: &o {lr: 0.1, again: *o}\n",
     "nul-byte": "strategies: [ddp]\nresults: res\0ults\n",
     "escaped-nul-in-results": 'strategies: [ddp]\nresults: "res\\0ults"\n',
 }
@@ -85,9 +85,9 @@ def test_malformed_values_are_one_line_naming_the_problem_and_exit_2(tmp_path, n
 
 
 def test_a_bound_names_the_file_only_for_a_value_the_file_set(tmp_path):
-    """A value under `options:` names the file too; one a flag set (or overrode) does not."""
+    """A value under `overrides:` names the file too; one a flag set (or overrode) does not."""
     path = tmp_path / "m.yaml"
-    path.write_text("strategies: [ddp]\nmicro_batch: 100000\noptions:\n  n_embd: [64, 100000]\n")
+    path.write_text("strategies: [ddp]\nmicro_batch: 100000\noverrides:\n  n_embd: [64, 100000]\n")
     proc = subprocess.run([sys.executable, "-m", "shardbench.suite.cli", "run", "--matrix", str(path), "--dry-run",
                            "--no-plan", "--set", "seed=99999999999"], cwd=REPO, capture_output=True, text=True,
                           timeout=60)

@@ -10,7 +10,7 @@ import pytest
 
 from shardbench.trainer import contract
 from shardbench.trainer.config import parse_args
-from shardbench.suite.matrix import (DEFAULT_MATRIX, MatrixSpec, expand, load_matrix, matrix_from_dict,
+from shardbench.suite.matrix.expand import (DEFAULT_MATRIX, MatrixSpec, expand, load_matrix, matrix_from_dict,
                               run_count, save_matrix)
 
 
@@ -44,7 +44,7 @@ def test_expand_ids_order_and_trainer_args(tmp_path):
 
 def test_trainer_args_parse_back_into_the_config_the_id_was_made_from(tmp_path):
     """The suite's config id is the one the trainer computes from the flags it is given."""
-    m = MatrixSpec(strategies=["fsdp"], world_sizes=[2], options={"activation_checkpointing": True,
+    m = MatrixSpec(strategies=["fsdp"], world_sizes=[2], overrides={"activation_checkpointing": True,
                                                                   "lr": 3e-4})
     (spec,), errors = expand(m)
     assert errors == []
@@ -57,7 +57,7 @@ def test_trainer_args_parse_back_into_the_config_the_id_was_made_from(tmp_path):
 
 @pytest.mark.parametrize("change", [
     {"launcher": "deepspeed"}, {"model": "gpt2-124m"}, {"precision": "bf16"}, {"steps": 11},
-    {"seed": 7}, {"options": {"lr": 1e-3}}, {"options": {"activation_checkpointing": True}},
+    {"seed": 7}, {"overrides": {"lr": 1e-3}}, {"overrides": {"activation_checkpointing": True}},
     {"device": "cuda"}, {"shape": "gpu8"},
 ])
 def test_runs_that_measure_different_things_never_share_an_id(change):
@@ -79,7 +79,7 @@ def test_any_trainer_knob_sweeps_as_an_axis():
     specs, errors = expand(m)
     assert errors == [] and len(specs) == 2 == run_count(m)
     assert [s.config.activation_checkpointing for s in specs] == [False, True]
-    assert [dict(s.options) for s in specs] == [{}, {"activation_checkpointing": True}]  # knobs off their default
+    assert [dict(s.extra_knobs) for s in specs] == [{}, {"activation_checkpointing": True}]  # knobs off their default
     assert "--activation-checkpointing" in specs[1].trainer_args()
 
 
@@ -101,7 +101,7 @@ def test_any_trainer_knob_sweeps_as_an_axis():
     ({"precision": "fp16", "device": "cpu"}, "precision fp16 needs a CUDA GPU"),
     ({"repeats": 0}, "repeats must be a positive integer"),
     ({"timeout_s": float("nan")}, "timeout_s must be a positive number"),
-    ({"options": {"lr": float("inf")}}, "lr must be a finite number, got inf"),
+    ({"overrides": {"lr": float("inf")}}, "lr must be a finite number, got inf"),
 ])
 def test_invalid_values_are_reported_one_line_each(change, message):
     specs, errors = expand(MatrixSpec(**change))
@@ -119,7 +119,7 @@ def test_kubernetes_spans_nodes_in_whole_gpus_per_node():
 
 
 def test_yaml_round_trip_and_unknown_keys(tmp_path):
-    m = MatrixSpec(strategies=["fsdp"], world_sizes=[2], repeats=3, options={"compile": True})
+    m = MatrixSpec(strategies=["fsdp"], world_sizes=[2], repeats=3, overrides={"compile": True})
     path = tmp_path / "m.yaml"
     save_matrix(m, path)
     assert "compile: true" in path.read_text()  # a trainer knob is a top-level key
@@ -157,7 +157,7 @@ def test_default_matrix_is_every_strategy_at_1_and_2_with_repeats():
 
 
 def test_matrix_import_stays_cheap():
-    code = "import sys, shardbench.suite.matrix, shardbench.suite.events, shardbench.suite.backends.base; print('torch' in sys.modules)"
+    code = "import sys, shardbench.suite.matrix.expand, shardbench.suite.execute.events, shardbench.suite.backends.interface; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
 
@@ -174,7 +174,7 @@ def test_cli_rejects_bad_matrix_before_running(tmp_path):
 def test_every_values_file_reads_as_a_shape():
     from pathlib import Path
 
-    from shardbench.suite.matrix import load_shape
+    from shardbench.suite.matrix.expand import load_shape
 
     directory = Path(__file__).resolve().parents[2] / "values"
     files = sorted(directory.glob("*.yaml"))
@@ -186,7 +186,7 @@ def test_every_values_file_reads_as_a_shape():
 
 
 def test_a_gpu_shape_on_this_machine_without_a_gpu_is_refused(monkeypatch):
-    import shardbench.suite.matrix as matrix
+    import shardbench.suite.matrix.expand as matrix
 
     monkeypatch.setattr(matrix, "local_gpu_count", lambda: 0)  # what /proc/driver/nvidia says here
     specs, errors = expand(MatrixSpec(shape="gpu2", strategies=["ddp"], world_sizes=[1]))
@@ -231,7 +231,7 @@ def test_ray_cluster_is_a_matrix_setting_that_lays_ray_runs_out_on_the_cluster(t
         "shape:\n  name: h100\n  gpusPerNode: 8\n  peakTflopsBf16: 989\n"
         "run:\n  model: gpt2-124m\n  seqLen: 1024\n  precision: bf16\n  device: cuda\n  steps: 40\n")
     monkeypatch.setenv("SHARDBENCH_VALUES_DIR", str(tmp_path))
-    import shardbench.suite.matrix as matrix
+    import shardbench.suite.matrix.expand as matrix
 
     monkeypatch.setattr(matrix, "local_gpu_count", lambda: 0)
     ray = {"strategies": ["ddp"], "world_sizes": [16], "backend": "ray", "shape": "h100", "device": "cuda",

@@ -8,8 +8,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from shardbench.suite import analysis, metrics, stats
-from shardbench.suite.synthetic import record
+from shardbench.suite.analyze import analysis
+from shardbench.suite.analyze import losscheck
+from shardbench.suite.analyze import rows as metrics
+from shardbench.suite.analyze import stats
+from tests.synthetic import record
 
 
 def rid(strategy, world, seq_len=64, repeat=0):
@@ -160,7 +163,7 @@ def test_find_result_sets_below_a_dir(tmp_path):
 
 
 def test_csv_has_one_row_per_record_and_every_documented_column(tmp_path):
-    from shardbench.suite.report import report_from_records
+    from shardbench.suite.report.markdown import report_from_records
 
     report_from_records([record("ddp", 1, 100.0), record("zero3", 2, 150.0, status="oom")], tmp_path, tmp_path)
     back = pd.read_csv(tmp_path / "metrics.csv")
@@ -174,8 +177,8 @@ def test_csv_has_one_row_per_record_and_every_documented_column(tmp_path):
 
 
 def test_loss_tolerance_follows_precision_and_gradient_reduction():
-    assert analysis.loss_tolerance("fp32") == 1e-4 and analysis.loss_tolerance("fp32", "fp32") == 1e-4
-    assert analysis.loss_tolerance("bf16", "fp32") == 3e-4 and analysis.loss_tolerance("fp32", "bf16") == 3e-4
+    assert losscheck.loss_tolerance("fp32") == 1e-4 and losscheck.loss_tolerance("fp32", "fp32") == 1e-4
+    assert losscheck.loss_tolerance("bf16", "fp32") == 3e-4 and losscheck.loss_tolerance("fp32", "bf16") == 3e-4
     # a bf16-reduced fp32 run is its own trajectory group, not a broken member of the fp32 one
     fp32 = [record("ddp", 2, 1000.0, repeat=i, loss_per_step=[9.0, 8.5], grad_reduce_dtype="fp32") for i in range(2)]
     bf16 = [record("zero2", 2, 1000.0, loss_per_step=[9.0, 8.51], grad_reduce_dtype="bf16")]
@@ -189,8 +192,8 @@ def test_a_fifo_or_a_symlink_to_dev_zero_is_a_row_with_the_reason_not_a_hang(tmp
     a symlink to /dev/zero ate memory until MemoryError."""
     import os
 
-    from shardbench.suite.metrics import load_records
-    from shardbench.suite.synthetic import record
+    from shardbench.suite.analyze.rows import load_records
+    from tests.synthetic import record
 
     (tmp_path / "good").mkdir()
     (tmp_path / "good" / "result.json").write_text(json.dumps(record("ddp", 1, 100.0)))
@@ -202,7 +205,7 @@ def test_a_fifo_or_a_symlink_to_dev_zero_is_a_row_with_the_reason_not_a_hang(tmp
     assert rows["good"]["status"] == "ok"
     assert rows["fifo"]["status"] == "unreadable" and "not a regular file (a FIFO)" in rows["fifo"]["error"]
     assert rows["zero"]["status"] == "unreadable" and "a character device via a symlink" in rows["zero"]["error"]
-    from shardbench.suite.store import read_json
+    from shardbench.suite.execute.store import read_json
 
     with pytest.raises(ValueError, match="not a regular file"):  # resume reads it too
         read_json(tmp_path / "fifo" / "result.json")

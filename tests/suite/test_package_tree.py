@@ -1,7 +1,9 @@
 """The committed shardbench/ folder (issue 27): its subpackages are the checkout's top-level
 folders as relative symlinks, so `shardbench.*` resolves from a plain checkout. A second checkout
 on PYTHONPATH runs its own code under `python -m shardbench...` (it ran the installed checkout's
-before), and the wheel built from the tree holds the packages with their data files."""
+before), and the wheel built from the tree holds the packages with their data files. The tree
+shows the architecture: one module file name per module across the project, and suite/ as one
+subpackage per concern (matrix, execute, faults, analyze, report, tune, cli, backends)."""
 from __future__ import annotations
 
 import os
@@ -13,6 +15,36 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("trainer", "suite", "tui")
+SOURCE_DIRS = (*PACKAGES, "tests", "scripts", "benchmarks")
+SHARED_NAMES = {"__init__.py", "__main__.py", "conftest.py"}
+"""File names every package or test folder may have: package markers and pytest's per-folder file."""
+PENDING = {"layout.py": ["trainer/parallel/layout.py", "trainer/plan/layout.py"],
+           "mesh.py": ["trainer/parallel/mesh.py", "trainer/plan/mesh.py"]}
+"""Repeats left while other work in trainer/plan was open when suite/ was split (issue 27): the
+planner's files get names of their own next; the test fails once they have (then empty this)."""
+
+
+def test_no_module_file_name_repeats():
+    """A module's file name says which module it is (a traceback, grep, an editor's tabs): two
+    metrics.py or two faults.py read as one. Rename the newer one to say what it is."""
+    where: dict[str, list[str]] = {}
+    for folder in SOURCE_DIRS:
+        for path in sorted((REPO / folder).rglob("*.py")):
+            if path.name not in SHARED_NAMES and "__pycache__" not in path.parts:
+                where.setdefault(path.name, []).append(path.relative_to(REPO).as_posix())
+    repeated = {name: paths for name, paths in where.items() if len(paths) > 1}
+    assert repeated == PENDING, {name: paths for name, paths in repeated.items() if PENDING.get(name) != paths}
+
+
+def test_suite_is_one_subpackage_per_concern():
+    """No module sits flat at suite/'s top (its entry points are `python -m shardbench.suite.cli`,
+    suite/cli/__main__.py, and the console script's suite/cli/commands.py); every folder of
+    modules is a package."""
+    suite = REPO / "suite"
+    assert sorted(p.name for p in suite.glob("*.py")) == ["__init__.py"]
+    for folder in suite.rglob("*"):
+        if folder.is_dir() and any(folder.glob("*.py")):
+            assert (folder / "__init__.py").is_file(), folder
 
 
 def test_the_package_folder_links_every_top_level_package():
@@ -58,7 +90,7 @@ def test_the_wheel_holds_the_packages_and_their_data(tmp_path):
     (wheel,) = (tmp_path / "dist").glob("shardbench-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     for path in ("shardbench/__init__.py", "shardbench/trainer/config.py", "shardbench/trainer/plan/trace.py",
-                 "shardbench/suite/cli.py", "shardbench/suite/backends/kube/helm.py", "shardbench/tui/app/main.py",
+                 "shardbench/suite/cli/commands.py", "shardbench/suite/backends/kube/helm.py", "shardbench/tui/app/main.py",
                  "shardbench/trainer/ds_configs/zero3.json", "shardbench/trainer/schema/result.schema.json",
                  "shardbench/suite/matrices/default.yaml", "shardbench/tui/app/app.tcss"):
         assert path in names, path

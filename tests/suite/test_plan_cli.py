@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from shardbench.suite.cli import build_parser, main
+from shardbench.suite.cli.commands import build_parser, main
 
 SMALL = ["--strategies", "ddp", "--world-sizes", "2", "--model", "tiny", "--n-layer", "1", "--seq-len", "16",
          "--micro-batch", "1"]

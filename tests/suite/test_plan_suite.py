@@ -8,9 +8,9 @@ import json
 import pytest
 
 from tests.suite.test_runner import no_launchers, specs
-from shardbench.suite import plan_report
-from shardbench.suite.planning import over_memory, plan_input
-from shardbench.suite.runner import Runner
+from shardbench.suite.report import plan_section as plan_report
+from shardbench.suite.matrix.planning import over_memory, plan_input
+from shardbench.suite.execute.runner import Runner
 
 PRED = {"input": {"strategy": "ddp", "world_size": 2, "model": "tiny", "seq_len": 64, "micro_batch": 2,
                   "grad_accum": 1, "precision": "fp32", "device": "cpu"},
@@ -83,7 +83,7 @@ def test_plan_input_resolves_auto_device_and_precision():
 def test_strict_refuses_a_matrix_with_a_run_predicted_over_memory(tmp_path, capsys):
     """gpt2-1.3b widened to 48 layers (2.6 B params, 16 B/param under DDP = 39 GiB of state) on
     one 24 GiB A10 (a cluster matrix: refused before any cluster is contacted), with the reason."""
-    from shardbench.suite.cli import main
+    from shardbench.suite.cli.commands import main
 
     code = main(["run", "--shape", "a10", "--model", "gpt2-1.3b", "--set", "n_layer=48", "--seq-lens", "128",
                  "--micro-batch", "1", "--strategies", "ddp", "--world-sizes", "1", "--device", "cpu",
@@ -105,7 +105,7 @@ def test_preflight_busbw_replaces_the_assumed_link_bandwidth(tmp_path, capsys):
     from pathlib import Path
 
     from tests.trainer.conftest import cpu_env
-    from shardbench.suite.cli import main
+    from shardbench.suite.cli.commands import main
 
     repo = Path(__file__).resolve().parents[2]
     torchrun = Path(sys.executable).parent / "torchrun"
@@ -141,7 +141,8 @@ class _CountingList(list):
 def test_plan_rows_read_the_records_a_fixed_number_of_times():
     """The plan section's calibration looks bases up in an index built once: the number of passes
     over the records does not grow with the records (it was one pass per record: quadratic)."""
-    from shardbench.suite import plan_report, synthetic
+    from shardbench.suite.report import plan_section as plan_report
+    from tests import synthetic
 
     passes = []
     for n in (20, 80):

@@ -15,11 +15,11 @@ import pytest
 pytest.importorskip("ray")
 
 from tests.suite.test_local_backend import processes_mentioning  # noqa: E402
-from shardbench.suite import events as ev  # noqa: E402
+from shardbench.suite.execute import events as ev  # noqa: E402
 from shardbench.suite.backends import get_backend  # noqa: E402
-from shardbench.suite.matrix import expand, matrix_from_dict  # noqa: E402
-from shardbench.suite.runner import Runner  # noqa: E402
-from shardbench.suite.startup import StampClock  # noqa: E402
+from shardbench.suite.matrix.expand import expand, matrix_from_dict  # noqa: E402
+from shardbench.suite.execute.runner import Runner  # noqa: E402
+from shardbench.suite.execute.startup import StampClock  # noqa: E402
 
 pytestmark = pytest.mark.slow
 BASE = {"strategies": ["ddp"], "world_sizes": [2], "seq_lens": [32], "steps": 8, "warmup_steps": 1,
@@ -67,7 +67,7 @@ def test_ray_run_matches_torchrun(runs):
         assert abs(x - y) <= 1e-6 * abs(y), f"step {step}: ray {x} vs torchrun {y}"
     # The launcher's start-up is measured for both: Ray starts a cluster and actors first.
     assert ray["launcher_startup_s"] > 0 and torch["launcher_startup_s"] > 0
-    # On a cluster it is read from the driver's and ranks' start stamps (suite/startup.py): here
+    # On a cluster it is read from the driver's and ranks' start stamps (suite/execute/startup.py): here
     # they are of the same processes, so both readings of the same two instants agree (up to the
     # clock reads: 10 ms ticks, a read of /proc/uptime; 0.2 s leaves room on a loaded host).
     clock = StampClock(2)

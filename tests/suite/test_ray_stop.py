@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("ray")
 
-from shardbench.suite import events as ev  # noqa: E402
+from shardbench.suite.execute import events as ev  # noqa: E402
 from shardbench.suite.backends import get_backend  # noqa: E402
 from tests.suite.test_ray_backend import assert_nothing_left, ray_temp_dir, specs  # noqa: E402
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from shardbench.suite.report import build_report
-from shardbench.suite.synthetic import record
+from shardbench.suite.report.markdown import build_report
+from tests.synthetic import record
 
 GIB = 2 ** 30
 REF_LOSS = [9.0, 8.5, 8.2, 8.1, 8.05, 8.03]
@@ -38,7 +38,7 @@ def reps(strategy: str, world: int, values: list[float], **kw) -> list[dict]:
 
 def metrics_name(strategy: str, world: int = 2) -> str:
     """The configuration name the report shows for a synthetic record (its run id without -rN)."""
-    from shardbench.suite.metrics import without_repeat
+    from shardbench.suite.analyze.rows import without_repeat
     return without_repeat(record(strategy, world)["run_id"])
 
 
@@ -231,7 +231,7 @@ def test_bad_records_are_rows_with_reasons_and_never_crash(tmp_path):
 
 def test_results_screen_data_shows_unreadable_rows(tmp_path):
     from shardbench.tui.app.results_model import compute
-    from shardbench.suite.metrics import load_records
+    from shardbench.suite.analyze.rows import load_records
 
     results = tmp_path / "results"
     bad_files(results)
@@ -289,7 +289,8 @@ def test_end_to_end_real_runs_loss_check(tmp_path):
 
 
 def test_plot_error_bars_are_the_95_intervals(tmp_path):
-    from shardbench.suite import analysis, plots
+    from shardbench.suite.analyze import analysis
+    from shardbench.suite.report import plots
 
     an = analysis.analyze(reps("ddp", 1, [900.0, 1000.0, 1100.0]) + reps("ddp", 2, [1900.0, 2000.0, 2100.0])
                           + [record("zero3", 2, 1500.0)])
@@ -306,7 +307,7 @@ def test_plot_error_bars_are_the_95_intervals(tmp_path):
 
 def test_results_screen_rows_have_unique_keys_when_names_repeat(tmp_path):
     from shardbench.tui.app.results_model import compute
-    from shardbench.suite.metrics import load_records
+    from shardbench.suite.analyze.rows import load_records
 
     same = record("ddp", 1, 1000.0, run_id="my-run")  # hand-named runs, no repeat suffix
     write(tmp_path, [same])
@@ -322,8 +323,8 @@ def test_more_configurations_than_a_legend_still_draw_every_plot(tmp_path):
     """Past MAX_LEGEND lines the plots draw collections (plots._draw_many), and the per-rank bar
     plots show the first MAX_CURVES configurations: the merged report once failed here on
     four-value points ("too many values to unpack") and drew a figure as wide as every config."""
-    from shardbench.suite.plots import MAX_LEGEND
-    from shardbench.suite.plots_runs import MAX_CURVES, PEAK_PLOT, STATE_PLOT
+    from shardbench.suite.report.plots import MAX_LEGEND
+    from shardbench.suite.report.run_plots import MAX_CURVES, PEAK_PLOT, STATE_PLOT
 
     records = [r for seq in range(32, 32 * (MAX_LEGEND + 3), 32) for world in (1, 2)
                for r in reps("ddp", world, [1000.0 * world, 1040.0 * world], seq_len=seq)]

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from shardbench.suite.cli import build_parser, effective_matrix, main
-from shardbench.suite.matrix import expand
+from shardbench.suite.cli.commands import build_parser, effective_matrix, main
+from shardbench.suite.matrix.expand import expand
 from tests.fsfaults import tmpfs
 from tests.suite.test_runner import finish
 
@@ -16,7 +16,7 @@ ARGS = ["--strategies", "ddp", "--world-sizes", "1,2", "--repeats", "1", "--devi
 
 
 def test_a_read_only_results_dir_is_refused_before_planning(tmp_path, monkeypatch, capsys):
-    import shardbench.suite.planning as planning
+    import shardbench.suite.matrix.planning as planning
 
     def no_planning(*_a, **_k):
         raise AssertionError("planned before the results dir was checked")
@@ -45,8 +45,8 @@ def test_dry_run_says_what_force_would_re_measure(tmp_path, capsys):
 
 
 def test_compare_hint_is_a_whole_command(tmp_path):
-    from shardbench.suite.compare import compare_dirs, text
-    from shardbench.suite.synthetic import record
+    from shardbench.suite.cli.compare import compare_dirs, text
+    from tests.synthetic import record
 
     def side(name: str, load: float) -> Path:
         d = tmp_path / name

@@ -18,12 +18,12 @@ import pytest
 from tests.fsfaults import fill, tmpfs
 from shardbench.trainer import contract
 from shardbench.trainer.record import write_atomic
-from shardbench.suite import events as ev
-from shardbench.suite import synthetic
+from shardbench.suite.execute import events as ev
+from tests import synthetic
 from shardbench.suite.backends.local import LocalBackend
-from shardbench.suite.matrix import MatrixSpec, expand
-from shardbench.suite.runner import Runner, interleaved, run_matrix
-from shardbench.suite.store import LOCK_NAME, ResultsDir, ResultsDirError
+from shardbench.suite.matrix.expand import MatrixSpec, expand
+from shardbench.suite.execute.runner import Runner, interleaved, run_matrix
+from shardbench.suite.execute.store import LOCK_NAME, ResultsDir, ResultsDirError
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -74,7 +74,7 @@ def test_repeats_are_interleaved_in_a_seeded_shuffle(tmp_path):
     logged = json.loads((tmp_path / "order.jsonl").read_text().splitlines()[-1])
     assert logged["order_seed"] == 7 and logged["order"] == [r["run_id"] for r in records]
     assert [e.run_id for e in seen if isinstance(e, ev.RunQueued)] == logged["order"]
-    assert all(isinstance(e, ev.SuiteEvent) for e in seen)
+    assert all(isinstance(e, ev.Event) for e in seen)
 
 
 # -- the results directory --------------------------------------------------------------------
@@ -243,7 +243,7 @@ def test_cli_exit_1_when_some_run_failed_and_the_summary_lists_every_run(tmp_pat
     and both are in the summary (kept runs used to be left out when the matrix died)."""
     args = ["--strategies", "ddp", "--world-sizes", "1,2", "--repeats", "1", "--device", "cpu",
             "--precision", "fp32", "--launcher", "mpirun"]
-    from shardbench.suite.cli import build_parser, effective_matrix
+    from shardbench.suite.cli.commands import build_parser, effective_matrix
 
     s, errors = expand(effective_matrix(build_parser().parse_args(["run", "--results", str(tmp_path), *args])))
     assert not errors and len(s) == 2
@@ -259,7 +259,7 @@ def test_cli_exit_1_when_some_run_failed_and_the_summary_lists_every_run(tmp_pat
 def test_a_cancelled_re_measure_keeps_the_good_result(tmp_path):
     """Issue 32: ctrl+f then cancel at once left the run "cancelled" with its ok result moved to
     attempts/. Now the ok result is the run's again and the cancelled attempt is kept aside."""
-    from shardbench.suite.collect import failed_record
+    from shardbench.suite.execute.collect import failed_record
 
     class WaitsForCancel:
         name = "waits"
@@ -277,5 +277,5 @@ def test_a_cancelled_re_measure_keeps_the_good_result(tmp_path):
     run_dir = tmp_path / s[0].run_id
     assert json.loads((run_dir / "result.json").read_text()) == old
     assert json.loads((run_dir / "attempts" / "1" / "result.json").read_text())["status"] == "cancelled"
-    from shardbench.suite.store import ResultsDir
+    from shardbench.suite.execute.store import ResultsDir
     assert ResultsDir(tmp_path).trusted(s[0])[0] == old  # resume keeps it

@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import pandas as pd
 
-from shardbench.suite import analysis, plots, report
-from shardbench.suite.synthetic import record
+from shardbench.suite.analyze import analysis
+from shardbench.suite.report import plots
+from shardbench.suite.report import markdown as report
+from tests.synthetic import record
 
 
 def test_one_world_size_has_no_efficiency_and_no_plot_point(tmp_path):

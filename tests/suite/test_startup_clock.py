@@ -8,9 +8,9 @@ import subprocess
 import time
 from types import SimpleNamespace
 
-from shardbench.suite.fault_procs import _cmdline, _is_rank
-from shardbench.suite.procs import _stat_fields
-from shardbench.suite.startup import StartupClock
+from shardbench.suite.faults.targets import _cmdline, _is_rank
+from shardbench.suite.execute.procs import _stat_fields
+from shardbench.suite.execute.startup import StartupClock
 
 
 def test_a_process_gone_before_it_was_read_is_not_a_rank_and_does_not_stop_the_clock():
@@ -43,7 +43,7 @@ def test_a_rank_read_before_its_exec_is_counted_once_it_execs():
     it then, settled it as "not a rank" and the run's start-up time came out None (CI: torchrun)."""
     import sys
 
-    from shardbench.suite.procs import ProcessTree
+    from shardbench.suite.execute.procs import ProcessTree
     script = ("import os, sys, time\n"
               "pid = os.fork()\n"
               "if pid == 0:\n"

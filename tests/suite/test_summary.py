@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from shardbench.suite import analysis, summary
-from shardbench.suite.report import build_report
-from shardbench.suite.synthetic import record
+from shardbench.suite.analyze import analysis
+from shardbench.suite.report import summary
+from shardbench.suite.report.markdown import build_report
+from tests.synthetic import record
 
 MIB = 2 ** 20
 
@@ -89,8 +90,8 @@ def test_run_cli_ends_by_printing_the_summary(tmp_path):
     import subprocess
     import sys
 
-    from shardbench.suite.cli import build_parser, effective_matrix
-    from shardbench.suite.matrix import expand
+    from shardbench.suite.cli.commands import build_parser, effective_matrix
+    from shardbench.suite.matrix.expand import expand
     from tests.suite.test_runner import finish, ok_record_for
 
     args = ["--strategies", "ddp,zero3", "--world-sizes", "1", "--repeats", "2", "--device", "cpu",
@@ -112,7 +113,7 @@ def test_run_cli_ends_by_printing_the_summary(tmp_path):
 
 
 def test_group_labels_show_readable_values():
-    from shardbench.suite import groups
+    from shardbench.suite.analyze import groups
 
     an = analysis.analyze(one_device())
     c = an.configs[0]
@@ -162,7 +163,7 @@ def noisy() -> list[dict]:
 def test_plots_use_a_log_axis_clip_wide_intervals_and_mark_flagged_points(tmp_path):
     import matplotlib.pyplot as plt
 
-    from shardbench.suite import plots
+    from shardbench.suite.report import plots
 
     an = analysis.analyze(noisy())
     fsdp = next(c for c in an.configs if c.strategy == "fsdp")

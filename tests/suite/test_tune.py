@@ -10,10 +10,10 @@ import pytest
 pytest.importorskip("optuna")
 
 from shardbench.trainer.config import RunConfig  # noqa: E402
-from shardbench.suite.cli import main  # noqa: E402
-from shardbench.suite.matrix import expand, load_matrix  # noqa: E402
-from shardbench.suite.planning import peak_bytes_per_rank  # noqa: E402
-from shardbench.suite.tune import search_space  # noqa: E402
+from shardbench.suite.cli.commands import main  # noqa: E402
+from shardbench.suite.matrix.expand import expand, load_matrix  # noqa: E402
+from shardbench.suite.matrix.planning import peak_bytes_per_rank  # noqa: E402
+from shardbench.suite.tune.tuner import search_space  # noqa: E402
 
 BASE = ["--world-sizes", "1", "--seq-lens", "32", "--steps", "5", "--warmup-steps", "2", "--micro-batch", "2",
         "--global-batch", "4", "--precision", "fp32", "--device", "cpu", "--shape", "cpu", "--repeats", "2"]
@@ -33,8 +33,8 @@ def test_grad_accum_is_searched_with_micro_batch_following(tmp_path, capsys):
     grad-accum is the per-rank batch, one axis: `--space grad_accum=[...]` searches it by its
     grad-accum (micro-batch follows). It used to be overwritten by the derived grad-accum, so a
     trial said grad_accum=4 and ran grad-accum 1."""
-    from shardbench.suite.matrix import MatrixSpec
-    from shardbench.suite.tune import Tuner
+    from shardbench.suite.matrix.expand import MatrixSpec
+    from shardbench.suite.tune.tuner import Tuner
 
     names = [k.name for k in search_space("ddp", 16, {"grad_accum": [1, 4]})]
     assert "grad_accum" in names and "micro_batch" not in names
@@ -95,7 +95,7 @@ def test_tune_two_strategies_rejects_over_the_limit_and_remeasures_the_best(tmp_
 
 
 def test_launcher_startup_and_tuned_sections_from_records(tmp_path):
-    from shardbench.suite.tune_report import markdown
+    from shardbench.suite.report.tune_section import markdown
 
     def rec(launcher, s, cid, tps):
         return {"status": "ok", "launcher": launcher, "launcher_startup_s": s, "tokens_per_s": tps,

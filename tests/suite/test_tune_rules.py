@@ -12,10 +12,10 @@ import pytest
 
 pytest.importorskip("optuna")
 
-from shardbench.suite import events as ev  # noqa: E402
-from shardbench.suite import synthetic  # noqa: E402
-from shardbench.suite.matrix import MatrixSpec  # noqa: E402
-from shardbench.suite.tune import MIN_PRUNE_STEPS, Tuner, search_space, write_outputs  # noqa: E402
+from shardbench.suite.execute import events as ev  # noqa: E402
+from tests import synthetic  # noqa: E402
+from shardbench.suite.matrix.expand import MatrixSpec  # noqa: E402
+from shardbench.suite.tune.tuner import MIN_PRUNE_STEPS, Tuner, search_space, write_outputs  # noqa: E402
 from shardbench.trainer import contract  # noqa: E402
 
 MIB = 2 ** 20

@@ -1,7 +1,7 @@
 """Issue 18: verdicts that name real winners and compare like with like.
 
 The rules are checked by simulation through the real decision code (suite/verdicts.decide on
-analysis.Config objects, as analyze() builds them) and through reports of synthetic records.
+analysis.MeasuredConfig objects, as analyze() builds them) and through reports of synthetic records.
 Every random draw is seeded: the rates below are the same on every run."""
 from __future__ import annotations
 
@@ -9,15 +9,17 @@ import random
 
 import pytest
 
-from shardbench.suite import analysis, stats, verdicts
-from shardbench.suite.analysis import CATEGORIES, Config
-from shardbench.suite.synthetic import record
+from shardbench.suite.analyze import analysis
+from shardbench.suite.analyze import stats
+from shardbench.suite.analyze import verdicts
+from shardbench.suite.analyze.analysis import CATEGORIES, MeasuredConfig
+from tests.synthetic import record
 
 THROUGHPUT = CATEGORIES[0]
 
 
-def candidate(name: str, values: list[float]) -> Config:
-    c = Config({"strategy": name, "world_size": 2, "config_id": name}, [f"{name}-w2-r{i}" for i in range(len(values))])
+def candidate(name: str, values: list[float]) -> MeasuredConfig:
+    c = MeasuredConfig({"strategy": name, "world_size": 2, "config_id": name}, [f"{name}-w2-r{i}" for i in range(len(values))])
     c.est["tokens_per_s"] = stats.estimate(values)
     flag = verdicts.noise_flag(c.est["tokens_per_s"])
     c.flags = [flag] if flag else []

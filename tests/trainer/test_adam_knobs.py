@@ -14,7 +14,7 @@ from shardbench.trainer import rules
 from shardbench.trainer.config import RunConfig, parse_args
 from shardbench.trainer.dist_env import DistEnv
 from shardbench.trainer.strategies.base import Context, make_adamw
-from shardbench.suite.matrix import expand, matrix_from_dict
+from shardbench.suite.matrix.expand import expand, matrix_from_dict
 
 ROOT = Path(__file__).resolve().parents[2]
 

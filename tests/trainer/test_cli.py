@@ -119,7 +119,7 @@ def test_write_atomic_is_0644_and_leaves_no_temp_file_when_the_disk_is_full(tmp_
 
 
 def test_every_rank_stamps_its_process_start(tmp_path):
-    """A cluster run's launcher_startup_s ends at the last rank's stamp (suite/startup.py): the
+    """A cluster run's launcher_startup_s ends at the last rank's stamp (suite/execute/startup.py): the
     rank's process start, read from its own /proc, printed once the checks passed."""
     before = time.time()
     proc = subprocess.run([sys.executable, "-m", "shardbench.trainer", "--strategy", "ddp", "--steps", "3",

@@ -187,8 +187,8 @@ def test_the_trainer_refuses_impossible_degrees_in_one_line():
 
 
 def test_the_matrix_refuses_impossible_degrees_in_one_line():
-    from shardbench.suite.matrix import expand
-    from shardbench.suite.specs import MatrixSpec
+    from shardbench.suite.matrix.expand import expand
+    from shardbench.suite.matrix.specs import MatrixSpec
 
     specs, errors = expand(MatrixSpec(strategies=["fsdp"], world_sizes=[2], tp=[1, 4], steps=3, warmup_steps=1))
     assert specs == [] and errors == ["world size 2 is not divisible by tp 4 x dp_replicate 1 = 4: pick degrees "
@@ -199,7 +199,7 @@ def test_the_matrix_refuses_impossible_degrees_in_one_line():
 
 
 def test_the_layouts_matrix_expands_to_five_layouts_at_four_devices():
-    from shardbench.suite.matrix import expand, load_matrix
+    from shardbench.suite.matrix.expand import expand, load_matrix
 
     m = load_matrix(REPO / "suite" / "matrices" / "layouts-4dev.yaml")
     specs, errors = expand(m)
@@ -238,8 +238,8 @@ def test_a_fused_qkv_checkpoint_is_refused_in_one_line(tmp_path):
 def test_the_report_compares_layouts_in_one_group_named_with_their_degrees():
     """4-device layouts at one global batch are one comparison ("same settings except the
     layout", grad-accum following the data-parallel degree) and each is named with its degrees."""
-    from shardbench.suite import analysis
-    from shardbench.suite.synthetic import record
+    from shardbench.suite.analyze import analysis
+    from tests.synthetic import record
 
     made = [("ddp", 1, {}), ("fsdp", 1, {}), ("fsdp", 1, {"dp_replicate": 2}), ("fsdp", 2, {"tp": 2}),
             ("ddp", 2, {"tp": 2})]

@@ -149,7 +149,7 @@ def test_ddp_buckets_follow_torchs_own_count():
 def test_plan_cli_json_and_fit(capsys):
     """gpt2-1.3b on one 24 GiB A10 in bf16: DDP (16 B/param = 21 GiB of state, plus activations)
     does not fit, ZeRO-3 at 64 GPUs does."""
-    from shardbench.suite.cli import main
+    from shardbench.suite.cli.commands import main
 
     assert main(["plan", "--shape", "a10", "--model", "gpt2-1.3b", "--seq-len", "512", "--micro-batch", "1",
                  "--strategy", "ddp,zero3", "--world-size", "64", "--json"]) == 0
@@ -179,7 +179,7 @@ def test_1024_rank_plan_of_gpt2_1_3b():
     import time
 
     from shardbench.trainer.plan.predict import predict
-    from shardbench.suite.plan_cmd import shape_context
+    from shardbench.suite.cli.plan_cmd import shape_context
 
     _, mem, links = shape_context("h100")
     t0 = time.perf_counter()
@@ -197,8 +197,8 @@ def test_1024_rank_plan_of_gpt2_1_3b():
 
 @pytest.mark.slow
 def test_extrapolation_covers_every_gpu_shape_at_8_to_1024_gpus():
-    from shardbench.suite.matrix import values_dir
-    from shardbench.suite.plan_cmd import EXTRAPOLATE_WORLDS, extrapolation
+    from shardbench.suite.matrix.expand import values_dir
+    from shardbench.suite.cli.plan_cmd import EXTRAPOLATE_WORLDS, extrapolation
 
     text = "\n".join(extrapolation(["zero3"]))
     gpu_shapes = [p.stem for p in values_dir().glob("*.yaml") if p.stem != "cpu"]
@@ -214,7 +214,7 @@ def test_cpu_step_time_takes_gloos_measured_links_and_the_shared_machine():
     """values/cpu.yaml's measured figures reach the model: per-op busbw for gloo's all-gather
     (slower than its all-reduce), the measured alpha, and compute slowed when 2 ranks share the
     machine (not at 1 rank, not on a GPU)."""
-    from shardbench.suite.plan_cmd import shape_context
+    from shardbench.suite.cli.plan_cmd import shape_context
     from shardbench.trainer.plan.timing import step_time
 
     _, _, links = shape_context("cpu")
@@ -254,7 +254,7 @@ def test_reduce_buckets_pack_gradients_as_deepspeed_does():
 def test_step_time_counts_recompute_and_states_the_shapes_mfu():
     """Activation checkpointing's recompute (each block's forward again) is in the compute time,
     and the assumed MFU is the shape's measured figure (torchtitan's, per shape; was a fixed 40%)."""
-    from shardbench.suite.plan_cmd import shape_context
+    from shardbench.suite.cli.plan_cmd import shape_context
     from shardbench.trainer.plan import timing
 
     _, _, links = shape_context("h100")

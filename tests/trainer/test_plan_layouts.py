@@ -37,8 +37,8 @@ STARTS = re.compile(rf'startswith\(\s*"({NAMES})"')
 # The planner, the memory model (the contract's bytes by location, the counted state, the fit
 # check) and the verdict code (suite/analyze once split, suite/ before).
 NAME_FREE = ["trainer/plan/*.py", "trainer/contract.py", "trainer/metrics.py", "trainer/rules.py",
-             "suite/analyze/verdicts.py", "suite/analyze/columns.py", "suite/analyze/rows.py", "suite/verdicts.py",
-             "suite/record_readers.py", "suite/metrics.py", "suite/report/summary.py", "suite/summary.py"]
+             "suite/analyze/verdicts.py", "suite/analyze/columns.py", "suite/analyze/rows.py", "suite/analyze/verdicts.py",
+             "suite/analyze/columns.py", "suite/analyze/rows.py", "suite/report/summary.py", "suite/report/summary.py"]
 
 
 def strategy_name_tests(lines: list[str]) -> list[str]:
@@ -110,10 +110,10 @@ def test_an_offload_row_is_planned_by_where_its_state_lives(monkeypatch):
 SCRIPT = '''
 import json, sys
 import sb_offload_row  # the throwaway row, before anything reads the table
-from shardbench.suite.cli import main
-from shardbench.suite.matrix import MatrixSpec, expand
-from shardbench.suite.planning import plan_lines, predict_specs, unplanned
-from shardbench.suite.plan_report import markdown
+from shardbench.suite.cli.commands import main
+from shardbench.suite.matrix.expand import MatrixSpec, expand
+from shardbench.suite.matrix.planning import plan_lines, predict_specs, unplanned
+from shardbench.suite.report.plan_section import markdown
 
 print("EXIT", main(["plan", "--strategy", "fsdp-partial,zero2", "--world-size", "2"]))
 specs, errors = expand(MatrixSpec(strategies=["fsdp-partial", "zero2"], world_sizes=[2], steps=3, warmup_steps=1))

@@ -9,8 +9,8 @@ from textual.widgets import DataTable
 
 from shardbench.tui.app.app import BenchApp
 from shardbench.suite.backends import ClusterOptions
-from shardbench.suite.matrix import MatrixSpec, expand
-from shardbench.suite.metrics import without_repeat
+from shardbench.suite.matrix.expand import MatrixSpec, expand
+from shardbench.suite.analyze.rows import without_repeat
 
 from .conftest import settle
 from .kube_emulator import Emulator, add_pod, install_shims, serve_log, set_conditions, wait_for_mpijob, write_kubeconfig

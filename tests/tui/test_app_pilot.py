@@ -13,9 +13,9 @@ from textual.widgets import DataTable, Input, SelectionList, Static
 from shardbench.tui.app.app import BenchApp
 from shardbench.tui.app.screens.dialogs import Confirm
 from shardbench.tui.app.messages import SuiteEvent
-from shardbench.suite import events as ev
-from shardbench.suite.matrix import MatrixSpec, default_matrix, load_matrix
-from shardbench.suite.metrics import without_repeat
+from shardbench.suite.execute import events as ev
+from shardbench.suite.matrix.expand import MatrixSpec, default_matrix, load_matrix
+from shardbench.suite.analyze.rows import without_repeat
 
 from .conftest import FIXED_AVAILABILITY, rank_processes, settle, synthetic_record, write_results
 
@@ -283,7 +283,7 @@ async def test_logs_show_the_command_first_progress_compact_and_search_every_lin
 
 
 async def test_results_table_sorts_and_shows_the_reports_verdicts(tmp_path):
-    from shardbench.suite.synthetic import record
+    from tests.synthetic import record
 
     loss = [9.0, 8.5, 8.2, 8.1]
     recs = [record("ddp", 2, v, repeat=i, loss_per_step=loss, peak_memory_bytes=2 ** 29)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from shardbench.tui.app.board import RunBoard
-from shardbench.suite import events as ev
+from shardbench.suite.execute import events as ev
 
 
 def board_with(states: list[str]) -> RunBoard:

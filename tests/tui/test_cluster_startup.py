@@ -1,7 +1,7 @@
 """launcher_startup_s on the cluster, against the kmock emulator (only the Kubernetes API is
 emulated; helm 3, the chart, the client and the backend are real). The pods' /proc is out of the
 suite's reach there, so the interval is read from the start stamps in the job's log
-(suite/startup.py): the launch command's (the image's entrypoint as it execs the MPIJob's launch
+(suite/execute/startup.py): the launch command's (the image's entrypoint as it execs the MPIJob's launch
 command; the RayJob's driver) to the last rank's own process start. The test plays the MPI
 Operator / KubeRay and serves a log with those stamps, as the real entrypoint, driver and ranks
 print them (tests/chart/test_dockerfile.py and tests/trainer/test_cli.py check that they do)."""
@@ -12,7 +12,7 @@ import threading
 
 import pytest
 
-from shardbench.suite.startup import StampClock
+from shardbench.suite.execute.startup import StampClock
 
 from .kube_emulator import add_pod, serve_log, set_conditions, wait_for_mpijob
 from .test_kube_backend import backend, cluster, helm, launcher_log, run_in_thread, spec  # noqa: F401

@@ -5,8 +5,8 @@ from __future__ import annotations
 from shardbench.tui.app.app import BenchApp
 from shardbench.tui.app.screens.dialogs import Confirm
 from shardbench.trainer.record import write_atomic
-from shardbench.suite.matrix import MatrixSpec, expand
-from shardbench.suite.synthetic import record
+from shardbench.suite.matrix.expand import MatrixSpec, expand
+from tests.synthetic import record
 
 from .conftest import FIXED_AVAILABILITY, settle
 

@@ -23,8 +23,8 @@ from shardbench.suite.backends.kube import KubeBackend
 from shardbench.suite.backends.kube.diagnosis import job_phase, launcher_finished, pod_failure, pod_waiting
 from shardbench.suite.backends.kube.values import release_name, release_values
 from shardbench.suite.backends.kube.watch import LogCursor, split_stamp
-from shardbench.suite.events import RunLogLine, RunProgress, RunStateChanged
-from shardbench.suite.matrix import RunSpec
+from shardbench.suite.execute.events import RunLogLine, RunProgress, RunStateChanged
+from shardbench.suite.matrix.expand import RunSpec
 
 from .conftest import synthetic_record
 from .kube_emulator import (NAMESPACE, Emulator, PodLog, add_event, add_pod, collect_garbage, install_shims,
@@ -195,7 +195,7 @@ async def test_kill_rank_deletes_its_worker_pod_and_follows_the_retried_launcher
     fault fields the local fault wrapper fills."""
     emu, kubeconfig, helm = cluster
     s = replace(spec("ddp-w2-s64-mb4-ga1-kill-r0"), nodes=2, procs_per_node=1, fault="kill-rank:1@3",
-                max_restarts=2, options=(("checkpoint_every", 2),))
+                max_restarts=2, extra_knobs=(("checkpoint_every", 2),))
     final = record_for(s, 777.0)
     final["checkpoint"] = {"resumed_from_step": 2, "restarts": 1}
     retried_lines = [progress_line(i, s.steps) for i in range(3, s.steps + 1)] + [
@@ -576,13 +576,13 @@ def test_values_of_a_faulty_run_checkpoint_on_the_volume_and_retry_the_launcher(
     plain = release_values(spec())
     assert "checkpoint" not in plain and "runPolicy" not in plain and "persistence" not in plain
     faulty = release_values(replace(spec(), fault="kill-rank:1@3", max_restarts=3,
-                                    options=(("checkpoint_every", 2), ("grad_clip", 0.5))))
+                                    extra_knobs=(("checkpoint_every", 2), ("grad_clip", 0.5))))
     assert faulty["checkpoint"] == {"enabled": True, "every": 2} and faulty["persistence"]["enabled"]
     assert faulty["runPolicy"]["backoffLimit"] == 3
     # The chart passes --checkpoint-every with the volume's --checkpoint-dir; extraArgs does not repeat it.
     assert "--checkpoint-every" not in faulty["run"]["extraArgs"] and "--grad-clip" in faulty["run"]["extraArgs"]
     # checkpoint_every alone checkpoints on the volume too, without retrying a failed launcher.
-    saving = release_values(replace(spec(), options=(("checkpoint_every", 4),)))
+    saving = release_values(replace(spec(), extra_knobs=(("checkpoint_every", 4),)))
     assert saving["checkpoint"] == {"enabled": True, "every": 4} and "runPolicy" not in saving
 
 

@@ -126,8 +126,8 @@ def test_a_replacement_worker_is_judged_with_its_events_too(monkeypatch):
     """kill-rank's replacement pod: a 429 waits (None), a BackOff whose event says the tag is gone
     ends the run (the operator never recreates a failed worker)."""
     from shardbench.suite.backends.kube import api as kapi
-    from shardbench.suite.backends.kube import faults
-    from shardbench.suite.fault_grammar import parse_fault
+    from shardbench.suite.backends.kube import pod_faults as faults
+    from shardbench.suite.faults.grammar import parse_fault
 
     events: list[dict] = []
     pod = {"metadata": {"name": "w-1"}, "status": waiting("ImagePullBackOff", f'Back-off pulling image "{IMAGE}"')}

@@ -15,7 +15,7 @@ import pytest
 from shardbench.suite.backends import ClusterOptions
 from shardbench.suite.backends.kube.backend import WORKERS_READY, WORKERS_WAITING
 from shardbench.suite.backends.kube.overrides import ImageChoice, attempt_values, image_choice
-from shardbench.suite.cli import main as shardbench
+from shardbench.suite.cli.commands import main as shardbench
 
 from .kube_emulator import (NAMESPACE, PodLog, add_event, add_pod, mpijobs, set_conditions, set_pod_status,
                             wait_for_mpijob)
@@ -29,7 +29,7 @@ IMAGE = "registry.example.com/team/shardbench:0.2.0-cu126"
 
 def checkpointing(run_id: str = "ddp-w2-s64-mb4-ga1-r0"):
     """Two workers (nodes) that checkpoint on the results volume."""
-    return replace(spec(run_id), nodes=2, procs_per_node=1, options=(("checkpoint_every", 2),))
+    return replace(spec(run_id), nodes=2, procs_per_node=1, extra_knobs=(("checkpoint_every", 2),))
 
 
 def pull_failure(emu, job: str, image: str) -> str:
@@ -234,7 +234,7 @@ async def test_a_replacement_worker_that_fails_after_kill_rank_ends_the_run(clus
 def test_image_flags_are_cluster_options_of_both_clis():
     from shardbench.tui.app.main import parse_args
     from shardbench.suite.backends import cluster_options, get_backend
-    from shardbench.suite.cli import build_parser
+    from shardbench.suite.cli.commands import build_parser
 
     for args in (parse_args(["--image", IMAGE, "--image-pull-policy", "Never", "--resume-checkpoints"]),
                  build_parser().parse_args(["run", "--image", IMAGE, "--image-pull-policy", "Never",

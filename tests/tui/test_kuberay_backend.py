@@ -159,7 +159,7 @@ async def test_kill_rank_deletes_the_pod_ray_put_the_rank_on_and_the_driver_rela
     One record comes back with the fault fields a local ray run gets."""
     emu, kubeconfig = cluster
     s = replace(ray_spec(), nodes=2, procs_per_node=1, fault="kill-rank:1@3", max_restarts=2,
-                options=(("checkpoint_every", 2),))
+                extra_knobs=(("checkpoint_every", 2),))
     final = record_for(s, 321.0)
     final["checkpoint"] = {"resumed_from_step": 2, "restarts": 1}
     driver = lambda line: line.split(":", 1)[1] if line.startswith("[1,") else line  # noqa: E731 - unprefixed

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shutil
 
-from shardbench.suite.matrix import DEFAULT_MATRIX
+from shardbench.suite.matrix.expand import DEFAULT_MATRIX
 from shardbench.tui.app import app as app_mod
 from shardbench.tui.app.main import main
 from shardbench.tui.app.matrix_plan import benchtui_results

@@ -12,8 +12,8 @@ from textual.widgets import DataTable, Input, Static
 
 from shardbench.tui.app.app import BenchApp
 from shardbench.tui.app.main import parse_args
-from shardbench.suite.matrix import MatrixSpec, default_matrix, expand
-from shardbench.suite.synthetic import record
+from shardbench.suite.matrix.expand import MatrixSpec, default_matrix, expand
+from tests.synthetic import record
 
 from .conftest import FIXED_AVAILABILITY, settle, write_results
 from .test_app_pilot import wait_until
@@ -182,7 +182,7 @@ def test_cli_force_remeasures_one_configuration_and_rejects_unknown_ids(tmp_path
 
 
 def test_rerun_flagged_selects_only_the_flagged_configurations(tmp_path):
-    from shardbench.suite.rerun import selection
+    from shardbench.suite.execute.rerun import selection
 
     matrix = MatrixSpec(strategies=["ddp", "zero2"], world_sizes=[1], repeats=2, shape="cpu", device="cpu",
                         results=str(tmp_path))
@@ -208,7 +208,7 @@ def test_readme_says_what_a_fresh_debian_needs_and_where_the_commands_are():
     assert "## Which strategy when" in readme and "From the counted numbers" in readme
     assert readme.index("<!-- sample:begin") < readme.index("## Quick start")  # the answer first (issue 32)
     # The commands the README shows exist with the flags it names.
-    from shardbench.suite.cli import build_parser
+    from shardbench.suite.cli.commands import build_parser
 
     parser = build_parser()
     args = parser.parse_args(["run", "--rerun-flagged", "--force", "x-r1", "--force"])

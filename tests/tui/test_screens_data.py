@@ -10,7 +10,7 @@ from tests.tui.test_board import board_with
 from shardbench.tui.app.log_view import LogView
 from shardbench.tui.app.screens.logs import LogsScreen
 from shardbench.tui.app.screens.runs import RunsScreen
-from shardbench.suite import events as ev
+from shardbench.suite.execute import events as ev
 
 
 async def test_runs_and_logs_screens_read_the_board_they_are_given():

@@ -7,7 +7,7 @@ import pytest
 from textual.widgets import DataTable, Footer, Static
 from textual.widgets._footer import FooterKey
 
-from shardbench.suite import events as ev
+from shardbench.suite.execute import events as ev
 from shardbench.tui.app.messages import SuiteEvent
 
 from .conftest import settle, write_results
@@ -72,7 +72,7 @@ async def test_runs_screen_keeps_eta_on_screen_and_says_a_failure_once(fixture_v
 
 
 async def test_plots_keep_a_legend_for_every_line_at_80x24(fixture_values, tmp_path, monkeypatch):
-    from shardbench.suite.synthetic import record
+    from tests.synthetic import record
 
     monkeypatch.chdir(tmp_path)
     recs = [record(s, w, 500.0 * w + i, repeat=i) for s in ("ddp", "fsdp", "zero1", "zero2", "zero3")

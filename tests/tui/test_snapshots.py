@@ -12,8 +12,8 @@ import pytest
 from shardbench.tui.app.app import BenchApp
 from shardbench.tui.app.messages import ShowLogs, SuiteEvent
 from shardbench.tui.app.screens.dialogs import Confirm
-from shardbench.suite import events as ev
-from shardbench.suite.matrix import MatrixSpec
+from shardbench.suite.execute import events as ev
+from shardbench.suite.matrix.expand import MatrixSpec
 
 from .conftest import FIXED_AVAILABILITY, settle, write_results
 
@@ -107,7 +107,7 @@ def test_logs_screen(snap_compare, fixture_values, size):
 def test_results_screen(snap_compare, fixture_values, size, tmp_path, monkeypatch):
     """Configurations with 95% intervals, a flagged (yellow) and a broken (red) one, a failed run and
     an unreadable result.json as rows, the verdicts, plots with error bars."""
-    from shardbench.suite.synthetic import record
+    from tests.synthetic import record
 
     monkeypatch.chdir(tmp_path)  # the screen names its results dir: keep it the same every run
     loss, off = [9.0, 8.5, 8.2, 8.1], [9.0, 8.6, 8.3, 8.2]
@@ -168,8 +168,8 @@ def test_help_screen(snap_compare, fixture_values, size):
 def test_matrix_screen_when_every_run_is_done(snap_compare, fixture_values, size, tmp_path, monkeypatch):
     """Resume would skip every run: the count says so instead of "8 run(s) ready"."""
     from shardbench.trainer.record import write_atomic
-    from shardbench.suite.matrix import expand
-    from shardbench.suite.synthetic import record
+    from shardbench.suite.matrix.expand import expand
+    from tests.synthetic import record
 
     monkeypatch.chdir(tmp_path)
     specs, errors = expand(MATRIX)
@@ -185,7 +185,7 @@ def test_matrix_screen_when_every_run_is_done(snap_compare, fixture_values, size
 
 def test_results_screen_opened_on_a_report_directory(snap_compare, fixture_values, size, tmp_path, monkeypatch):
     """`benchtui --results reports/default`: no results there, and the screen says where they are."""
-    from shardbench.suite.synthetic import record
+    from tests.synthetic import record
 
     monkeypatch.chdir(tmp_path)
     write_results(tmp_path / "results" / "default", [record("ddp", 1, 500.0)])

@@ -1,6 +1,6 @@
 """benchtui: the Textual app. State lives in `RunBoard`; slow work runs in thread workers.
 
-Data flow: the Matrix screen builds a MatrixSpec -> a `Runner` (shardbench.suite.runner) runs it in a
+Data flow: the Matrix screen builds a MatrixSpec -> a `Runner` (shardbench.suite.execute.runner) runs it in a
 thread worker; the Runs screen cancels through the runner's cancel(run_id) / cancel_all() -> each
 suite event is posted into the app as a typed Message (shardbench.tui.app.messages) -> handlers fold
 it into the board and update the screens that show it. Results are read back from
@@ -19,7 +19,7 @@ from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
 from shardbench.tui.app import messages as msg
-from shardbench.suite import events as ev
+from shardbench.suite.execute import events as ev
 from shardbench.trainer.contract import BACKENDS
 from shardbench.tui.app.board import RunBoard
 from shardbench.tui.app.screens.dialogs import Confirm, HelpScreen
@@ -29,7 +29,7 @@ from shardbench.tui.app.screens.results import ResultsScreen
 from shardbench.tui.app.screens.runs import RunsScreen
 from shardbench.suite.backends import ClusterOptions, availability, get_backend
 from shardbench.tui.app.matrix_plan import BENCHTUI_RESULTS, benchtui_results
-from shardbench.suite.matrix import MatrixSpec, default_matrix, load_matrix, save_matrix
+from shardbench.suite.matrix.expand import MatrixSpec, default_matrix, load_matrix, save_matrix
 
 MODES = ("matrix", "runs", "logs", "results")
 
@@ -74,7 +74,7 @@ class BenchApp(App):
         self.backend_status: dict[str, tuple[bool, str]] = dict(availability or {})
         self.board = RunBoard()
         self.runner = None
-        """The shardbench.suite.runner.Runner of the matrix running now (cancel goes through it)."""
+        """The shardbench.suite.execute.runner.Runner of the matrix running now (cancel goes through it)."""
         self.matrix_worker: Worker | None = None
         self.views: dict[str, Screen] = {
             "matrix": MatrixScreen(matrix, matrix_path), "runs": RunsScreen(self.board),
@@ -189,7 +189,7 @@ class BenchApp(App):
 
     @work(thread=True, exclusive=True, group="matrix", exit_on_error=False)
     def run_specs(self, specs: list, backend_name: str, results_dir: Path, force=False) -> None:
-        from shardbench.suite.runner import Runner
+        from shardbench.suite.execute.runner import Runner
 
         try:
             backend = get_backend(backend_name, self.cluster, self.ray_cluster)
@@ -269,7 +269,7 @@ class BenchApp(App):
 
     def on_remeasure(self, message: msg.Remeasure) -> None:
         """Re-measure runs of the shown result set from their spec.json, into that same set."""
-        from shardbench.suite.rerun import saved_specs
+        from shardbench.suite.execute.rerun import saved_specs
 
         if self.matrix_worker is not None and self.matrix_worker.is_running:
             self.notify("a matrix is already running: cancel it first (x)", severity="warning")
@@ -316,7 +316,7 @@ class BenchApp(App):
     def refresh_results(self) -> None:
         from shardbench.tui.app.results_model import ResultsView, compute
         from shardbench.tui.app.results_source import empty_hint
-        from shardbench.suite.metrics import load_records
+        from shardbench.suite.analyze.rows import load_records
 
         source = f"0 result(s) in {self.results_dir}"
         try:  # a bad record or directory must not take the app down nor leave the screen empty
@@ -353,7 +353,7 @@ class BenchApp(App):
 
     @work(thread=True, exclusive=True, group="report")
     def write_report(self) -> None:
-        from shardbench.suite.report import build_report
+        from shardbench.suite.report.markdown import build_report
 
         out = self.results_dir / "report"
         try:

@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardbench.suite import events as ev
+from shardbench.suite.execute import events as ev
 
 
 @dataclass

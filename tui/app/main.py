@@ -43,7 +43,7 @@ examples:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from shardbench.suite.matrix import DEFAULT_MATRIX, load_matrix
+    from shardbench.suite.matrix.expand import DEFAULT_MATRIX, load_matrix
 
     try:
         matrix = load_matrix(args.matrix or DEFAULT_MATRIX)

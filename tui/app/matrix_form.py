@@ -9,7 +9,7 @@ from dataclasses import asdict, fields as dataclass_fields
 from pathlib import Path
 from typing import Any
 
-from shardbench.suite.matrix import MatrixSpec, matrix_from_dict, values_dir
+from shardbench.suite.matrix.expand import MatrixSpec, matrix_from_dict, values_dir
 
 INT_LIST_FIELDS = ("world_sizes", "seq_lens")
 INT_FIELDS = ("micro_batch", "grad_accum", "global_batch", "steps", "warmup_steps", "repeats")

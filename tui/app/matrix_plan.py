@@ -1,6 +1,6 @@
 """What starting the Matrix screen's matrix would do: which runs are already done, in words.
 
-Resume keeps a run whose result.json the results directory already trusts (suite/store.py
+Resume keeps a run whose result.json the results directory already trusts (suite/execute/store.py
 `ResultsDir.trusted`, the runner's own rule), so "30 runs ready" when all 30 are done and would
 be skipped is wrong: the screen counts them with the same rule.
 """
@@ -21,7 +21,7 @@ def benchtui_results(results: str, path: str | Path | None) -> str:
     """Where benchtui writes the runs of a matrix read from `path`: the file's own `results`,
     unless that is make bench's results/default (the default matrix's, a copy of it, or the key left
     out); then results/benchtui for the default matrix and results/benchtui-<file name> for another."""
-    from shardbench.suite.matrix import DEFAULT_MATRIX
+    from shardbench.suite.matrix.expand import DEFAULT_MATRIX
 
     if results and Path(results) != Path(MAKE_BENCH_RESULTS):
         return results
@@ -32,7 +32,7 @@ def benchtui_results(results: str, path: str | Path | None) -> str:
 
 def count_done(specs: list, results: str | Path) -> int:
     """Runs of `specs` that resume would skip (their result is already in `results`)."""
-    from shardbench.suite.store import ResultsDir
+    from shardbench.suite.execute.store import ResultsDir
 
     if not specs or not results or len(specs) > MAX_CHECKED or not Path(results).is_dir():
         return 0

@@ -1,6 +1,6 @@
 """Typed Textual messages: every state change reaches the app as one of these.
 
-The suite's events (shardbench.suite.events) arrive as one SuiteEvent from the matrix thread; Textual
+The suite's events (shardbench.suite.execute.events) arrive as one SuiteEvent from the matrix thread; Textual
 queues them on the app's loop, never blocking the runner. Screens never call into the app: they
 post requests (CancelRun, ShowLogs, OpenResults, SaveMatrix, LoadMatrix) that bubble up to it.
 """
@@ -13,7 +13,7 @@ from textual.message import Message
 
 
 class SuiteEvent(Message):
-    """The one message the suite sends: any shardbench.suite.events event, posted from the matrix
+    """The one message the suite sends: any shardbench.suite.execute.events event, posted from the matrix
     thread (post_message is thread-safe) and handled by the app's `on_suite_event`."""
 
     def __init__(self, event: Any) -> None:

@@ -1,6 +1,6 @@
 """What the Results screen shows, computed off the UI thread from result records.
 
-A view of suite/analysis.py, the analysis BENCHMARK_REPORT.md is written from: the same
+A view of suite/analyze/analysis.py, the analysis BENCHMARK_REPORT.md is written from: the same
 intervals, flags, broken runs and verdicts (one analysis, two views). One row per configuration
 (its ok repeats folded into mean and 95% interval), then one per run that did not finish ok or
 whose result.json is unreadable, with the reason. The suite imports pandas, so this module is
@@ -13,7 +13,7 @@ from typing import Any
 
 from rich.markup import escape
 
-from shardbench.suite.stats import Estimate, finite
+from shardbench.suite.analyze.stats import Estimate, finite
 
 # (column key, header, format of a number): the order a reader compares them in.
 COLUMNS: list[tuple[str, str, str]] = [
@@ -66,7 +66,7 @@ class ResultsView:
     series: dict[str, dict[str, list[tuple[float, float, float, float]]]] = field(default_factory=dict)
     """metric -> strategy -> [(devices, mean, 95% low, 95% high)]: the PNG plots' data (PLOTS)."""
     fault_table: list[str] = field(default_factory=list)
-    """The report's fault-tolerance table as plain lines (suite/faults_report.py)."""
+    """The report's fault-tolerance table as plain lines (suite/report/fault_section.py)."""
 
 
 def fmt_cell(value: Any, spec: str) -> str:
@@ -87,7 +87,8 @@ def fmt_cell(value: Any, spec: str) -> str:
 
 def compute(records: list[dict]) -> ResultsView:
     """Rows, verdict lines and plot series for these records (any status, unreadable included)."""
-    from shardbench.suite import analysis, plots
+    from shardbench.suite.analyze import analysis
+    from shardbench.suite.report import plots
 
     view = ResultsView()
     if not records:
@@ -114,7 +115,7 @@ def compute(records: list[dict]) -> ResultsView:
     order = {"winner": 0, "flagged": 1, "one repeat": 2}
     view.verdicts = [_verdict_line(v) for v in sorted(an.verdicts, key=lambda v: order.get(v.kind, 3))]
     view.series = {metric: plots.series(an, metric) for metric, _, _ in PLOTS}  # type: ignore[misc]
-    from shardbench.suite import faults_report
+    from shardbench.suite.report import fault_section as faults_report
 
     view.fault_table = faults_report.text_lines(records)
     return view

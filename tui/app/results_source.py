@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from shardbench.suite.metrics import find_result_sets
+from shardbench.suite.analyze.rows import find_result_sets
 
 REPORT_FILES = ("BENCHMARK_REPORT.md", "metrics.csv", "summary.csv", "report.html")
 MAX_LISTED = 5

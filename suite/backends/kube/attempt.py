@@ -9,7 +9,7 @@ pod failed, was refused, or no operator answers -> stream the launcher's log int
 
 A run with a fault (kill-rank:R@S, kube/faults.py) deletes rank R's worker pod at step S, then
 follows each retried launcher pod of the same MPIJob until one prints the record or the MPIJob
-fails, and returns one record for all launches (shardbench.suite.faults.merge).
+fails, and returns one record for all launches (shardbench.suite.faults.restart.merge).
 """
 from __future__ import annotations
 
@@ -21,16 +21,16 @@ from shardbench.suite.backends.kube import api as kapi
 from shardbench.suite.backends.kube import diagnosis as dx
 from shardbench.suite.backends.kube import storage
 from shardbench.suite.backends.kube.errors import FATAL, status_of
-from shardbench.suite.backends.kube.faults import LaunchWatch, replacement_failure, worker_pod
+from shardbench.suite.backends.kube.pod_faults import LaunchWatch, replacement_failure, worker_pod
 from shardbench.suite.backends.kube.overrides import attempt_values
 from shardbench.suite.backends.kube.ownership import not_ours
 from shardbench.suite.backends.kube.values import deep_merge, release_values
 from shardbench.suite.backends.kube.watch import JobWatch, LauncherLog
-from shardbench.suite.collect import extract, failed_record
-from shardbench.suite.events import Emit, RunStateChanged
-from shardbench.suite.faults import merge, parse_fault
-from shardbench.suite.matrix import RunSpec
-from shardbench.suite.startup import StampClock
+from shardbench.suite.execute.collect import extract, failed_record
+from shardbench.suite.execute.events import Emit, RunStateChanged
+from shardbench.suite.faults.restart import merge, parse_fault
+from shardbench.suite.matrix.expand import RunSpec
+from shardbench.suite.execute.startup import StampClock
 
 if TYPE_CHECKING:  # annotations only: backend.py imports this module for its attempt_class
     from shardbench.suite.backends.kube.backend import KubeBackend, RunLog

@@ -22,10 +22,10 @@ from shardbench.suite.backends.kube.attempt import WORKERS_READY, WORKERS_WAITIN
 from shardbench.suite.backends.kube.helm import NOT_FOUND, REPO_ROOT, Helm, find_helm
 from shardbench.suite.backends.kube.overrides import ImageChoice
 from shardbench.suite.backends.kube.values import release_name
-from shardbench.suite.collect import failed_record, now_iso
-from shardbench.suite.events import Emit
-from shardbench.suite.matrix import RunSpec
-from shardbench.suite.runlines import LineReader
+from shardbench.suite.execute.collect import failed_record, now_iso
+from shardbench.suite.execute.events import Emit
+from shardbench.suite.matrix.expand import RunSpec
+from shardbench.suite.execute.runlines import LineReader
 
 
 class KubeBackend:

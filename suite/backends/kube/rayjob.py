@@ -6,7 +6,7 @@ In K8sJobMode KubeRay makes a Kubernetes Job named after the RayJob whose pod ru
 submit ... -- <entrypoint>` and prints the driver's output (trainer/ray_launcher.py: every rank's
 lines, the record) until the job ends: that pod's log is the run's log. Before installing, the
 chart is rendered (`helm template`) and its RayJob checked with the rules KubeRay's CRD schema
-cannot express (suite/backends/rayjob.py: submissionMode, replicas...), so a job KubeRay
+cannot express (suite/backends/kube/rayjob_rules.py: submissionMode, replicas...), so a job KubeRay
 would mark ValidationFailed is refused with one line instead. While waiting for the submitter,
 a RayJob whose jobDeploymentStatus is Failed or ValidationFailed ends the run with KubeRay's
 reason; no status within no_status_s means no KubeRay operator.
@@ -33,9 +33,9 @@ from shardbench.suite.backends.kube.attempt import Attempt
 from shardbench.suite.backends.kube.backend import KubeBackend
 from shardbench.suite.backends.kube.values import deep_merge
 from shardbench.suite.backends.ray_backend import fault_info, RayEvents
-from shardbench.suite.backends.rayjob import RUNNABLE_MODES, rayjob_errors
-from shardbench.suite.collect import failed_record
-from shardbench.suite.fault_grammar import kube_fault_errors
+from shardbench.suite.backends.kube.rayjob_rules import RUNNABLE_MODES, rayjob_errors
+from shardbench.suite.execute.collect import failed_record
+from shardbench.suite.faults.grammar import kube_fault_errors
 from shardbench.trainer.ray_launcher import EVENT_PREFIX
 
 RAYJOB = ("ray.io", "v1", "rayjobs")

@@ -8,7 +8,7 @@ from typing import Any
 import yaml
 
 from shardbench.trainer.knobs import chart_run_values
-from shardbench.suite.matrix import RunSpec, values_dir
+from shardbench.suite.matrix.expand import RunSpec, values_dir
 
 
 CHART_CHECKPOINT_KNOBS = {"checkpoint_every": "every", "keep_checkpoints": "keep"}
@@ -42,7 +42,7 @@ def run_overrides(spec: RunSpec) -> dict[str, Any]:
            "extraArgs": spec.option_args(skip=CHART_CHECKPOINT_KNOBS)}
     values = {"run": run, "launcher": spec.launcher, "workers": spec.nodes,
               "gpusPerWorker": spec.procs_per_node}
-    options = dict(spec.options)
+    options = dict(spec.extra_knobs)
     if spec.fault != "none" or options.get("checkpoint_every"):
         # Checkpoints live on the results volume (the chart gives the trainer --checkpoint-dir);
         # a faulty run's launcher is retried max_restarts times and resumes from the newest one.

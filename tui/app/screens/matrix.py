@@ -18,7 +18,7 @@ from shardbench.tui.app.matrix_form import EXTRA_FIELDS, from_matrix, shapes, to
 from shardbench.trainer.contract import BACKENDS, LAUNCHERS, PRECISIONS, STRATEGIES
 from shardbench.trainer.presets import PRESETS
 from shardbench.tui.app.matrix_plan import BENCHTUI_RESULTS, count_done, run_count_text
-from shardbench.suite.matrix import MatrixSpec, default_matrix, expand
+from shardbench.suite.matrix.expand import MatrixSpec, default_matrix, expand
 
 INPUTS = (
     ("world_sizes", "World sizes"),
@@ -102,7 +102,7 @@ class MatrixScreen(Screen):
                 yield Static(id="run-count")
                 yield Static(id="backend-note")
                 yield Static(id="problems")
-                plan = Static(id="plan")  # ctrl+l: the planner's prediction per run (suite/planning.py)
+                plan = Static(id="plan")  # ctrl+l: the planner's prediction per run (suite/matrix/planning.py)
                 plan.display = False  # shown once asked for
                 yield plan
         yield Footer(compact=True, show_command_palette=False)  # 80 columns: F1-F5 and q stay visible
@@ -224,7 +224,7 @@ class MatrixScreen(Screen):
         self.run_worker(lambda: self._plan(specs), thread=True, exclusive=True, group="plan")
 
     def _plan(self, specs: list) -> None:
-        from shardbench.suite.planning import plan_lines, predict_specs
+        from shardbench.suite.matrix.planning import plan_lines, predict_specs
 
         predictions, why = predict_specs(specs)
         self.predictions = predictions  # the runs started next carry them (app.run_specs)

@@ -20,8 +20,8 @@ from textual_plotext import PlotextPlot
 from shardbench.tui.app.messages import OpenResults, Remeasure, ShowLogs
 from shardbench.tui.app.results_model import COLUMNS, PLOTS, ResultsView, Row, fmt_cell
 from shardbench.tui.app.screens.dialogs import ask_path
-from shardbench.suite import plots
-from shardbench.suite.stats import Estimate
+from shardbench.suite.report import plots
+from shardbench.suite.analyze.stats import Estimate
 
 ROW_STYLES = {"broken": "bold red", "flagged": "yellow", "not ok": "red dim"}
 
