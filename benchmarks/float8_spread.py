@@ -8,7 +8,7 @@ same layout (loss and gradient norm), and the spread between layouts inside each
 CPU float8 matmuls are torch's reference kernel (about 1 s for 4 M multiply-adds here), so the
 default model is tiny narrowed to 64 wide with a 2,048-token vocabulary.
 
-    .venv/bin/python benchmarks/float8_spread.py [--model-args "--n-embd 64 ..."] [--save out.json]
+    .venv/bin/python benchmarks/float8_spread.py [--model-args "--n-embd 64 ..."] [--seed 3] [--save out.json]
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from tests.trainer.conftest import run_trainer  # noqa: E402
 
 MODEL = "--model tiny --n-embd 64 --vocab-size 2048 --seq-len 32"
 COMMON = ["--global-batch", "2", "--steps", "6", "--warmup-steps", "1", "--lr", "1e-3", "--lr-warmup-steps", "1",
-          "--seed", "3", "--precision", "bf16", "--device", "cpu"]
+          "--precision", "bf16", "--device", "cpu"]
 RECIPES = ("off", "tensorwise", "rowwise")
 LAYOUTS = {"ddp w1": ("ddp", 1, "2"), "fsdp w2": ("fsdp", 2, "1")}  # strategy, ranks, micro-batch
 
@@ -38,6 +38,7 @@ def max_rel(a: list, b: list) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model-args", default=MODEL)
+    ap.add_argument("--seed", type=int, default=3)
     ap.add_argument("--save", type=Path, help="write the records here (JSON)")
     args = ap.parse_args()
     runs: dict[str, dict[str, dict]] = {}
@@ -45,12 +46,12 @@ def main() -> None:
         for name, (strategy, ranks, mb) in LAYOUTS.items():
             for recipe in RECIPES:
                 argv = ["--strategy", strategy, "--micro-batch", mb, "--float8", recipe,
-                        *shlex.split(args.model_args), *COMMON]
+                        *shlex.split(args.model_args), *COMMON, "--seed", str(args.seed)]
                 run = run_trainer(argv, Path(d), launcher="torchrun" if ranks > 1 else None, nproc=ranks, timeout=900)
                 assert run.returncode == 0, run.stderr[-3000:]
                 runs.setdefault(name, {})[recipe] = run.record
                 print(f"{name} {recipe}: loss {run.record['loss_per_step']}", flush=True)
-    print(f"model: {args.model_args}; {' '.join(COMMON)}")
+    print(f"model: {args.model_args}; {' '.join(COMMON)} --seed {args.seed}")
     worst = 0.0
     for name, by in runs.items():
         for recipe in RECIPES[1:]:

@@ -25,6 +25,7 @@ from typing import Any
 
 import pandas as pd
 
+from shardbench.suite.analyze import axes as axes_mod
 from shardbench.suite.analyze import groups
 from shardbench.suite.analyze import losscheck
 from shardbench.suite.analyze import rows as metrics
@@ -89,7 +90,8 @@ class Category:
 CATEGORIES = [
     Category("throughput", "tokens_per_s", True, "tok/s", "{:,.0f}"),
     Category("step time", "step_time_mean_s", False, "s", "{:.4f}"),
-    Category("memory: model state per rank", "model_state_gib_per_rank", False, "GiB", "{:.4g}", timed=False),
+    # what the device holds (state in host memory stated beside it: verdicts.describe)
+    Category("memory: model state per rank", "model_state_device_gib", False, "GiB", "{:.4g}", timed=False),
     Category("memory: GPU training peak", "train_peak_gib", False, "GiB", "{:.3f}", timed=False),
     Category("scaling efficiency", "scaling_efficiency", True, "", "{:.2f}"),
     Category("cost", "cost_usd_per_mtok", False, "$/Mtok", "{:.4g}"),
@@ -181,6 +183,10 @@ class Analysis:
     verdicts: list[Verdict]
     loss_groups: list[LossGroup]
     recommendations: list[str]
+    drifts: list[losscheck.Drift] = field(default_factory=list)
+    """Settings that change the trajectory (float8, a compressing hook) against their defaults."""
+    axes: list[axes_mod.AxisComparison] = field(default_factory=list)
+    """Knobs swept beyond the layout, each value against its default (suite/analyze/axes.py)."""
 
     @property
     def not_ok(self) -> pd.DataFrame:
@@ -215,7 +221,7 @@ def analyze(records: list[dict[str, Any]]) -> Analysis:
                 "grad_norm_max_rel_diff"):
         df[col] = pd.to_numeric(df[col], errors="coerce")
     verdicts = _verdicts(configs)
-    an = Analysis(df, configs, verdicts, loss_groups, [])
+    an = Analysis(df, configs, verdicts, loss_groups, [], losscheck.drifts(df), axes_mod.compare(configs))
     an.recommendations = _recommendations(an)
     return an
 

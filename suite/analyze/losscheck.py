@@ -35,6 +35,15 @@ from shardbench.suite.analyze.stats import finite
 LOSS_TOLERANCE = {"fp32": 1e-4, "bf16": 3e-4, "fp16": 3e-4}
 GRAD_NORM_TOLERANCE = {"fp32": 1e-2, "bf16": 1e-2, "fp16": 1e-2}
 
+# float8 (--float8, torchao), measured against bf16 by benchmarks/float8_spread.py: tiny 64 wide,
+# vocabulary 2,048, seq 32, global batch 2, 6 steps, lr 1e-3, bf16 autocast around the float8
+# matmuls, ddp at 1 rank and fsdp at 2 (tensorwise all-gathering in float8). Float8 vs bf16 of the
+# same layout: loss up to 2.3e-4, gradient norm 5.7e-3; between the layouts inside one recipe: loss
+# 4.1e-4, gradient norm 7.4e-3 (bf16's own: 1.4e-4 and 2.7e-3). The tolerances are about 2.5x the
+# largest of these: they judge float8 groups (runs of one recipe) and float8 against bf16 (drifts).
+FLOAT8_LOSS_TOLERANCE = 1e-3
+FLOAT8_GRAD_NORM_TOLERANCE = 2e-2
+
 
 @dataclass
 class LossGroup:
@@ -61,12 +70,16 @@ def _key(precision: Any, grad_reduce_dtype: Any) -> str:
         str(precision) if str(precision) in LOSS_TOLERANCE else "bf16"
 
 
-def loss_tolerance(precision: Any, grad_reduce_dtype: Any = None) -> float:
-    return LOSS_TOLERANCE[_key(precision, grad_reduce_dtype)]
+def _float8(float8: Any) -> bool:
+    return isinstance(float8, str) and float8 != "off"
 
 
-def grad_norm_tolerance(precision: Any, grad_reduce_dtype: Any = None) -> float:
-    return GRAD_NORM_TOLERANCE[_key(precision, grad_reduce_dtype)]
+def loss_tolerance(precision: Any, grad_reduce_dtype: Any = None, float8: Any = None) -> float:
+    return FLOAT8_LOSS_TOLERANCE if _float8(float8) else LOSS_TOLERANCE[_key(precision, grad_reduce_dtype)]
+
+
+def grad_norm_tolerance(precision: Any, grad_reduce_dtype: Any = None, float8: Any = None) -> float:
+    return FLOAT8_GRAD_NORM_TOLERANCE if _float8(float8) else GRAD_NORM_TOLERANCE[_key(precision, grad_reduce_dtype)]
 
 
 def curve(values: Any) -> tuple[float, ...] | None:
@@ -84,7 +97,7 @@ def check(df: pd.DataFrame) -> list[LossGroup]:
         return out
     # Strategy-specific settings (buckets, resharding, sync schedule) must not change the trajectory.
     ignore = groups.specific(list(ok["settings"]))
-    found = [g for _, g in ok.groupby(ok["settings"].map(lambda s: groups.loss_key(s, ignore)), sort=True)
+    found = [g for _, g in ok.groupby(ok["settings"].map(lambda s: _loss_key(s, ignore)), sort=True)
              if len(g) >= 2]
     # What tells two groups apart goes into their labels (a swept knob made two identical lines).
     varying = groups.differences([groups.merged(list(g["settings"])) for g in found], groups.LOSS_EXCEPT | ignore)
@@ -93,10 +106,18 @@ def check(df: pd.DataFrame) -> list[LossGroup]:
     return out
 
 
+def _loss_key(s: dict[str, Any], ignore: frozenset[str], also: frozenset[str] = frozenset()) -> str:
+    """The loss group's key; PowerSGD runs also by world size: it compresses each rank's gradient
+    before the average, so its error, and the trajectory, depend on the number of ranks."""
+    key = groups.key(s, groups.LOSS_EXCEPT | ignore | also)
+    return key + f"|world {s.get('world_size')}" if s.get("ddp_comm_hook") == "powersgd" else key
+
+
 def _group(df: pd.DataFrame, group: pd.DataFrame, varying: list[str] = []) -> LossGroup:  # noqa: B006 - read only
     first = group.iloc[0]
-    tol = loss_tolerance(first["precision"], first["grad_reduce_dtype"])
-    gtol = grad_norm_tolerance(first["precision"], first["grad_reduce_dtype"])
+    float8 = first["settings"].get("float8") if isinstance(first["settings"], dict) else None
+    tol = loss_tolerance(first["precision"], first["grad_reduce_dtype"], float8)
+    gtol = grad_norm_tolerance(first["precision"], first["grad_reduce_dtype"], float8)
     rows = list(group.iterrows())
     has_norms = sum(row["grad_norm_curve"] is not None for _, row in rows) >= 2
     label = _label(first, varying, groups.merged(list(group["settings"])))
@@ -206,3 +227,73 @@ def _max_rel(values: tuple[float, ...], ref: list[float], skip_non_finite: bool 
 
 def _int(x: Any) -> str:
     return str(int(x)) if finite(x) else "?"
+
+
+# --- settings that change the trajectory ---------------------------------------------------
+
+@dataclass
+class Drift:
+    """Runs that differ from a loss group only in a setting that changes the trajectory by design
+    (a knob with `changes_loss`: float8, a compressing DDP hook), against that setting's default:
+    the difference of their per-step medians, a measurement, never a broken run."""
+
+    setting: str
+    value: Any
+    baseline: Any
+    label: str
+    runs: int
+    baseline_runs: int
+    max_rel: float
+    """Largest relative difference of the loss medians, per step."""
+    step: int
+    grad_max_rel: float | None
+    tolerance: float | None
+    """float8: the measured float8 tolerance (FLOAT8_LOSS_TOLERANCE); None where the difference is
+    only reported (a hook: PowerSGD's drift grows with the steps)."""
+
+    @property
+    def within(self) -> bool | None:
+        return None if self.tolerance is None else self.max_rel <= self.tolerance
+
+
+def drifts(df: pd.DataFrame) -> list[Drift]:
+    """For each `changes_loss` knob, every group of ok runs equal except it (and the loss check's
+    own exceptions), each value's median curve against the default's."""
+    from shardbench.trainer import knobs
+
+    ok = df[(df["status"] == "ok") & df["loss_curve"].notna()]
+    if ok.empty:
+        return []
+    rows = [row for _, row in ok.iterrows()]
+    ignore = groups.specific([r["settings"] for r in rows])
+    out: list[Drift] = []
+    for name, default in sorted(knobs.changes_loss().items()):
+        found: dict[str, dict[str, list[Any]]] = {}
+        for r in rows:
+            key = groups.key(r["settings"], groups.LOSS_EXCEPT | ignore | {name})
+            value = groups._dump(r["settings"].get(name))
+            if r["settings"].get("ddp_comm_hook") == "powersgd":  # its drift depends on the world size (_loss_key)
+                value += f"|world {r['settings'].get('world_size')}"
+            found.setdefault(key, {}).setdefault(value, []).append(r)
+        for by_value in found.values():
+            base = by_value.get(groups._dump(default))
+            if not base:
+                continue
+            ref = _reference([r["loss_curve"] for r in base])
+            base_norms = [r["grad_norm_curve"] for r in base if r["grad_norm_curve"] is not None]
+            for value, members in sorted(by_value.items()):
+                if value == groups._dump(default):
+                    continue
+                mine = _reference([r["loss_curve"] for r in members])
+                rel, step = _max_rel(tuple(mine[:len(ref)]), ref)
+                norms = [r["grad_norm_curve"] for r in members if r["grad_norm_curve"] is not None]
+                grel = (_max_rel(tuple(_reference(norms)), _reference(base_norms), skip_non_finite=True)[0]
+                        if norms and base_norms else None)
+                first = members[0]
+                shown = first["settings"].get(name)
+                tol = FLOAT8_LOSS_TOLERANCE if name == "float8" else None
+                label = _label(first, [], first["settings"])
+                if "|world " in value:
+                    label += f", {value.split('|world ')[1]} ranks"
+                out.append(Drift(name, shown, default, label, len(members), len(base), rel, step, grel, tol))
+    return out

@@ -281,7 +281,40 @@ def loss_section(an: Analysis) -> str:
         lines.append(f"- {g.label} ({', '.join(g.strategies)}): {verdict} within {g.tolerance:g} relative per step "
                      f"(largest difference {fmt(g.max_rel, '{:.2g}')}){grad}")
         lines += [f"  - **broken** `{rid}`: {why}" for rid, why in g.broken]
-    return "## Loss check\n\n" + "\n".join(lines)
+    return "## Loss check\n\n" + "\n".join(lines) + drift_lines(an)
+
+
+def drift_lines(an: Analysis) -> str:
+    """Settings that change the trajectory by design, each value's runs against the default's: a
+    measured difference (float8 also against its measured tolerance), never a broken run."""
+    if not an.drifts:
+        return ""
+    lines = []
+    for d in an.drifts:
+        judged = ("" if d.tolerance is None else
+                  f", {'within' if d.within else 'BEYOND'} float8's measured tolerance {d.tolerance:g}")
+        grad = f"; gradient norm {fmt(d.grad_max_rel, '{:.2g}')}" if d.grad_max_rel is not None else ""
+        lines.append(f"- {d.label}: {groups.shown(d.setting, d.value)} vs {groups.shown(d.setting, d.baseline)} "
+                     f"({d.runs} vs {d.baseline_runs} runs): loss differs by {d.max_rel:.2g} relative at most "
+                     f"(step {d.step}){judged}{grad}")
+    return ("\n\n### Settings that change the trajectory\n\nRuns equal except a setting that changes the loss "
+            "curve by design, their per-step medians against the default's: measured, not a failure.\n\n"
+            + "\n".join(lines))
+
+
+def axes_section(an: Analysis) -> str:
+    """Knobs swept beyond the layout (float8, compile, a hook, ...): same settings except that knob."""
+    if not an.axes:
+        return ""
+    rows = [[f"{a.setting.replace('_', '-')}", f"{groups.shown(a.setting, a.value)} vs "
+             f"{groups.shown(a.setting, a.baseline)}", md_text(a.context or "-"),
+             show(a.value_tokens_per_s, "{:,.0f}"), show(a.baseline_tokens_per_s, "{:,.0f}"),
+             show(a.ratio, "{:.3g}"), fmt(a.p, "{:.2g}")] for a in an.axes]
+    return ("## Settings compared as axes\n\nConfigurations equal except one setting, each value against the "
+            "setting's default: tokens/s, mean [95% interval] (n = ok repeats), their ratio (value / default) "
+            "and Welch's p.\n\n"
+            + md_table(["same settings except", "value vs default", "other settings", "tok/s", "default tok/s",
+                        "ratio", "p"], rows))
 
 
 def host_section(df: pd.DataFrame) -> str:
@@ -323,6 +356,7 @@ def build_markdown(an: Analysis, results_dir: Path, plot_files: list[Path], skip
         results_section(an),
         memory_section(an),
         scaling_section(an),
+        *filter(None, [axes_section(an)]),
         loss_section(an),
         host_section(df),
         "## Plots\n\nError bars are 95% intervals.\n\n"
