@@ -9,7 +9,7 @@ argument checks, the matrix expander and the TUI read it for free at start-up.
   by location. STRATEGIES: the named presets of it (`--strategy`), with their default launcher.
 - PRECISIONS, DEVICES, LAUNCHERS, CLUSTER_LAUNCHERS, BACKENDS, STATUSES: the allowed names.
 - run ids: `config_id()` hashes the measured fields off their defaults (+ a version); `run_id()` puts a
-  readable prefix before it and the repeat after; `parse_run_id()` reads one back.
+  readable prefix before it and the repeat after.
 The run's knobs and their defaults are the fields of `trainer.config.RunConfig` (which reads these
 tables); the rules a RunConfig must pass are `trainer.rules.validate()`. This module reads no
 RunConfig: tables and names only, so the dependency goes one way (rules -> config -> contract).
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -177,9 +176,6 @@ def default_launcher(strategy: str) -> str:
 # --- run ids -------------------------------------------------------------------------------
 
 CONFIG_ID_LEN = 8
-_RUN_ID = re.compile(r"^(?P<strategy>[a-z0-9]+)-w(?P<world_size>\d+)-s(?P<seq_len>\d+)-mb(?P<micro_batch>\d+)"
-                     r"-ga(?P<grad_accum>\d+)-(?P<config_id>[0-9a-f]{%d})-r(?P<repeat>\d+)$" % CONFIG_ID_LEN)
-
 
 CONFIG_ID_VERSION = 2
 """How config ids are made, hashed with them and written into every spec.json. 1 (until
@@ -201,17 +197,6 @@ def run_id(strategy: str, world_size: int, seq_len: int, micro_batch: int, grad_
            config: str, repeat: int) -> str:
     """Readable and unique, e.g. zero3-w4-s2048-mb1-ga4-1f2e3d4c-r0 (results/<run id>/)."""
     return f"{strategy}-w{world_size}-s{seq_len}-mb{micro_batch}-ga{grad_accum}-{config}-r{repeat}"
-
-
-def parse_run_id(text: str) -> dict[str, Any] | None:
-    """The fields of a run id built by run_id(), or None for any other text."""
-    m = _RUN_ID.match(text or "")
-    if not m:
-        return None
-    out: dict[str, Any] = m.groupdict()
-    for key in ("world_size", "seq_len", "micro_batch", "grad_accum", "repeat"):
-        out[key] = int(out[key])
-    return out
 
 
 # --- validation ----------------------------------------------------------------------------

@@ -40,10 +40,6 @@ class SyntheticBatches:
         self.rank, self.world_size = rank, world_size
         self.pin_memory = pin_memory
 
-    @property
-    def global_rows(self) -> int:
-        return self.micro_batch * self.grad_accum * self.world_size
-
     def step_batches(self, step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """This rank's grad_accum micro-batches for global step `step` (only its own rows)."""
         out = []

@@ -29,7 +29,7 @@ def test_expand_ids_order_and_trainer_args(tmp_path):
                    global_batch=8, repeats=2, shape="gpu8", model="gpt2-124m", device="cuda", backend="kubernetes")
     specs, errors = expand(m)
     assert errors == []
-    assert [contract.parse_run_id(s.run_id)["repeat"] for s in specs[:4]] == [0, 1, 0, 1]
+    assert [int(s.run_id.rsplit("-r", 1)[1]) for s in specs[:4]] == [0, 1, 0, 1]
     assert [s.run_id.rsplit("-", 2)[0] for s in specs[:4]] == ["zero3-w1-s128-mb1-ga8"] * 2 + ["zero3-w4-s128-mb1-ga2"] * 2
     assert specs[0].config_id == specs[1].config_id != specs[2].config_id
     assert {s.launcher for s in specs if s.strategy == "ddp"} == {"mpirun"}

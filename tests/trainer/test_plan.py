@@ -1,5 +1,5 @@
 """The planner (trainer/plan): its closed forms against torch's own trace (fake tensors + fake
-process group), DeepSpeed's estimators reproduced, and `shardbench plan`'s bad input."""
+process group), against DeepSpeed's own estimators, and `shardbench plan`'s bad input."""
 from __future__ import annotations
 
 import json
@@ -11,19 +11,6 @@ from shardbench.trainer.plan.inputs import Params, PlanInput
 from shardbench.trainer.presets import PRESETS
 
 SMALL = dict(model="tiny", seq_len=32, micro_batch=1)
-
-
-@pytest.mark.parametrize("params,gpus,nodes", [(125_000_000, 8, 1), (1_300_000_000, 8, 4), (2_526_720, 2, 1)])
-def test_deepspeed_estimators_reproduced(params, gpus, nodes):
-    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
-    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
-
-    assert formulas.deepspeed_estimate(2, params, gpus_per_node=gpus, nodes=nodes) == \
-        estimate_zero2_model_states_mem_needs(params, num_gpus_per_node=gpus, num_nodes=nodes, cpu_offload=False)
-    largest = params // 20
-    assert formulas.deepspeed_estimate(3, params, largest, gpus_per_node=gpus, nodes=nodes) == \
-        estimate_zero3_model_states_mem_needs(params, largest, num_gpus_per_node=gpus, num_nodes=nodes,
-                                              cpu_offload=False, cpu_offload_params=False)
 
 
 @pytest.mark.parametrize("world", [1, 8, 64])
@@ -38,8 +25,12 @@ def test_model_state_relates_to_deepspeeds_estimate(world):
     largest = cfg.vocab_size * cfg.n_embd
     z2 = sum(formulas.model_state(PlanInput("zero2", world, "gpt2-1.3b", precision="bf16")).values())
     z3 = sum(formulas.model_state(PlanInput("zero3", world, "gpt2-1.3b", precision="bf16")).values())
-    _, ds2 = formulas.deepspeed_estimate(2, P, gpus_per_node=world)
-    _, ds3, largest_bytes = formulas.deepspeed_estimate(3, P, largest, gpus_per_node=world)
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+
+    _, ds2 = estimate_zero2_model_states_mem_needs(P, num_gpus_per_node=world, cpu_offload=False)
+    _, ds3, largest_bytes = estimate_zero3_model_states_mem_needs(P, largest, num_gpus_per_node=world,
+                                                                  cpu_offload=False, cpu_offload_params=False)
     part = -(-P // world)
     assert z2 == pytest.approx(ds2 - int(18 * P / world) + 14 * part, rel=1e-6)
     assert z3 == pytest.approx(ds3 - largest_bytes - int(18 * P / world) + 16 * part, rel=1e-6)

@@ -321,19 +321,3 @@ def fsdp_comm(inp: PlanInput, params: Params) -> dict[str, dict[str, float]]:
         "all_reduce": {"calls": 1.0, "bytes": 112.0 if N > 1 else 0.0},
     }
 
-
-def deepspeed_estimate(stage: int, total_params: int, largest_layer_params: int = 0, gpus_per_node: int = 1,
-                       nodes: int = 1, additional_buffer_factor: float = 1.5, zero_init: bool = True) -> tuple:
-    """DeepSpeed's estimate_zero2/3_model_states_mem_needs without offload, restated and
-    returned as DeepSpeed returns them: stage 2 (CPU bytes, per-GPU bytes), stage 3 (CPU, GPU,
-    largest layer bytes). GPU: 16-bit weights (2 B/param whole for ZeRO-2; for ZeRO-3 the
-    largest layer gathered, 4 B/param) + 18 B/param partitioned (16-bit and fp32 gradients,
-    fp32 master weights, Adam's two moments)."""
-    gpus = gpus_per_node * nodes
-    if stage == 2:
-        return int(total_params * 4 * gpus_per_node * additional_buffer_factor), \
-            2 * total_params + int(18 * total_params / gpus)
-    largest = 4 * largest_layer_params
-    cpu_params = largest_layer_params if zero_init else total_params
-    return (int(cpu_params * 4 * gpus_per_node * additional_buffer_factor), largest + int(18 * total_params / gpus),
-            largest)
