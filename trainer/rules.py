@@ -170,8 +170,8 @@ def _pipeline_errors(cfg: RunConfig, world_size: int, mcfg) -> list[str]:
     """--pp: an untied head, stages no deeper than the layers, the schedule's micro-batch needs."""
     pp, schedule = cfg.pp, cfg.pp_schedule
     if mcfg.tie_embeddings:
-        return [f"--pp {pp} needs --no-tie-embeddings: the tied embedding's two uses would sit on the first "
-                "and last stage with gradients never summed (silently wrong losses)"]
+        return [f"--pp {pp} needs an untied head (--no-tie-embeddings): the tied embedding's two uses would sit "
+                "on the first and last stage with gradients never summed (silently wrong losses)"]
     per_rank = pp_stages_per_rank(schedule, cfg.pp_stages_per_rank)
     stages = pp * per_rank
     if stages > mcfg.n_layer:

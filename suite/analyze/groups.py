@@ -33,7 +33,9 @@ LAYOUT = frozenset({"world_size", "nodes"})
 """The run's shape (measured_fields adds them; not knobs)."""
 LAYOUT_KNOBS = frozenset({"tp", "dp_replicate"})
 """The mesh degrees beside the strategy (trainer/parallel/layout.py): part of the layout."""
-VERDICT_EXCEPT = frozenset({"strategy", "launcher", "grad_accum"}) | LAYOUT_KNOBS
+PIPELINE_KNOBS = frozenset({"pp", "pp_schedule", "pp_stages_per_rank"})
+"""The pipeline's degree, schedule and stages per rank (trainer/parallel/pp.py): part of the layout."""
+VERDICT_EXCEPT = frozenset({"strategy", "launcher", "grad_accum"}) | LAYOUT_KNOBS | PIPELINE_KNOBS
 """What a verdict compares: the layout (strategy and its mesh degrees), the launcher that comes
 with the strategy, and grad-accum, which at one global batch (resolved_global_batch, compared)
 and micro-batch (compared) follows the data-parallel degree, i.e. the layout (tp 2 of 4 ranks
@@ -41,11 +43,21 @@ accumulates twice as many micro-steps): "same settings except the layout"."""
 
 
 def layout_name(s: dict[str, Any]) -> str:
+    """`mesh_name`, and a pipeline after it: "fsdp, pp 2 1F1B", "tp 2, pp 2 GPipe", "pp 4 ZBVZeroBubble"
+    (a pipeline alone: one data-parallel rank, no tp)."""
+    pp, world, tp = int(s.get("pp") or 1), int(s.get("world_size") or 1), int(s.get("tp") or 1)
+    if pp == 1:
+        return mesh_name(s)
+    pipeline = f"pp {pp} {s.get('pp_schedule') or '1F1B'}"
+    return pipeline if world == pp else f"{mesh_name(s)}, {pipeline}"
+
+
+def mesh_name(s: dict[str, Any]) -> str:
     """A run's layout in words, with its degrees: ddp, fsdp, hsdp 2x2, fsdp+tp 2x2, ddp+tp 2x2,
     tp 4 (trainer/parallel/layout.py; the world size from the settings)."""
     strategy, world = str(s.get("strategy")), int(s.get("world_size") or 1)
     tp, rep = int(s.get("tp") or 1), int(s.get("dp_replicate") or 1)
-    dp = max(1, world // tp)
+    dp = max(1, world // (tp * int(s.get("pp") or 1)))  # the stages of a pipeline share rows
     name = f"hsdp {rep}x{dp // rep}" if strategy == "fsdp" and rep > 1 else strategy
     if tp == 1:
         return name

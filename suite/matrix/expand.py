@@ -258,8 +258,9 @@ def _option_combinations(m: MatrixSpec) -> list[tuple[tuple[str, Any], ...]]:
     return [tuple(zip(names, combo)) for combo in itertools.product(*values)]
 
 
-LAYOUT_KEYS = ("tp", "dp_replicate")
-"""The mesh degrees a `layouts:` entry may name beside the strategy."""
+LAYOUT_KEYS = ("tp", "dp_replicate", "pp", "pp_schedule", "pp_stages_per_rank", "tie_embeddings")
+"""What a `layouts:` entry may name beside the strategy: the mesh degrees, the pipeline's schedule
+and stages per rank, and the head's tie (a pipeline needs it untied)."""
 
 
 def _listed_layout(m: MatrixSpec, strategy: str, knob_pairs) -> bool:
@@ -360,13 +361,10 @@ def _repeat_id(spec: RunSpec, repeat: int) -> str:
 
 
 def _matrix_wording(error: str) -> str:
-    """The trainer's rule, said with the matrix key a YAML author wrote (--micro-batch -> micro_batch)."""
-    words = []
-    for word in error.split(" "):
-        if word.startswith("--") and len(word) > 2:
-            word = word[2:].replace("-", "_")
-        words.append(word)
-    return " ".join(words)
+    """The trainer's rule, said with the matrix key a YAML author wrote (--micro-batch -> micro_batch,
+    --no-tie-embeddings -> tie_embeddings: false)."""
+    error = re.sub(r"--no-([a-z][a-z0-9-]*)", lambda m: m.group(1).replace("-", "_") + ": false", error)
+    return re.sub(r"--([a-z][a-z0-9-]*)", lambda m: m.group(1).replace("-", "_"), error)
 
 
 def _given(value: Any, from_shape: Any) -> Any:

@@ -174,7 +174,7 @@ UNTIED = dict(tie_embeddings=False)
 
 
 @pytest.mark.parametrize("world, knobs, words", [
-    (2, dict(strategy="ddp", pp=2, grad_accum=2), "--pp 2 needs --no-tie-embeddings"),
+    (2, dict(strategy="ddp", pp=2, grad_accum=2), "--pp 2 needs an untied head (--no-tie-embeddings)"),
     (2, dict(strategy="zero2", pp=2, **UNTIED), "--pp 2 is not supported with zero2"),
     (6, dict(strategy="ddp", pp=4, grad_accum=4, **UNTIED), "world size 6 is not divisible by --pp 4 x --tp 1"),
     (4, dict(strategy="fsdp", pp=2, tp=4, **UNTIED), "world size 4 is not divisible by --pp 2 x --tp 4"),
@@ -221,3 +221,42 @@ def test_the_trainer_refuses_an_impossible_pipeline_in_one_line():
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = [line for line in proc.stderr.splitlines() if "--pp 2" in line]
     assert len(lines) == 1 and "world size 1 is not divisible by --pp 2" in lines[0], proc.stderr[-2000:]
+
+
+def test_the_matrix_refuses_an_impossible_pipeline_in_one_line():
+    from shardbench.suite.matrix.expand import expand
+    from shardbench.suite.matrix.specs import MatrixSpec
+
+    specs, errors = expand(MatrixSpec(strategies=["ddp"], world_sizes=[2], pp=2, steps=3, warmup_steps=1))
+    assert specs == [] and errors == ["pp 2 needs an untied head (tie_embeddings: false): the tied embedding's two "
+                                      "uses would sit on the first and last stage with gradients never summed "
+                                      "(silently wrong losses)"]
+    specs, errors = expand(MatrixSpec(strategies=["fsdp"], world_sizes=[4], pp=[1, 4], tie_embeddings=False,
+                                      steps=3, warmup_steps=1, shape="cpu", max_world_size=4))
+    assert specs == [] and len(errors) == 1 and errors[0].startswith(
+        "pp 4 x 1 stage(s) per rank = 4 stages is deeper than the model's 2 layers"), errors
+
+
+def test_the_layouts_matrix_has_pipeline_rows_beside_untied_ddp_and_fsdp():
+    from shardbench.suite.matrix.expand import expand, load_matrix
+
+    specs, errors = expand(load_matrix(REPO / "suite" / "matrices" / "layouts-4dev.yaml"))
+    assert errors == []
+    untied = sorted((s.strategy, s.config.tp, s.config.pp, s.config.pp_schedule, s.grad_accum)
+                    for s in specs if s.repeat == 0 and not s.config.tie_embeddings)
+    assert untied == [("ddp", 1, 1, "1F1B", 1), ("ddp", 1, 2, "1F1B", 2), ("fsdp", 1, 1, "1F1B", 1),
+                      ("fsdp", 1, 2, "GPipe", 2), ("fsdp", 2, 2, "1F1B", 4)]
+    assert all(s.config.pp == 1 for s in specs if s.config.tie_embeddings)
+
+
+def test_the_report_names_a_pipeline_after_its_mesh():
+    from shardbench.suite.analyze.groups import VERDICT_EXCEPT, layout_name
+
+    assert layout_name({"strategy": "fsdp", "world_size": 4, "pp": 2}) == "fsdp, pp 2 1F1B"
+    assert layout_name({"strategy": "ddp", "world_size": 4, "pp": 2, "tp": 2, "pp_schedule": "GPipe"}) == \
+        "tp 2, pp 2 GPipe"
+    assert layout_name({"strategy": "ddp", "world_size": 2, "pp": 2, "pp_schedule": "ZBVZeroBubble"}) == \
+        "pp 2 ZBVZeroBubble"
+    assert layout_name({"strategy": "ddp", "world_size": 4}) == "ddp"
+    # Schedules and degrees are the layout a verdict compares; the head's tie is the model's.
+    assert {"pp", "pp_schedule", "pp_stages_per_rank"} <= VERDICT_EXCEPT and "tie_embeddings" not in VERDICT_EXCEPT
