@@ -8,7 +8,7 @@ or locked results directory (one line on stderr, nothing run); 130 interrupted (
 is kept).
 
 The parser and the small commands live here; `run` is run_cmd.py (its views run_views.py), the
-matrix flags and `fail` matrix_flags.py, `tune` suite/tune/tuner.py, `plan` plan_cmd.py.
+matrix flags and `fail` matrix_flags.py, `tune` tune_cmd.py (its studies suite/tune/), `plan` plan_cmd.py.
 """
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ import sys
 import time
 from pathlib import Path
 
-from shardbench.suite.backends import add_cluster_flags, cluster_options
-from shardbench.suite.cli.matrix_flags import add_matrix_flags, effective_matrix, fail
+from shardbench.suite.backends import add_cluster_flags
+from shardbench.suite.cli.matrix_flags import add_matrix_flags, fail
 from shardbench.suite.matrix.expand import DEFAULT_MATRIX
 from shardbench.suite.cli.run_cmd import cmd_run
 from shardbench.suite.cli.run_views import duration
@@ -56,9 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--mlflow-uri", default=None, metavar="URI",
                      help="MLflow tracking URI, e.g. http://mlflow:5000 (implies --mlflow)")
     run.add_argument("--mlflow-experiment", default="shardbench", metavar="NAME", help="MLflow experiment name")
-    from shardbench.suite.tune.tuner import add_parser as add_tune_parser
+    from shardbench.suite.cli.tune_cmd import add_parser as add_tune_parser
 
-    add_tune_parser(sub, add_matrix_flags, add_cluster_flags)
+    add_tune_parser(sub)
     run.add_argument("--no-plan", action="store_true",
                      help="do not predict each run's memory, collectives and step time before launch (shardbench plan)")
     run.add_argument("--strict", action="store_true",
@@ -155,9 +155,9 @@ def cmd_collect(args: argparse.Namespace) -> int:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from shardbench.suite.tune import tuner as tune
+    from shardbench.suite.cli import tune_cmd
 
-    return tune.cmd_tune(args, effective_matrix, cluster_options, fail)
+    return tune_cmd.cmd_tune(args)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,7 +29,8 @@ MATRIX = ["--strategies", "ddp,zero2", "--world-sizes", "1,2", "--seq-lens", "64
 
 
 def _specs():
-    from shardbench.suite.cli.commands import build_parser, effective_matrix
+    from shardbench.suite.cli.commands import build_parser
+    from shardbench.suite.cli.matrix_flags import effective_matrix
     from shardbench.suite.matrix.expand import expand
 
     specs, errors = expand(effective_matrix(build_parser().parse_args(["run", *MATRIX])))

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from shardbench.suite.cli.commands import build_parser, effective_matrix, main
+from shardbench.suite.cli.commands import build_parser, main
+from shardbench.suite.cli.matrix_flags import effective_matrix
 from shardbench.suite.matrix.expand import expand
 from tests.fsfaults import tmpfs
 from tests.suite.test_runner import finish

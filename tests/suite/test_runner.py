@@ -243,7 +243,8 @@ def test_cli_exit_1_when_some_run_failed_and_the_summary_lists_every_run(tmp_pat
     and both are in the summary (kept runs used to be left out when the matrix died)."""
     args = ["--strategies", "ddp", "--world-sizes", "1,2", "--repeats", "1", "--device", "cpu",
             "--precision", "fp32", "--launcher", "mpirun"]
-    from shardbench.suite.cli.commands import build_parser, effective_matrix
+    from shardbench.suite.cli.commands import build_parser
+    from shardbench.suite.cli.matrix_flags import effective_matrix
 
     s, errors = expand(effective_matrix(build_parser().parse_args(["run", "--results", str(tmp_path), *args])))
     assert not errors and len(s) == 2

@@ -90,7 +90,8 @@ def test_run_cli_ends_by_printing_the_summary(tmp_path):
     import subprocess
     import sys
 
-    from shardbench.suite.cli.commands import build_parser, effective_matrix
+    from shardbench.suite.cli.commands import build_parser
+    from shardbench.suite.cli.matrix_flags import effective_matrix
     from shardbench.suite.matrix.expand import expand
     from tests.suite.test_runner import finish, ok_record_for
 
