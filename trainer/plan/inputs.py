@@ -44,6 +44,14 @@ class PlanInput:
     """--pp: pipeline-parallel degree; not modelled beyond 1 (the stages' memory and the schedule's bubble)."""
     tie_embeddings: bool = True
     """--tie-embeddings: the parameter table (Params.of) is the tied model's; untied is not modelled."""
+    float8: str = "off"
+    """--float8: not modelled beyond off (float8 matmuls, their casts, FSDP's float8 all-gather)."""
+    ddp_comm_hook: str = "none"
+    """--ddp-comm-hook: bf16 is ddp's bf16 reduction (grad_reduce_dtype bf16); powersgd is not modelled."""
+
+    def __post_init__(self) -> None:
+        if self.ddp_comm_hook == "bf16":  # one hook, two spellings (trainer/strategies/ddp.py DDPStrategy.hook)
+            object.__setattr__(self, "grad_reduce_dtype", "bf16")
 
     @property
     def layout(self) -> StrategyInfo:
@@ -59,6 +67,12 @@ class PlanInput:
         if not self.tie_embeddings:
             raise NotModelled("an untied head (--no-tie-embeddings): the planner's parameter table is the tied "
                               "model's")
+        if self.float8 != "off":
+            raise NotModelled(f"float8 (--float8 {self.float8}): the planner does not model float8 matmuls, their "
+                              "casts or FSDP's float8 all-gather")
+        if self.ddp_comm_hook == "powersgd":
+            raise NotModelled("PowerSGD (--ddp-comm-hook powersgd): the planner does not model its low-rank "
+                              "all-reduces")
         info = layout(self.strategy, self.offload)
         if self.tp > 1 and (self.precision != "fp32" or self.activation_checkpointing):
             raise NotModelled(f"tensor parallel (--tp {self.tp}) with "
@@ -97,6 +111,7 @@ class PlanInput:
                    tp=int((r.get("layout") or {}).get("tp") or 1),
                    pp=int((r.get("layout") or {}).get("pp") or 1),
                    tie_embeddings=(r.get("model") or {}).get("tie_embeddings", True) is not False,
+                   float8=str(r.get("float8") or "off"), ddp_comm_hook=str(r.get("ddp_comm_hook") or "none"),
                    dp_replicate=int((r.get("layout") or {}).get("dp_replicate") or 1)
                    if _replicates_shards(r.get("strategy")) else 1,
                    offload=str((r.get("settings") or {}).get("offload") or "none"),
