@@ -150,7 +150,7 @@ class MeasuredConfig:
         suite/analyze/groups.py layout_name)."""
         strategy = self.__dict__.get("key", {}).get("strategy")
         settings = self.__dict__.get("settings") or {}
-        if int(settings.get("tp") or 1) == 1 and int(settings.get("dp_replicate") or 1) == 1:
+        if all(int(settings.get(k) or 1) == 1 for k in ("tp", "dp_replicate", "pp")):
             return strategy
         return groups.layout_name({**settings, "strategy": strategy, "world_size": self.key.get("world_size")})
 

@@ -31,7 +31,7 @@ from shardbench.trainer.config import RunConfig, build_parser, measured_fields
 
 LAYOUT = frozenset({"world_size", "nodes"})
 """The run's shape (measured_fields adds them; not knobs)."""
-LAYOUT_KNOBS = frozenset({"tp", "dp_replicate"})
+LAYOUT_KNOBS = frozenset({"tp", "dp_replicate", "pp"})
 """The mesh degrees beside the strategy (trainer/parallel/layout.py): part of the layout."""
 PIPELINE_KNOBS = frozenset({"pp", "pp_schedule", "pp_stages_per_rank"})
 """The pipeline's degree, schedule and stages per rank (trainer/parallel/pp.py): part of the layout."""
