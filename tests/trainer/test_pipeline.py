@@ -260,3 +260,25 @@ def test_the_report_names_a_pipeline_after_its_mesh():
     assert layout_name({"strategy": "ddp", "world_size": 4}) == "ddp"
     # Schedules and degrees are the layout a verdict compares; the head's tie is the model's.
     assert {"pp", "pp_schedule", "pp_stages_per_rank"} <= VERDICT_EXCEPT and "tie_embeddings" not in VERDICT_EXCEPT
+
+
+def test_the_report_compares_pipelines_with_untied_ddp_in_one_group_named_with_their_schedules():
+    """The untied group of layouts-4dev: ddp beside ddp x pp 2 (1F1B), fsdp x pp 2 (GPipe) and
+    tp 2 x pp 2 is one comparison, each named with its degrees and schedule."""
+    from shardbench.suite.analyze import analysis
+    from tests.synthetic import record
+
+    made = [("ddp", 1, {}), ("ddp", 2, {"pp": 2}), ("fsdp", 2, {"pp": 2, "pp_schedule": "GPipe"}),
+            ("fsdp", 4, {"pp": 2, "tp": 2})]
+    records = []
+    for i, (strategy, accum, degrees) in enumerate(made):
+        for repeat in range(3):
+            records.append(record(strategy, world_size=4, micro_batch=2, grad_accum=accum, repeat=repeat,
+                                  tokens_per_s=1000.0 + 10 * i + repeat, global_batch=8,
+                                  config_id=f"cfg{i}", run_id=f"{strategy}-w4-cfg{i}-r{repeat}",
+                                  settings={"strategy": strategy, "micro_batch": 2, "tie_embeddings": False,
+                                            **degrees}))
+    an = analysis.analyze(records)
+    found = analysis.verdict_groups(an.configs)
+    assert len(found) == 1 and len(found[0]) == 4
+    assert sorted(c.strategy for c in an.configs) == ["ddp", "ddp, pp 2 1F1B", "fsdp, pp 2 GPipe", "tp 2, pp 2 1F1B"]
