@@ -7,10 +7,15 @@ right after each file is parsed, so that at most one full record is alive at a t
   metrics.loss_curve reads it): the loss check needs every step.
 - `step_time_s.all` is dropped: the report and the screen use the mean, p50 and p90 beside it,
   and the count is kept as `step_time_s.n`.
+- `grad_norm_per_step` becomes an array('d') too (losscheck.curve reads it so).
+- Every dict key and string value is shared with the equal ones of the records read before (a
+  dict of the reader's): json.loads makes new objects for each file, and 5,000 records held
+  the same keys, versions, settings and plan assumptions 5,000 times (94 MB -> 42 MB).
 """
 from __future__ import annotations
 
 import math
+import sys
 from array import array
 from typing import Any
 
@@ -19,13 +24,32 @@ def _num(x: Any) -> float:
     return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else math.nan
 
 
-def compact(record: dict[str, Any]) -> dict[str, Any]:
-    losses = record.get("loss_per_step")
-    if isinstance(losses, list) and losses:
-        record["loss_per_step"] = array("d", map(_num, losses))
+def _shared(value: Any, strings: dict[str, str]) -> Any:
+    """value with its dicts and lists rebuilt around the first equal copy of every string."""
+    if isinstance(value, str):
+        return strings.setdefault(value, value)
+    if isinstance(value, dict):
+        return {sys.intern(k) if isinstance(k, str) else k: _shared(v, strings) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_shared(v, strings) for v in value]
+    return value
+
+
+def compact(record: dict[str, Any], strings: dict[str, str] | None = None) -> dict[str, Any]:
+    """The record to hold in memory (see the module docstring); `strings`: the reader's shared
+    strings, one dict for all the records it reads."""
+    for key in ("loss_per_step", "grad_norm_per_step"):
+        values = record.get(key)
+        if isinstance(values, list) and values:
+            record[key] = array("d", map(_num, values))
     times = record.get("step_time_s")
     if isinstance(times, dict) and isinstance(times.get("all"), list):
         times = dict(times)
         times["n"] = len(times.pop("all"))
         record["step_time_s"] = times
-    return record
+    if strings is None:
+        return record
+    try:
+        return _shared(record, strings)
+    except RecursionError:  # nested deeper than the walk goes (json.loads went deeper): kept as read
+        return record
