@@ -225,7 +225,8 @@ def load_records(results_dir: str | Path) -> list[dict[str, Any]]:
     """One entry per results/<run-id>/result.json: the record, or an unreadable stand-in row."""
     from shardbench.suite.analyze.compact import compact  # per-step lists compacted as each file is read
 
-    return [compact(read_record(p)) for p in sorted(Path(results_dir).glob("*/result.json"))]
+    strings: dict[str, str] = {}  # shared by the records: each holds one copy of every text less
+    return [compact(read_record(p), strings) for p in sorted(Path(results_dir).glob("*/result.json"))]
 
 
 def find_result_sets(root: str | Path, max_depth: int = 4) -> list[Path]:
