@@ -45,6 +45,7 @@ OVERLOAD_SLACK = 1.0
 """CPUs of load above the host's count tolerated before a run counts as overloaded (background work)."""
 
 SUMMARY_METRICS = ["tokens_per_s", "tokens_per_s_per_device", "step_time_mean_s", "model_state_gib_per_rank",
+                   "model_state_device_gib", "model_state_host_gib",
                    "train_peak_gib", "rss_footprint_gib", "cost_usd_per_mtok", "mfu", "h2d_gbps",
                    "comm_bytes_per_step", "final_loss"]
 STATE_PARTS = ["params", "grads", "optimizer", "master", "comm_buffer"]
@@ -150,7 +151,7 @@ class MeasuredConfig:
         suite/analyze/groups.py layout_name)."""
         strategy = self.__dict__.get("key", {}).get("strategy")
         settings = self.__dict__.get("settings") or {}
-        if all(int(settings.get(k) or 1) == 1 for k in ("tp", "dp_replicate", "pp")):
+        if all(settings.get(k) in (None, 1, "none") for k in groups.LAYOUT_KNOBS):  # the preset as it is
             return strategy
         return groups.layout_name({**settings, "strategy": strategy, "world_size": self.key.get("world_size")})
 

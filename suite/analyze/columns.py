@@ -77,6 +77,23 @@ def _state_part(part: str) -> Callable[[dict], Any]:
     return get
 
 
+def _state_location(where: str) -> Callable[[dict], Any]:
+    """Model state in the device's memory or the host's (offload), max over ranks, GiB (records
+    before memory by location: all of it on the device). On a CPU run host and device memory
+    are one, so the device holds all of it, whatever the layout places on the host: offload
+    there saves nothing and must not win a memory verdict."""
+    def get(record: dict) -> Any:
+        ranks = [r for r in record.get("model_state") or [] if isinstance(r, dict) and _number(r.get("total_bytes"))]
+        if not ranks:
+            return _gib(record.get("model_state_bytes_per_rank")) if where == "device" else None
+        host = [r.get("host_bytes") if _number(r.get("host_bytes")) else 0 for r in ranks]
+        if where == "host":
+            return _gib(max(host))
+        one_memory = record.get("device") == "cpu"
+        return _gib(max(r["total_bytes"] - (0 if one_memory else h) for r, h in zip(ranks, host)))
+    return get
+
+
 def _rank_max(record: dict, key: str) -> Any:
     """Largest `key` over the record's per-rank `memory` list (schema 2; a single dict is read too)."""
     memory = record.get("memory")

@@ -27,11 +27,12 @@ from dataclasses import MISSING, fields
 from typing import Any
 
 from shardbench.trainer import knobs
+from shardbench.trainer.contract import STRATEGIES
 from shardbench.trainer.config import RunConfig, build_parser, measured_fields
 
 LAYOUT = frozenset({"world_size", "nodes"})
 """The run's shape (measured_fields adds them; not knobs)."""
-LAYOUT_KNOBS = frozenset({"tp", "dp_replicate", "pp"})
+LAYOUT_KNOBS = frozenset({"tp", "dp_replicate", "pp", "offload", "zero_hpz_partition_size"})
 """The mesh degrees beside the strategy (trainer/parallel/layout.py): part of the layout."""
 PIPELINE_KNOBS = frozenset({"pp", "pp_schedule", "pp_stages_per_rank"})
 """The pipeline's degree, schedule and stages per rank (trainer/parallel/pp.py): part of the layout."""
@@ -58,10 +59,14 @@ def mesh_name(s: dict[str, Any]) -> str:
     strategy, world = str(s.get("strategy")), int(s.get("world_size") or 1)
     tp, rep = int(s.get("tp") or 1), int(s.get("dp_replicate") or 1)
     dp = max(1, world // (tp * int(s.get("pp") or 1)))  # the stages of a pipeline share rows
-    name = f"hsdp {rep}x{dp // rep}" if strategy == "fsdp" and rep > 1 else strategy
+    info = STRATEGIES.get(strategy)
+    hsdp = rep > 1 and info is not None and info.engine == "fsdp"  # FSDP's replicate degree
+    name = f"hsdp {rep}x{dp // rep}" if hsdp else strategy
+    placed = (f" offload {s['offload']}" if s.get("offload") not in (None, "none") else "") + (
+        f" hpz {s['zero_hpz_partition_size']}" if int(s.get("zero_hpz_partition_size") or 1) > 1 else "")
     if tp == 1:
-        return name
-    return f"tp {tp}" if dp == 1 else f"{name}+tp {dp}x{tp}"
+        return name + placed
+    return (f"tp {tp}" if dp == 1 else f"{name}+tp {dp}x{tp}") + placed
 LOSS_EXCEPT = LAYOUT | knobs.same_loss()
 BASE_EXCEPT = LAYOUT | knobs.per_world()
 

@@ -30,7 +30,8 @@ from shardbench.suite.analyze import losscheck
 from shardbench.suite.matrix.expand import load_shape
 from shardbench.suite.analyze.columns import (GIB, MAX_PLAUSIBLE, _affinity, _comm_text, _comm_total,  # noqa: F401
                                       _config_id, _get, _gib, _model_key, _num_text, _number, _rank_max,
-                                      _repeat, _rss, _state_part, _train_peak, fmt_bytes, without_repeat)
+                                      _repeat, _rss, _state_location, _state_part, _train_peak, fmt_bytes,
+                                      without_repeat)
 
 KNOWN_SCHEMA_VERSIONS = (1, 2)
 UNREADABLE = "unreadable"
@@ -94,6 +95,10 @@ COLUMNS: list[tuple[str, str, Callable[[dict], Any]]] = [
     ("model_state_master_gib", "fp32 master weights held by that rank, GiB (schema 2)", _state_part("master")),
     ("model_state_comm_buffer_gib", "communication buffers held by that rank, GiB (schema 2)",
      _state_part("comm_buffer")),
+    ("model_state_device_gib", "model state in the device's memory, max over ranks, GiB (a CPU run: all of it, "
+                               "host and device memory being one)", _state_location("device")),
+    ("model_state_host_gib", "model state the layout keeps in host memory (--offload), max over ranks, GiB",
+     _state_location("host")),
     ("train_peak_gib", "GPU peak allocated during training (after set-up), max over ranks, GiB; empty on CPU",
      _train_peak),
     ("gpu_alloc_retries", "GPU allocator retries during the run, max over ranks (memory pressure; schema 2)",
@@ -144,6 +149,7 @@ NUMERIC = {"world_size", "nodes", "devices_per_node", "n_params", "seq_len", "mi
            "tokens_per_s", "tokens_per_s_per_device", "step_time_mean_s", "step_time_p50_s", "step_time_p90_s",
            "final_loss", "model_state_gib_per_rank", "model_state_params_gib", "model_state_grads_gib",
            "model_state_optimizer_gib", "model_state_master_gib", "model_state_comm_buffer_gib",
+           "model_state_device_gib", "model_state_host_gib",
            "train_peak_gib", "gpu_alloc_retries", "rss_footprint_gib", "comm_bytes_per_step", "comm_calls_per_step",
            "flops_per_token", "mfu", "peak_tflops", "h2d_gbps", "time_to_first_step_s", "launcher_startup_s",
            "wall_time_s",

@@ -102,7 +102,9 @@ def _exact(e: Estimate) -> bool:
 
 def describe(c: Any, cat: Any) -> str:
     """'ddp `ddp-w2-s64-mb4-ga1-1a2b3c4d` 1,000 [975, 1,025] tok/s (n=3)': which configuration, what number."""
-    return f"{c.strategy} `{c.name}` {cat.show(c.get(cat.metric))}"
+    host = c.get("model_state_host_gib") if cat.metric == "model_state_device_gib" else None
+    beside = f" (+ {host.mean:.4g} GiB in host memory)" if host is not None and host.mean else ""
+    return f"{c.strategy} `{c.name}` {cat.show(c.get(cat.metric))}{beside}"
 
 
 def decide(cat: Any, group: list[Any], label: str, cv: float | None) -> Verdict | None:

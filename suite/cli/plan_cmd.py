@@ -71,7 +71,7 @@ def shape_context(shape: str | None) -> tuple[dict, int | None, dict]:
         "gpus_per_node": s.get("gpusPerNode") or v.get("gpusPerWorker") or 1, "peak_tflops": s.get("peakTflopsBf16"),
         "intra_node_GBps": links.get("intraNodeGBps"), "inter_node_GBps": links.get("interNodeGBps"),
         "alpha_us": links.get("alphaUs"), "cpu_shared_slowdown": links.get("cpuSharedSlowdown"),
-        "op_busbw_GBps": links.get("opBusbwGBps")}
+        "op_busbw_GBps": links.get("opBusbwGBps"), "host_link_GBps": links.get("hostLinkGBps")}
 
 
 def preflight_links(text: str, links: dict) -> dict:

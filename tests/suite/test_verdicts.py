@@ -128,3 +128,26 @@ def test_efficiency_flag_uses_the_interval_not_the_point():
     c = next(c for c in analysis.analyze(recs).configs if c.world_size == 2)
     assert c.efficiency.mean == pytest.approx(1.08) and c.efficiency.lo < 1.05
     assert not c.flags
+
+
+def _placed(total: int, host: int, device: str) -> dict:
+    """A record's counted state: `host` of `total` bytes in host memory (--offload)."""
+    return {"device": device, "model_state_bytes_per_rank": total,
+            "model_state": [{"rank": 0, "total_bytes": total, "host_bytes": host, "device_bytes": total - host}]}
+
+
+def test_memory_verdicts_compare_device_memory_and_state_host_memory_beside():
+    """Offload moves state off the device (a GPU): it wins on device memory, its host bytes said
+    beside; on a CPU run host and device memory are one, so the same split wins nothing."""
+    MiB = 2 ** 20
+    for device, winner in (("cuda", "zero2 offload optimizer"), ("cpu", "zero3")):
+        an = analysis.analyze([
+            record("zero2", 2, 1000.0, **_placed(60 * MiB, 40 * MiB, device),
+                   settings={"strategy": "zero2", "offload": "optimizer"}),
+            record("zero3", 2, 900.0, **_placed(30 * MiB, 0, device), settings={"strategy": "zero3"})])
+        memory = next(v for v in an.verdicts if v.category.name == "memory: model state per rank")
+        assert memory.kind == "winner", memory.text
+        shown = {c.strategy: verdicts.describe(c, memory.category) for c in memory.candidates}
+        assert memory.best.strategy == winner, (device, shown)
+        assert "(+ 0.03906 GiB in host memory)" in shown["zero2 offload optimizer"], shown
+        assert "host memory" not in shown["zero3"]

@@ -35,10 +35,10 @@ NAMES = "|".join(re.escape(s) for s in ("ddp", "fsdp", "zero1", "zero2", "zero3"
 COMPARED = re.compile(rf'(\S+)\s*(?:==|!=|\bin|\bnot in)\s*[\(\[]?\s*"({NAMES})"')
 STARTS = re.compile(rf'startswith\(\s*"({NAMES})"')
 # The planner, the memory model (the contract's bytes by location, the counted state, the fit
-# check) and the verdict code (suite/analyze once split, suite/ before).
+# check) and the verdict code (suite/analyze: its columns, groupings and verdicts; the summary).
 NAME_FREE = ["trainer/plan/*.py", "trainer/contract.py", "trainer/metrics.py", "trainer/rules.py",
-             "suite/analyze/verdicts.py", "suite/analyze/columns.py", "suite/analyze/rows.py", "suite/analyze/verdicts.py",
-             "suite/analyze/columns.py", "suite/analyze/rows.py", "suite/report/summary.py", "suite/report/summary.py"]
+             "suite/analyze/verdicts.py", "suite/analyze/columns.py", "suite/analyze/rows.py",
+             "suite/analyze/groups.py", "suite/report/summary.py"]
 
 
 def strategy_name_tests(lines: list[str]) -> list[str]:
