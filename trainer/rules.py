@@ -159,8 +159,11 @@ def _layout_errors(cfg: RunConfig, world_size: int, mcfg, seq: int) -> list[str]
             if n % tp:
                 errors.append(f"--tp {tp} does not divide {what}: use a tp that does")
                 break
-        if cfg.checkpoint_every or cfg.async_checkpoint:
-            errors.append(f"--tp {tp} does not checkpoint yet: drop --checkpoint-every / --async-checkpoint")
+        # DCP saves TP's DTensors (alone or under FSDP2); DDP + TP hands DDP the local shards as
+        # plain tensors (parallel.tp.localize_for_ddp), which DCP would save as replicated
+        if (cfg.checkpoint_every or cfg.async_checkpoint) and engine == "ddp" and world_size // (tp * pp) > 1:
+            errors.append(f"--tp {tp} with ddp over {world_size // (tp * pp)} data-parallel ranks does not checkpoint "
+                          "yet: use fsdp (fsdp+tp checkpoints), or drop --checkpoint-every / --async-checkpoint")
     if pp > 1:
         errors += _pipeline_errors(cfg, world_size, mcfg)
     return errors
