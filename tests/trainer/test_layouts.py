@@ -105,7 +105,8 @@ def test_layout_trains_to_one_process_loss_and_grad_norm(tmp_path, one_process, 
                       launcher="torchrun", nproc=ranks)
     assert run.returncode == 0, run.stderr[-3000:]
     r = run.record
-    assert r["status"] == "ok" and r["layout"] == layout
+    assert r["status"] == "ok" and {k: r["layout"][k] for k in layout} == layout
+    assert r["layout"].get("pp", 1) == 1  # pipeline stages: a dimension of its own (trainer/parallel/pp.py)
     assert r["global_batch"] == 8 and r["grad_accum"] == 2
     for step, (got, want) in enumerate(zip(r["loss_per_step"], one_process["loss_per_step"], strict=True)):
         assert abs(got - want) <= LOSS_TOL, (step, got, want)
@@ -122,6 +123,7 @@ def test_layout_trains_to_one_process_loss_and_grad_norm(tmp_path, one_process, 
           f"max |grad norm - accurate one process| "
           f"{max(abs(g - w) for g, w in zip(r['grad_norm_per_step'], OLD['zero1'][1])):.2e}")
     check_comm_by_dim(r, name, layout)
+    check_prediction(r, name)
     coords = r["mesh_coords"]
     assert [c["rank"] for c in coords] == list(range(ranks))
     assert [c["local_rank"] for c in coords] == list(range(ranks))  # one host here
@@ -131,24 +133,60 @@ def test_layout_trains_to_one_process_loss_and_grad_norm(tmp_path, one_process, 
 
 
 def check_comm_by_dim(r: dict, name: str, layout: dict) -> None:
-    """Rank 0's collectives per mesh dimension add up to its per-op counts, each kind of traffic
-    is on its dimension, and DDP's gradient all-reduce carries this rank's parameters once."""
+    """Rank 0's collectives per mesh dimension add up to its per-op counts and equal, call for
+    call and byte for byte, the layout's closed form (trainer/plan/mesh.py comm_by_dim): TP's
+    activation all-gathers, reduce-scatters and all-reduces on tp, the data-parallel gradient
+    ones on dp_shard / dp_replicate."""
+    from shardbench.trainer.plan import mesh
+    from shardbench.trainer.plan.inputs import PlanInput
+
     by_dim, per_op = r["comm_per_step_by_dim"], r["comm_per_step"]
     for op, counted in per_op.items():
         assert sum(d.get(op, {}).get("calls", 0) for d in by_dim.values()) == counted["calls"], op
         assert sum(d.get(op, {}).get("bytes", 0) for d in by_dim.values()) == counted["bytes"], op
     assert set(by_dim) <= {"dp_replicate", "dp_shard", "tp"}, by_dim  # nothing on the world group
+    inp = PlanInput.from_record(r)
+    assert by_dim == mesh.comm_by_dim(inp), (name, by_dim, mesh.comm_by_dim(inp))
     if layout["tp"] > 1:  # activations: sequence gathers and scatters, the loss's reductions
         assert {"all_gather", "reduce_scatter", "all_reduce"} <= set(by_dim["tp"])
-    else:
-        assert "tp" not in by_dim
     if name.startswith("ddp+tp"):  # one all-reduce of every local gradient per step (no_sync before)
-        assert set(by_dim["dp_replicate"]) == {"all_reduce"}
         assert by_dim["dp_replicate"]["all_reduce"]["bytes"] == r["model_state"][0]["params_bytes"]
-    if name.startswith(("hsdp", "fsdp+tp")) and layout["dp_shard"] > 1:
-        assert {"all_gather", "reduce_scatter"} <= set(by_dim["dp_shard"])
-    if name.startswith("hsdp"):  # sharded gradients all-reduced across the replicas
-        assert "all_reduce" in by_dim["dp_replicate"]
+
+
+def check_prediction(r: dict, name: str) -> None:
+    """The planner on the run's own input (traced on a fake mesh, closed-form state and
+    collectives): model state within 2%, tensor peak within 10%, bytes within 1%, calls exact
+    (measured here: state exact, peak within 0.02%, ddp+tp 2x2 -1.8%)."""
+    from shardbench.trainer.plan.accuracy import errors
+    from shardbench.trainer.plan.inputs import PlanInput
+    from shardbench.trainer.plan.predict import predict
+
+    p = predict(PlanInput.from_record(r))
+    e = errors(p, r)
+    assert abs(e["state"]) <= 0.02 and abs(e["peak"]) <= 0.10 and abs(e["comm"]) <= 0.01, (name, e)
+    assert {op: v["calls"] for op, v in p["comm_per_step"].items()} == \
+        {op: v["calls"] for op, v in r["comm_per_step"].items()}, name
+    assert p["comm_per_step_by_dim"] == r["comm_per_step_by_dim"], name
+    print(f"PLAN {name}: state {e['state']:+.3%} peak {e['peak']:+.3%} bytes {e['comm']:+.3%}")
+
+
+def test_the_plan_puts_tp_inside_a_node_and_data_parallel_across_nodes():
+    """Extrapolation to 2 nodes of 4 GPUs (tiny has 4 heads): the TP group's collectives on the intra-node link,
+    HSDP's replica all-reduce on the inter-node one (its shards inside the node), each dimension
+    over its own group's ranks; a TP rank computes 1/tp of its data-parallel rank's work."""
+    from shardbench.trainer.plan.inputs import PlanInput
+    from shardbench.trainer.plan.predict import predict
+
+    links = {"gpus_per_node": 4, "intra_node_GBps": 400, "inter_node_GBps": 400, "alpha_us": 10,
+             "peak_tflops": 989, "shape": "h100"}
+    tp = predict(PlanInput("fsdp", world_size=8, tp=4, seq_len=64, micro_batch=2), links=links)
+    assert tp["step_time"]["link_by_dim"] == {"tp": "intra-node", "dp_shard": "inter-node (per GPU share)"}
+    hsdp = predict(PlanInput("fsdp", world_size=8, dp_replicate=2, seq_len=64, micro_batch=2), links=links)
+    assert hsdp["step_time"]["link_by_dim"] == {"dp_shard": "intra-node", "dp_replicate": "inter-node (per GPU share)"}
+    assert set(hsdp["comm_per_step_by_dim"]["dp_replicate"]) == {"all_reduce"}
+    assert hsdp["memory_sharded_by_dim"]["dp_shard"] == ["params", "grads", "optimizer"]
+    plain = predict(PlanInput("fsdp", world_size=2, seq_len=64, micro_batch=2), links=links)
+    assert tp["step_time"]["compute_s"] == pytest.approx(plain["step_time"]["compute_s"] / 4)
 
 
 # --- bad degrees: one line, exit 2 -----------------------------------------------------------
