@@ -12,11 +12,13 @@ from typing import Any
 from shardbench.suite.matrix.expand import MatrixSpec, matrix_from_dict, values_dir
 
 INT_LIST_FIELDS = ("world_sizes", "seq_lens")
+DEGREE_FIELDS = ("tp", "dp_replicate")
+"""Mesh degrees (trainer knobs): one number, or a list that sweeps them ("1, 2")."""
 INT_FIELDS = ("micro_batch", "grad_accum", "global_batch", "steps", "warmup_steps", "repeats")
 OPTIONAL_INT_FIELDS = ("grad_accum", "global_batch")
 CHOICE_FIELDS = ("model", "precision", "launcher", "shape", "backend")
 EXTRA_FIELDS = tuple(f.name for f in dataclass_fields(MatrixSpec)
-                     if f.name not in ("strategies", *INT_LIST_FIELDS, *INT_FIELDS, *CHOICE_FIELDS))
+                     if f.name not in ("strategies", *INT_LIST_FIELDS, *INT_FIELDS, *CHOICE_FIELDS, *DEGREE_FIELDS))
 """Matrix keys without a widget (timeout, device, seed, results, trainer options...): kept as
 loaded, so saving a matrix never drops them."""
 
@@ -43,6 +45,14 @@ def to_matrix(fields: dict[str, Any]) -> tuple[MatrixSpec | None, list[str]]:
             data[name] = int_list(str(fields.get(name, "")))
         except ValueError as exc:
             errors.append(f"{name.replace('_', ' ')}: {exc}")
+    for name in DEGREE_FIELDS:
+        try:
+            values = int_list(str(fields.get(name, "") or ""))
+        except ValueError as exc:
+            errors.append(f"{name.replace('_', ' ')}: {exc}")
+            continue
+        if values:  # empty: the knob's default (1)
+            data[name] = values[0] if len(values) == 1 else values
     for name in INT_FIELDS:
         text = str(fields.get(name, "") or "").strip()
         if not text and name in OPTIONAL_INT_FIELDS:
@@ -75,6 +85,9 @@ def from_matrix(spec: MatrixSpec) -> dict[str, Any]:
         out[name] = ", ".join(str(v) for v in data[name])
     for name in INT_FIELDS:
         out[name] = "" if data[name] is None else str(data[name])
+    for name in DEGREE_FIELDS:
+        value = getattr(spec, name)
+        out[name] = ", ".join(str(v) for v in value) if isinstance(value, list) else str(value)
     return out
 
 

@@ -26,6 +26,8 @@ INPUTS = (
     ("micro_batch", "Micro-batch"),
     ("grad_accum", "Grad accum"),
     ("global_batch", "Global batch"),
+    ("tp", "TP degree"),
+    ("dp_replicate", "DP replicate"),
     ("steps", "Steps"),
     ("warmup_steps", "Warm-up steps"),
     ("repeats", "Repeats"),
