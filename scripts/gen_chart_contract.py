@@ -151,7 +151,8 @@ def layout_rules() -> list[dict]:
         return {"properties": {key: {"minimum": 2}}, "required": [key]}  # typed by run.<key> itself
 
     return [{"if": above_one("tp"), "then": {"properties": {"strategy": {"enum": engines("ddp", "fsdp")}}}},
-            {"if": above_one("dpReplicate"), "then": {"properties": {"strategy": {"enum": engines("fsdp")}}}}]
+            {"if": above_one("dpReplicate"), "then": {"properties": {"strategy": {"enum": engines("fsdp")}}}},
+            {"if": above_one("pp"), "then": {"properties": {"strategy": {"enum": engines("ddp", "fsdp")}}}}]
 
 
 def number_bounds(current: dict) -> dict[str, dict]:

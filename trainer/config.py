@@ -160,7 +160,7 @@ class RunConfig:
     dp_replicate: int = knob(1, section="parallelism", min=1, max=65536, same_loss=True, chart=True)
     """fsdp only: data-parallel replicate degree (HSDP: parameters sharded inside groups of
     world size / (tp x dp-replicate) ranks and replicated across this many groups)."""
-    pp: int = knob(1, section="parallelism", min=1, max=65536, same_loss=True)
+    pp: int = knob(1, section="parallelism", min=1, max=65536, same_loss=True, chart=True)
     """Pipeline-parallel degree: the blocks split into stages over this many ranks
     (torch.distributed.pipelining), the micro-batches of --grad-accum streamed through them; ddp
     and fsdp only, needs --no-tie-embeddings. The data-parallel degree is world size / (pp x tp)."""

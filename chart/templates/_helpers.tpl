@@ -30,9 +30,10 @@ full name is cut to 50, leaving room for "-worker-NNN" and "-launcher".
 {{- mul (int .Values.workers) (int .Values.gpusPerWorker) }}
 {{- end }}
 
-{{/* Data-parallel ranks: world size / run.tp (a tensor-parallel group shares its rows). */}}
+{{/* Data-parallel ranks: world size / (run.tp x run.pp) (a tensor-parallel group and the stages of
+a pipeline share their rows). */}}
 {{- define "shardbench.dpDegree" -}}
-{{- div (int (include "shardbench.worldSize" .)) (max 1 (int (default 1 .Values.run.tp))) }}
+{{- div (int (include "shardbench.worldSize" .)) (mul (max 1 (int (default 1 .Values.run.tp))) (max 1 (int (default 1 .Values.run.pp)))) }}
 {{- end }}
 
 {{/*
@@ -46,6 +47,10 @@ it fails here (JSON Schema cannot compare two values).
 {{- $per := mul (int .Values.run.microBatch) (int (include "shardbench.dpDegree" .)) }}
 {{- if or (lt (int $gb) $per) (ne (mod (int $gb) $per) 0) }}
 {{- $tp := int (default 1 .Values.run.tp) }}
+{{- $pp := int (default 1 .Values.run.pp) }}
+{{- if gt $pp 1 }}
+{{- fail (printf "run.globalBatch %d is not a multiple of run.microBatch %d x data-parallel ranks %d (world size %d / (run.tp %d x run.pp %d)) = %d" (int $gb) (int .Values.run.microBatch) (int (include "shardbench.dpDegree" .)) (int (include "shardbench.worldSize" .)) $tp $pp $per) }}
+{{- end }}
 {{- if gt $tp 1 }}
 {{- fail (printf "run.globalBatch %d is not a multiple of run.microBatch %d x data-parallel ranks %d (world size %d / run.tp %d) = %d" (int $gb) (int .Values.run.microBatch) (int (include "shardbench.dpDegree" .)) (int (include "shardbench.worldSize" .)) $tp $per) }}
 {{- end }}
@@ -84,6 +89,10 @@ schema rejects what it can say alone (ZeRO with tp > 1, dpReplicate > 1 without 
 {{- $world := int (include "shardbench.worldSize" .) }}
 {{- if and (gt $tp 1) (ne (mod (int .Values.gpusPerWorker) $tp) 0) }}
 {{- fail (printf "run.tp %d does not divide gpusPerWorker %d: a tensor-parallel group must stay inside one worker; pick a run.tp that divides gpusPerWorker" $tp (int .Values.gpusPerWorker)) }}
+{{- end }}
+{{- $pp := int (default 1 .Values.run.pp) }}
+{{- if and (gt $pp 1) (ne (mod $world (mul $pp (mul $tp $rep))) 0) }}
+{{- fail (printf "world size %d (workers %d x gpusPerWorker %d) is not divisible by run.pp %d x run.tp %d x run.dpReplicate %d = %d: pick degrees whose product divides the world size" $world (int .Values.workers) (int .Values.gpusPerWorker) $pp $tp $rep (mul $pp (mul $tp $rep))) }}
 {{- end }}
 {{- if ne (mod $world (mul $tp $rep)) 0 }}
 {{- fail (printf "world size %d (workers %d x gpusPerWorker %d) is not divisible by run.tp %d x run.dpReplicate %d = %d: pick degrees whose product divides the world size" $world (int .Values.workers) (int .Values.gpusPerWorker) $tp $rep (mul $tp $rep)) }}
