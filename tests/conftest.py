@@ -15,3 +15,17 @@ def sigpipe_stays_ignored():
         signal.signal(signal.SIGPIPE, signal.SIG_IGN)
         pytest.fail(f"this test left SIGPIPE's handler at {handler}: process-wide settings belong "
                     "in a console-script entry, never in code tests call in-process")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_runs_and_fork_server(tmp_path_factory):
+    """Where this session's shared reference runs live (tests/reference_runs.py: one directory
+    for all xdist workers), and the one-rank fork server's end (tests/forkserver.py)."""
+    import os
+
+    from tests import forkserver, reference_runs
+
+    base = tmp_path_factory.getbasetemp()
+    reference_runs.set_root((base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared-runs")
+    yield
+    forkserver.close()

@@ -60,12 +60,20 @@ def command(args: list[str], launcher: str | None, nproc: int, tmp: Path) -> lis
 
 
 def run_trainer(args: list[str], tmp: Path, launcher: str | None = None, nproc: int = 1,
-                timeout: float = 300, master_env: bool = True) -> Run:
+                timeout: float = 300, master_env: bool = True, fork: bool = True) -> Run:
     """Run the trainer to the end. mpirun ranks get MASTER_ADDR/PORT from the environment unless
-    master_env is False: then rank 0 must share its address through mpi4py."""
+    master_env is False: then rank 0 must share its address through mpi4py. A one-process run is
+    forked from the session's fork server (tests/forkserver.py: torch and DeepSpeed imported
+    once) unless fork is False: pass that where the run's start-up itself is under test."""
     env = cpu_env()
     if launcher == "mpirun" and master_env:
         env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    if launcher is None and fork:
+        from tests import forkserver
+
+        server = forkserver.server(env)
+        if server is not None and server.fits(env):
+            return Run(*server.run(args, env, REPO, timeout))
     proc = subprocess.run(command(args, launcher, nproc, tmp), cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=timeout)
     return Run(proc.returncode, proc.stdout, proc.stderr)

@@ -1,0 +1,170 @@
+"""One-rank trainer runs without paying torch's and DeepSpeed's import each time.
+
+A one-process `python -m shardbench.trainer` spends most of its wall time importing (torch,
+DeepSpeed, the trainer: 4-8 s of a 10 s run on this 2-core machine). A fork server imports them
+once per pytest session (per xdist worker), in a process that has run no torch op and started no
+thread, and forks a child per run: the child sets the run's environment and working directory,
+points fds 0/1/2 at /dev/null and two files, and calls `shardbench.trainer.cli.main(argv)`,
+which ends with os._exit as a real run does. So each run is still its own process (its own
+process group, signals, affinity, threads and exit), only its imports are inherited.
+
+Not for: runs under a launcher (torchrun/mpirun/deepspeed start their own ranks), runs whose
+start-up is what a test measures (the record's time_to_first_step_s starts at the fork), and an
+environment that changes what the imports saw (`_IMPORT_ENV`): those fall back to a subprocess.
+"""
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+PRELOAD = ("torch._dynamo",  # AdamW's constructor imports it: 1-10 s of every run here
+           "torch.distributed.fsdp", "torch.distributed.checkpoint", "torch.distributed.tensor",
+           "deepspeed.runtime.zero.stage3", "deepspeed.runtime.zero.stage_1_and_2", "deepspeed.ops.op_builder")
+"""What runs import lazily, after the trainer has wrapped the collectives (so imported after it)."""
+
+# Runs in the server process: preload in the trainer's own order (collectives wrapped before
+# DeepSpeed is imported, as Trainer() does before a ZeRO strategy imports it), then serve.
+SERVER = r"""
+PRELOAD = %r
+import json, os, sys, traceback
+proto_in, proto_out = sys.stdin, os.fdopen(os.dup(1), "w")  # the protocol; prints go elsewhere
+os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+from shardbench.trainer import cli
+from shardbench.trainer.train import Trainer  # noqa: F401 - torch and the strategies
+from shardbench.trainer.comm import COUNTER
+COUNTER.install()
+from shardbench.trainer.strategies.zero import import_deepspeed
+import_deepspeed()
+import importlib
+for name in PRELOAD:
+    importlib.import_module(name)
+import threading
+assert threading.active_count() == 1, "a preloaded import started a thread: forking would lose it"
+import importlib.util
+MAIN = importlib.util.find_spec("shardbench.trainer.__main__").origin
+sys.stdout.flush()
+print(json.dumps({"ready": os.getpid()}), file=proto_out, flush=True)
+for line in proto_in:
+    req = json.loads(line)
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.setpgid(0, 0)  # its own group, as a subprocess the test kills on a timeout
+            proto_out.close()
+            os.chdir(req["cwd"])
+            os.environ.clear()
+            os.environ.update(req["env"])
+            null = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(null, 0)
+            for fd, path in ((1, req["stdout"]), (2, req["stderr"])):
+                out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                os.dup2(out, fd)
+                os.close(out)
+            sys.argv = [MAIN, *req["argv"]]
+            code = cli.main(req["argv"])
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except Exception:
+                    pass
+            os._exit(code)
+    print(json.dumps({"pid": pid}), file=proto_out, flush=True)
+    _, status = os.waitpid(pid, 0)
+    print(json.dumps({"rc": os.waitstatus_to_exitcode(status)}), file=proto_out, flush=True)
+""" % (PRELOAD,)
+
+_IMPORT_ENV = ("PYTHONPATH", "PYTHONWARNINGS", "PYTHONHASHSEED", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS",
+               "MKL_NUM_THREADS", "LD_PRELOAD", "LD_LIBRARY_PATH", "DS_ACCELERATOR")
+"""Variables read while importing: a run that sets them otherwise than the server gets a subprocess."""
+
+
+class ForkServer:
+    def __init__(self, env: dict[str, str]):
+        self.env = dict(env)
+        self._lock = threading.Lock()
+        self._proc = subprocess.Popen([sys.executable, "-c", SERVER], cwd=REPO, env=self.env, text=True,
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        self._tmp = tempfile.TemporaryDirectory(prefix="forkserver-")
+        self._buf = b""
+        self._read(300.0)  # {"ready": pid} once the imports are done
+
+    def fits(self, env: dict[str, str]) -> bool:
+        return all(env.get(k) == self.env.get(k) for k in _IMPORT_ENV)
+
+    def run(self, argv: list[str], env: dict[str, str], cwd: Path, timeout: float) -> tuple[int, str, str]:
+        """(exit code, stdout, stderr) of one trainer run; subprocess.TimeoutExpired after killing
+        it when it outlives `timeout`, as subprocess.run does."""
+        with self._lock:
+            out, err = Path(self._tmp.name) / "stdout", Path(self._tmp.name) / "stderr"
+            req = {"argv": argv, "env": env, "cwd": str(cwd), "stdout": str(out), "stderr": str(err)}
+            self._proc.stdin.write(json.dumps(req) + "\n")  # type: ignore[union-attr]
+            self._proc.stdin.flush()  # type: ignore[union-attr]
+            pid = json.loads(self._read(30.0))["pid"]
+            try:
+                rc = json.loads(self._read(timeout))["rc"]
+            except TimeoutError:
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                self._read(30.0)
+                raise subprocess.TimeoutExpired(["shardbench.trainer", *argv], timeout,
+                                                out.read_text(errors="replace"), err.read_text(errors="replace"))
+            return rc, out.read_text(errors="replace"), err.read_text(errors="replace")
+
+    def _read(self, timeout: float) -> str:
+        """One protocol line, read from the fd itself (a buffered reader could hold the next
+        line where select cannot see it)."""
+        fd = self._proc.stdout.fileno()  # type: ignore[union-attr]
+        while b"\n" not in self._buf:
+            ready, _, _ = select.select([fd], [], [], timeout)
+            if not ready:
+                raise TimeoutError
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                raise RuntimeError(f"the fork server died (exit {self._proc.wait()})")
+            self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        return line.decode()
+
+    def close(self) -> None:
+        if self._proc.poll() is None:  # idle between runs, nothing to flush: torch's teardown costs seconds
+            self._proc.kill()
+            self._proc.wait()
+        self._tmp.cleanup()
+
+
+_SERVER: ForkServer | None = None
+
+
+def server(env: dict[str, str]) -> ForkServer | None:
+    """This session's fork server, started on first use; None when SHARDBENCH_TEST_NO_FORK is set
+    (every one-rank run then starts its own interpreter, as before)."""
+    global _SERVER
+    if os.environ.get("SHARDBENCH_TEST_NO_FORK"):
+        return None
+    if _SERVER is None:
+        _SERVER = ForkServer(env)
+    return _SERVER
+
+
+def close() -> None:
+    global _SERVER
+    if _SERVER is not None:
+        _SERVER.close()
+        _SERVER = None

@@ -1,0 +1,31 @@
+"""The tests' one-rank fork server (tests/forkserver.py) runs the trainer as a fresh interpreter
+does: the same record numbers, the same collectives counted (DeepSpeed imported after the
+trainer wrapped torch.distributed, as in a real rank), the same exit codes and one-line errors."""
+from __future__ import annotations
+
+import pytest
+
+from tests.trainer.conftest import run_trainer
+
+pytestmark = pytest.mark.slow  # a one-rank run twice
+
+ARGS = ["--strategy", "zero2", "--model", "tiny", "--seq-len", "32", "--micro-batch", "2", "--global-batch", "4",
+        "--steps", "3", "--warmup-steps", "1", "--precision", "fp32", "--seed", "3"]
+
+
+def test_a_forked_run_is_a_fresh_interpreters_run(tmp_path):
+    forked, fresh = run_trainer(ARGS, tmp_path), run_trainer(ARGS, tmp_path, fork=False)
+    assert forked.returncode == fresh.returncode == 0, forked.stderr[-2000:] + fresh.stderr[-2000:]
+    a, b = forked.record, fresh.record
+    assert a["loss_per_step"] == b["loss_per_step"] and a["grad_norm_per_step"] == b["grad_norm_per_step"]
+    assert a["comm_per_step"] and {op: (c["calls"], c["bytes"]) for op, c in a["comm_per_step"].items()} == \
+        {op: (c["calls"], c["bytes"]) for op, c in b["comm_per_step"].items()}
+    assert a["model_state"] == b["model_state"] and a["threads_per_rank"] == b["threads_per_rank"]
+    assert a["cpu_affinity"] == b["cpu_affinity"]
+
+
+def test_a_refused_run_exits_2_with_one_line_in_both(tmp_path):
+    forked = run_trainer(["--strategy", "ddp", "--checkpoint-every", "5"], tmp_path)
+    fresh = run_trainer(["--strategy", "ddp", "--checkpoint-every", "5"], tmp_path, fork=False)
+    assert forked.returncode == fresh.returncode == 2
+    assert forked.stderr == fresh.stderr and len(forked.stderr.strip().splitlines()) == 1
