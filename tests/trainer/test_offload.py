@@ -50,6 +50,25 @@ def test_offload_and_hpz_rows_train_to_one_process_losses(one_process, row, tmp_
         assert plan["memory_by_location"]["host"] == max(s["host_bytes"] for s in r["model_state"])
 
 
+@pytest.mark.slow
+def test_hpz_at_four_ranks_keeps_a_secondary_partition_and_one_process_losses(one_process, tmp_path):
+    """hpZ 2 of 4 ranks (2 of 2 is plain ZeRO-3): the same losses, and each rank holds the secondary
+    copy of the blocks' parameters (1/2 of them) beside its primary quarter, as the planner says."""
+    from shardbench.trainer.plan import formulas
+
+    run = run_trainer(["--strategy", "zero3", "--zero-hpz-partition-size", "2", "--micro-batch", "2", *COMMON],
+                      tmp_path, launcher="torchrun", nproc=4)
+    assert run.returncode == 0, run.stderr[-3000:]
+    r = run.record
+    diffs = [abs(a - b) for a, b in zip(r["loss_per_step"], one_process["loss_per_step"])]
+    assert len(diffs) == 4 and max(diffs) <= TOLERANCE, diffs
+    inp = PlanInput.from_record(r)
+    assert inp.zero_hpz_partition_size == 2
+    off = {**r, "settings": {**r["settings"], "zero_hpz_partition_size": 1}}
+    plain = formulas.model_state(PlanInput.from_record(off))
+    assert r["model_state"][0]["params_bytes"] == formulas.model_state(inp)["params"] > plain["params"]
+
+
 @pytest.mark.parametrize("flags,said", [
     (["--strategy", "ddp", "--offload", "optimizer"], "ddp cannot keep optimizer in host memory (offload)"),
     (["--strategy", "zero2", "--offload", "params"], "DeepSpeed offloads parameters at ZeRO stage 3 only"),

@@ -67,8 +67,13 @@ def model_state(inp: PlanInput) -> dict[str, int]:
     # Gradients not sharded (ZeRO-1): whole between micro-steps, reduced into the partition at
     # the last one; sharded: reduced into the partition at every micro-step.
     whole_grads = not sharded(lay, "grads") and inp.grad_accum > 1
-    return {"params": weight * (part if sharded(lay, "params") else P), "grads": grad * (P if whole_grads else part),
-            "optimizer": 8 * part, "master": 4 * part}
+    hpz = inp.zero_hpz_partition_size
+    # ZeRO++ hpZ: a secondary copy of every block's parameters split over hpz ranks (the root is
+    # persistent, never partitioned again); counted with the parameters (measured: exact on tiny)
+    secondary = sum(math.ceil(Params.numel(s) / hpz) for i in range(inp.model_config().n_layer)
+                    for _, s in params.block(i)) if stage(lay) == 3 and hpz > 1 else 0
+    return {"params": weight * ((part if sharded(lay, "params") else P) + secondary),
+            "grads": grad * (P if whole_grads else part), "optimizer": 8 * part, "master": 4 * part}
 
 
 def buckets(inp: PlanInput) -> int:

@@ -115,7 +115,8 @@ class PlanInput:
                    dp_replicate=int((r.get("layout") or {}).get("dp_replicate") or 1)
                    if _replicates_shards(r.get("strategy")) else 1,
                    offload=str((r.get("settings") or {}).get("offload") or "none"),
-                   zero_hpz_partition_size=int(r.get("zero_hpz_partition_size") or 1), **over)
+                   zero_hpz_partition_size=int((r.get("settings") or {}).get("zero_hpz_partition_size") or 1),
+                   **over)
 
 
 def _replicates_shards(strategy: str | None) -> bool:

@@ -164,7 +164,6 @@ class ZeroStrategy(Strategy):
         out = {"bucket_mib": cfg.bucket_mib}
         if self.ctx.state.zero_stage == 3:  # only stage 3 gathers parameters
             out["reshard_after_forward"] = cfg.reshard_after_forward
-            out["zero_hpz_partition_size"] = cfg.zero_hpz_partition_size
         return out
 
     @property
@@ -177,6 +176,7 @@ class ZeroStrategy(Strategy):
     def model_state(self) -> RankModelState:
         opt = self.optimizer
         params = [getattr(p, "ds_tensor", p) for p in self.model.parameters()]
+        params += [getattr(p, "ds_secondary_tensor", None) for p in self.model.parameters()]  # ZeRO++ hpZ's copy
         grads = [p.grad for p in self.model.parameters()]
         for name in GRAD_ATTRS:
             grads += _tensors(getattr(opt, name, None))
