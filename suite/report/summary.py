@@ -75,7 +75,7 @@ def rows(verdicts: list[Verdict]) -> list[list[Any]]:
     return out
 
 
-HEADER = ["comparison (same settings except strategy)", "fastest", "throughput", "least memory", "memory"]
+HEADER = ["which layout (same settings and devices)", "fastest", "throughput", "least memory", "memory"]
 
 
 def text(verdicts: list[Verdict], where: str = "") -> str:
