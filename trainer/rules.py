@@ -189,6 +189,9 @@ def _pipeline_errors(cfg: RunConfig, world_size: int, mcfg) -> list[str]:
                       "scaler; use bf16 or fp32")
     if cfg.checkpoint_every or cfg.async_checkpoint:
         errors.append(f"--pp {pp} does not checkpoint yet: drop --checkpoint-every / --async-checkpoint")
+    if cfg.ddp_comm_hook != "none":  # pp x ddp averages the stages' gradients itself (pp.all_reduce_grads)
+        errors.append(f"--pp {pp} with --ddp-comm-hook {cfg.ddp_comm_hook}: the stages' gradients are not reduced by "
+                      "torch's DDP under a pipeline; use --ddp-comm-hook none (--grad-reduce-dtype bf16 for bf16)")
     return errors
 
 

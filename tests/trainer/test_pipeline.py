@@ -77,6 +77,8 @@ def test_pipeline_trains_to_one_process_loss_and_grad_norm(tmp_path, one_process
     r = run.record
     assert r["status"] == "ok" and r["layout"] == layout and r["global_batch"] == 8
     assert r["model"]["tie_embeddings"] is False
+    if strategy == "fsdp":  # PipelineStage reduce-scatters once per step, whatever the knob says
+        assert r["fsdp_grad_sync"] == "last_micro_step"
     loss_diff = [abs(g - w) for g, w in zip(r["loss_per_step"], one_process["loss_per_step"], strict=True)]
     norm_diff = [abs(g - w) for g, w in zip(r["grad_norm_per_step"], ACCURATE_NORM, strict=True)]
     print(f"PARITY {name}: max |loss - one process| {max(loss_diff):.2e}, "
@@ -195,6 +197,8 @@ UNTIED = dict(tie_embeddings=False)
              **UNTIED), "holds exactly 2 stages per rank in a V"),
     (2, dict(strategy="fsdp", pp=2, grad_accum=2, checkpoint_every=1, checkpoint_dir="/tmp/x", **UNTIED),
      "--pp 2 does not checkpoint yet"),
+    (4, dict(strategy="ddp", pp=2, grad_accum=2, ddp_comm_hook="powersgd", **UNTIED),
+     "--pp 2 with --ddp-comm-hook powersgd"),
 ])
 def test_impossible_pipelines_are_one_line(world, knobs, words):
     from shardbench.trainer import rules
@@ -273,9 +277,11 @@ def test_the_report_compares_pipelines_with_untied_ddp_in_one_group_named_with_t
     records = []
     for i, (strategy, accum, degrees) in enumerate(made):
         for repeat in range(3):
+            # fsdp's pipelines reduce-scatter once per step (the record says so; the knob says not)
+            sync = {"fsdp_grad_sync": "last_micro_step"} if strategy == "fsdp" else {}
             records.append(record(strategy, world_size=4, micro_batch=2, grad_accum=accum, repeat=repeat,
                                   tokens_per_s=1000.0 + 10 * i + repeat, global_batch=8,
-                                  config_id=f"cfg{i}", run_id=f"{strategy}-w4-cfg{i}-r{repeat}",
+                                  config_id=f"cfg{i}", run_id=f"{strategy}-w4-cfg{i}-r{repeat}", **sync,
                                   settings={"strategy": strategy, "micro_batch": 2, "tie_embeddings": False,
                                             **degrees}))
     an = analysis.analyze(records)

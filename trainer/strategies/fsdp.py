@@ -106,6 +106,9 @@ class FSDPStrategy(TorchStrategy):
 
     def recorded(self) -> dict:
         # No bucket_mib: FSDP2 communicates per module (the record says None, not a size it ignored).
-        return {"fsdp_grad_sync": self.ctx.cfg.fsdp_grad_sync,
+        # Under a pipeline, PipelineStage turns FSDP's gradient sync off for every micro-batch and
+        # reduce-scatters once after the last (perform_reduce_grad): last_micro_step, whatever the knob.
+        sync = self.ctx.cfg.fsdp_grad_sync if self.pipeline is None else "last_micro_step"
+        return {"fsdp_grad_sync": sync,
                 "reshard_after_forward": self.ctx.cfg.reshard_after_forward,
                 "float8_all_gather": self.float8_all_gather if self.ctx.cfg.float8 != "off" else None}
