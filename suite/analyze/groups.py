@@ -46,7 +46,7 @@ accumulates twice as many micro-steps): "same settings except the layout"."""
 def layout_name(s: dict[str, Any]) -> str:
     """`mesh_name`, and a pipeline after it: "fsdp, pp 2 1F1B", "tp 2, pp 2 GPipe", "pp 4 ZBVZeroBubble"
     (a pipeline alone: one data-parallel rank, no tp)."""
-    pp, world, tp = int(s.get("pp") or 1), int(s.get("world_size") or 1), int(s.get("tp") or 1)
+    pp, world = int(s.get("pp") or 1), int(s.get("world_size") or 1)
     if pp == 1:
         return mesh_name(s)
     pipeline = f"pp {pp} {s.get('pp_schedule') or '1F1B'}"
