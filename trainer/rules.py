@@ -51,7 +51,7 @@ def _check_value(value: Any, kind: Any, meta: typing.Mapping[str, Any]) -> str |
             return f"must be text, got {value!r}"
         # On a command line (the trainer's, its launcher's) it would read as a flag: `--output-dir
         # --help` ended every run with "expected one argument" after the dry run passed.
-        return f"got {value!r}, which starts with '-' (it would read as a flag): for a path write ./{value}" \
+        return f"got {value!r}, which starts with '-' and would read as a flag (a path: write {'./' + value!r})" \
             if value.startswith("-") else None
     else:
         return None

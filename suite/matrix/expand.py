@@ -360,11 +360,18 @@ def _repeat_id(spec: RunSpec, repeat: int) -> str:
                            spec.config_id, repeat)
 
 
+_WORDED = re.compile(r"(?P<quoted>'[^']*'|\"[^\"]*\")|--no-(?P<no>[a-z][a-z0-9-]*)|--(?P<flag>[a-z][a-z0-9-]*)")
+
+
 def _matrix_wording(error: str) -> str:
     """The trainer's rule, said with the matrix key a YAML author wrote (--micro-batch -> micro_batch,
-    --no-tie-embeddings -> tie_embeddings: false)."""
-    error = re.sub(r"--no-([a-z][a-z0-9-]*)", lambda m: m.group(1).replace("-", "_") + ": false", error)
-    return re.sub(r"--([a-z][a-z0-9-]*)", lambda m: m.group(1).replace("-", "_"), error)
+    --no-tie-embeddings -> tie_embeddings: false); a quoted value stays as written
+    (deepspeed_config got '--help', not 'help')."""
+    def word(m: re.Match) -> str:
+        if m.group("quoted"):
+            return m.group(0)
+        return m.group("no").replace("-", "_") + ": false" if m.group("no") else m.group("flag").replace("-", "_")
+    return _WORDED.sub(word, error)
 
 
 def _given(value: Any, from_shape: Any) -> Any:

@@ -101,3 +101,36 @@ def test_a_bound_names_the_file_only_for_a_value_the_file_set(tmp_path):
                           capture_output=True, text=True, timeout=60)
     assert over.returncode == 2 and over.stderr.strip().splitlines() == [
         "shardbench: invalid matrix: micro_batch must be at most 65536, got 70000"], over.stderr[-2000:]
+
+
+def _text_knobs() -> list[str]:
+    """The matrix keys whose value is free text that reaches the trainer's command line."""
+    import typing
+
+    from shardbench.suite.matrix.specs import KNOB_KEYS
+    from shardbench.trainer.config import RunConfig
+
+    hints = typing.get_type_hints(RunConfig)
+    return sorted(k for k in KNOB_KEYS if typing.get_origin(hints[k]) is not typing.Literal
+                  and str in (typing.get_args(hints[k]) or (hints[k],)))
+
+
+@pytest.mark.parametrize("where", ["file", "flag"])
+def test_every_text_value_like_a_flag_is_refused_in_the_dry_run(tmp_path, where):
+    """Issue 35: `results: --help` passed the dry run and every run then failed with "expected one
+    argument"; only results was checked. Every text knob (from RunConfig's types, not a list here),
+    set in the file or by a flag, is one line naming its key, exit 2."""
+    names = _text_knobs() + ["shape", "launcher", "results"]  # the suite's own that reach it too
+    assert {"deepspeed_config", "resume_allow"} <= set(names)
+    path = tmp_path / "m.yaml"
+    for name in names:
+        path.write_text("strategies: [zero2]\nworld_sizes: [1]\n" + (f"{name}: --help\n" if where == "file" else ""))
+        given = ([] if name == "results" else ["--results", str(tmp_path / "r")]) \
+            + ([] if where == "file" else [f"--{name.replace('_', '-')}=--help"])
+        proc = subprocess.run([sys.executable, "-m", "shardbench.suite.cli", "run", "--matrix", str(path),
+                               "--dry-run", "--no-plan", *given], cwd=tmp_path, capture_output=True, text=True,
+                              timeout=60)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1, (name, proc.stderr[-2000:])
+        assert f"{name} " in lines[0] and "'--help'" in lines[0], lines[0]  # the key, the value as written
+    assert not (tmp_path / "r").exists()
