@@ -65,6 +65,7 @@ def _checks(reports, kind):
     return [c for r in reports for c in r["results"][kind]]
 
 
+@pytest.mark.slow  # checkov scans every render: ~4 s idle
 @pytest.mark.parametrize("framework", ["helm", "kubernetes"])
 def test_checkov_finds_nothing(checkov_reports, framework):
     failed = _checks(checkov_reports[framework], "failed_checks")
@@ -72,6 +73,7 @@ def test_checkov_finds_nothing(checkov_reports, framework):
     assert _checks(checkov_reports[framework], "passed_checks")
 
 
+@pytest.mark.slow  # checkov scans every render: ~4 s idle
 @pytest.mark.parametrize("framework", ["helm", "kubernetes"])
 def test_every_skip_is_written_in_the_chart_with_a_reason(checkov_reports, framework):
     for check in _checks(checkov_reports[framework], "skipped_checks"):

@@ -68,6 +68,7 @@ def test_anything_else_fails_with_one_line(tmp_path, mode, reason):
     assert last.startswith("smoke check:") and reason in last, proc.stderr
 
 
+@pytest.mark.slow  # a real run: ~6 s idle
 def test_the_rendered_test_pod_command_passes_with_the_real_trainer(tmp_path):
     pod = next(d for d in render("helm3", ("cpu.yaml",)) if d["kind"] == "Pod")
     cmd = pod["spec"]["containers"][0]["command"]

@@ -168,6 +168,7 @@ def test_default_store_is_a_local_file_store_under_the_results(tmp_path):
     assert [a.path for a in client.list_artifacts(run.info.run_id)] == ["log.txt"]
 
 
+@pytest.mark.slow  # the suite CLI importing mlflow: ~8 s idle
 def test_an_unreachable_server_is_one_line_and_exit_2(tmp_path):
     proc = subprocess.run(cli("run", "--results", str(tmp_path / "r"), "--mlflow-uri",
                               f"http://127.0.0.1:{free_port()}", *MATRIX),

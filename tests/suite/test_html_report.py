@@ -46,6 +46,7 @@ def test_report_draws_loss_curves_and_per_rank_plots(tmp_path):
     assert "](plots/loss_curves.png)" in md and "](plots/per_rank_model_state.png)" in md
 
 
+@pytest.mark.slow  # a report with plots, in a fresh interpreter: ~6 s idle
 def test_html_report_is_self_contained(tmp_path):
     rep = build_report(result_set(tmp_path / "results"), tmp_path / "report")
     page = rep.html.read_text()

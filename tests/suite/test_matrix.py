@@ -134,6 +134,7 @@ def test_a_missing_matrix_file_is_one_line():
         load_matrix("/no/such.yaml")
 
 
+@pytest.mark.slow  # 200,000 specs: ~12 s idle
 def test_large_matrices_need_a_yes_and_expand_linearly():
     m = MatrixSpec(strategies=["ddp"], world_sizes=[1], seq_lens=list(range(1, 201)), repeats=1000)
     started = time.monotonic()

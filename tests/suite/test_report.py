@@ -241,6 +241,7 @@ def test_results_screen_data_shows_unreadable_rows(tmp_path):
     assert "nested too deeply" in next(r.detail for r in view.rows if r.key == "deep")
 
 
+@pytest.mark.slow  # reports with plots, in fresh interpreters: ~6 s idle
 def test_report_cli_finds_result_sets_below_the_dir(tmp_path):
     write(tmp_path / "results" / "default", [record("ddp", 1, 1000.0)])
     write(tmp_path / "results" / "h100", [record("zero3", 1, 900.0)])

@@ -238,6 +238,7 @@ def test_real_run_is_written_by_the_runner_and_cancel_marks_it_cancelled(tmp_pat
         assert json.loads((tmp_path / rid / "result.json").read_text()) == rec
 
 
+@pytest.mark.slow  # a real matrix run: ~10 s idle
 def test_cli_exit_1_when_some_run_failed_and_the_summary_lists_every_run(tmp_path):
     """One run already finished ok (kept by resume), the other's directory is a file: exit 1,
     and both are in the summary (kept runs used to be left out when the matrix died)."""

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from shardbench.suite.analyze import analysis
 from shardbench.suite.report import summary
 from shardbench.suite.report.markdown import build_report
@@ -72,6 +74,7 @@ def test_report_and_html_state_the_same_tie(tmp_path):
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow  # a report with plots, in a fresh interpreter: ~4 s idle
 def test_report_cli_ends_by_printing_the_summary(tmp_path):
     import subprocess
     import sys

@@ -95,6 +95,7 @@ def test_nothing_predicted_over_the_limit_runs_and_the_default_is_said_to_break_
     assert all(t["measured_peak_bytes"] == t["params"]["micro_batch"] * 30 * MIB for t in measured)  # the tensor peak
 
 
+@pytest.mark.slow  # a tuning report with plots: ~5 s idle
 def test_tuned_vs_default_is_a_verdict_with_flags(tmp_path):
     backend = StandIn({1: 500.0, 2: 900.0, 4: 1500.0, 8: 2500.0}, overloaded={8})
     tuning, text = tune(tmp_path, backend, limit=None)

@@ -118,6 +118,7 @@ def test_write_atomic_is_0644_and_leaves_no_temp_file_when_the_disk_is_full(tmp_
         assert sorted(p.name for p in full.iterdir()) == ["filler"]
 
 
+@pytest.mark.slow  # real ranks, their start-up under test
 def test_every_rank_stamps_its_process_start(tmp_path):
     """A cluster run's launcher_startup_s ends at the last rank's stamp (suite/execute/startup.py): the
     rank's process start, read from its own /proc, printed once the checks passed."""
@@ -134,6 +135,7 @@ def test_every_rank_stamps_its_process_start(tmp_path):
     assert refused.returncode == 2 and "SHARDBENCH_START" not in refused.stderr  # bad input stays one line
 
 
+@pytest.mark.slow  # a real run in a fresh interpreter: ~7 s idle
 def test_closed_stdout_does_not_lose_the_result(tmp_path):
     """`python -m shardbench.trainer ... | head -c 50`: the reader goes away after the first line; the run
     still finishes ok and result.json holds its record."""
@@ -148,6 +150,7 @@ def test_closed_stdout_does_not_lose_the_result(tmp_path):
     assert saved["status"] == "ok" and saved["measured_steps"] == 10
 
 
+@pytest.mark.slow  # a fresh interpreter importing DeepSpeed: ~5 s idle
 def test_ranks_import_deepspeed_without_mlflow():
     """DeepSpeed's autotuner imports mlflow whenever it is installed (the tracking extra): most
     of a second of every DeepSpeed rank's start-up. The trainer's import leaves it out."""

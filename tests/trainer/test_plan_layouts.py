@@ -127,6 +127,7 @@ print("REPORT", json.dumps([l for l in markdown([record]).splitlines() if "not m
 '''
 
 
+@pytest.mark.slow  # three CLIs in fresh interpreters: ~6 s idle
 def test_plan_run_and_report_say_not_modelled_in_one_line(tmp_path):
     (tmp_path / "sb_offload_row.py").write_text(OFFLOAD_ROW)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)]),
