@@ -143,11 +143,19 @@ class FaultRecovery:
     injected_at_step: int | None = None
     """Last optimizer step rank 0 reported before the fault."""
     detection_s: float | None = None
-    """From the fault to the launcher's exit, seconds."""
+    """From the fault to the first rank's report of it (`detected_by`), or to the launcher's exit
+    when no rank reported (kill-launcher), seconds."""
+    detected_by: str | None = None
+    """What ended detection: the first failure line of a rank after the fault ("rank 0: timeout",
+    "rank 0: failed"), or "launcher exit"."""
+    launcher_wait_s: float | None = None
+    """From that report to the launcher's exit, seconds: the launcher's own wait (torchrun gave a
+    stopped rank 30 s more), not the strategy's, so not part of recovery_s."""
     restart_s: float | None = None
     """From the launcher's exit to the first step after resume, seconds."""
     recovery_s: float | None = None
-    """From the fault to the first step after resume (detection + restart), seconds."""
+    """detection_s + restart_s: the fault to the first step after resume, less the launcher's own
+    wait (launcher_wait_s), seconds."""
     steps_redone: int = 0
     """Steps computed again because they came after the checkpoint resumed from."""
     total_wall_s: float | None = None
