@@ -13,8 +13,10 @@ default `--resume auto`), runs every attempt (launch) in `<run dir>/launch-<k>/`
 the first one from the progress lines (the ranks are found by their command line and their
 launcher's rank variables), waits for the launcher to end, and relaunches up to `max_restarts`
 times. The record of the last attempt holds the whole run's losses and step times (they travel in
-the checkpoint); `fault` adds detection time (fault to launcher exit), restart time (exit to the
-first step after resume), steps redone and goodput.
+the checkpoint); `fault` adds detection time (fault to the first rank's failure report, or to
+the launcher's exit when no rank reports), the launcher's own wait after that report (not part
+of the recovery: torchrun waited 30 s for a stopped rank where prterun did not), restart time
+(exit to the first step after resume), steps redone and goodput.
 """
 from __future__ import annotations
 
@@ -58,6 +60,9 @@ class _Attempt:
         self.injected_step: int | None = None
         self.last_step = 0
         self.first_step_at: float | None = None
+        self.failed_at: float | None = None
+        self.failed_line: str | None = None
+        """When and what the first rank reported failing after the fault (its own report)."""
         self.notes: list[str] = []
         """What the suite did to this launch (the fault), for the joined log."""
 
@@ -72,8 +77,10 @@ class _Attempt:
                 self.emit(RunLogLine(self.spec.run_id, self.notes[-1]))
                 self._stopped = (rank_pid(self.marker, self.fault.rank)  # type: ignore[arg-type]  # stop-rank has a rank
                                  if self.fault.kind == "stop-rank" else None)
-        elif (isinstance(event, RunLogLine) and getattr(self, "_stopped", None) and self.injected_at is not None
-              and _FAILED.search(event.line)):
+        elif isinstance(event, RunLogLine) and self.injected_at is not None and self.failed_at is None \
+                and (found := _FAILED.search(event.line)):
+            self.failed_at, self.failed_line = time.time(), event.line[found.start():found.end() - 2]
+        if (isinstance(event, RunLogLine) and getattr(self, "_stopped", None) and self.failed_at is not None):
             # Another rank found the hang (its collective timed out): let the stopped rank act on
             # the launcher's SIGTERM, as prterun does itself. torchrun SIGTERMs a stopped rank and
             # waits 30 s for it before SIGKILL, which the fault table charged to the strategy.
@@ -137,7 +144,13 @@ def merge(spec, attempts: list[tuple[dict, "_Attempt", float]], start: float) ->
     first, watch0, ended0 = attempts[0]
     info = FaultRecovery(fault=spec.fault, attempts=len(attempts), injected_at_step=watch0.injected_step)
     if watch0.injected_at is not None:
-        info.detection_s = ended0 - watch0.injected_at
+        # Detected when a rank says so; what the launcher then takes to exit is its own wait
+        # (torchrun's SIGTERM grace), kept apart: the fault table charged it to the strategy.
+        failed_at = getattr(watch0, "failed_at", None)
+        detected = min(failed_at, ended0) if failed_at is not None else ended0
+        info.detection_s = detected - watch0.injected_at
+        info.detected_by = getattr(watch0, "failed_line", None) if failed_at is not None else "launcher exit"
+        info.launcher_wait_s = ended0 - detected
         if len(attempts) > 1 and attempts[1][1].first_step_at is not None:
             info.restart_s = attempts[1][1].first_step_at - ended0
             info.recovery_s = info.detection_s + info.restart_s

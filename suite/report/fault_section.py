@@ -46,7 +46,8 @@ class FaultRow:
     save_pct: float | None
     """save_s as % of the training time between two checkpoints at `every`."""
     recovery_s: float | None
-    """Fault to the first step after resume, seconds (fault runs)."""
+    """Fault to the first step after resume, less the launcher's own wait once a rank reported the
+    fault (the record's fault.recovery_s), seconds (fault runs)."""
     steps_lost: float | None
     """Steps redone per failure (fault runs)."""
     mtbf_s: float
@@ -146,7 +147,8 @@ def markdown(records: list[dict[str, Any]], device_mtbf_hours: float = DEVICE_MT
         "",
         f"Runs that checkpointed (ok runs; fault runs were killed or hung once and relaunched from their "
         f"checkpoint). Save s: seconds training stood still per checkpoint. Recovery: from the fault to "
-        f"the first step after resume. Goodput assumes one failure per {device_mtbf_hours:,.0f} "
+        f"the first step after resume, less the launcher's own wait after a rank reported the fault. "
+        f"Goodput assumes one failure per {device_mtbf_hours:,.0f} "
         f"device-hours (Llama 3's 419 interruptions in 54 days on 16,384 GPUs), i.e. a job MTBF of that "
         f"divided by its devices, and is 1 - C/tau - (tau/2 + R)/MTBF (C save s, tau the training time "
         f"between checkpoints, R recovery s); Young's interval sqrt(2 C MTBF) maximises it. "

@@ -190,6 +190,34 @@ def test_fault_table_uses_youngs_interval_and_states_the_failure_rate():
     assert fr.markdown([synthetic_plain()]) == ""
 
 
+def test_the_launchers_own_wait_after_a_rank_reported_is_not_recovery():
+    """merge's arithmetic on a timeline: the fault at 100 s, rank 0 reports the hang at 130 s, the
+    launcher exits at 161 s (torchrun's grace), the relaunch steps at 170 s. Detection ends at the
+    report, the 31 s between report and exit are the launcher's, recovery is 30 + 9 and the fault
+    table shows that; without a rank's report detection ends at the launcher's exit."""
+    from types import SimpleNamespace
+
+    from shardbench.suite.faults.restart import merge
+    from shardbench.suite.report import fault_section as fr
+
+    spec = specs_for("ddp", ["stop-rank:1@5"])[0]
+
+    def attempts(failed_at):
+        first = SimpleNamespace(injected_at=100.0, injected_step=5, last_step=5, first_step_at=1.0,
+                                failed_at=failed_at, failed_line="rank 0: timeout")
+        again = SimpleNamespace(injected_at=None, injected_step=None, last_step=8, first_step_at=170.0)
+        ok = {**_ckpt_record("ddp", 2, step_s=0.5, save_s=2.0), "checkpoint": {
+            **_ckpt_record("ddp", 2, step_s=0.5, save_s=2.0)["checkpoint"], "resumed_from_step": 3}}
+        return [({"status": "failed"}, first, 161.0), (ok, again, 180.0)]
+
+    fault = merge(spec, attempts(130.0), 90.0)["fault"]
+    assert (fault["detection_s"], fault["launcher_wait_s"], fault["restart_s"], fault["recovery_s"]) == (30, 31, 9, 39)
+    assert fault["detected_by"] == "rank 0: timeout"
+    assert fr.rows([merge(spec, attempts(130.0), 90.0)])[0].recovery_s == 39
+    fault = merge(spec, attempts(None), 90.0)["fault"]
+    assert (fault["detection_s"], fault["launcher_wait_s"], fault["detected_by"]) == (61, 0, "launcher exit")
+
+
 def synthetic_plain():
     from tests import synthetic
 
@@ -236,14 +264,21 @@ async def test_the_results_screen_shows_the_fault_table():
 
 
 @pytest.mark.slow
-def test_a_stopped_rank_under_torchrun_ends_on_sigterm_not_after_torchruns_30_s(tmp_path):
+@pytest.mark.parametrize("strategy,launcher", [("ddp", "torchrun"), ("ddp", "mpirun"), ("zero2", "deepspeed")])
+def test_a_stopped_rank_is_detected_by_the_other_ranks_report_under_every_launcher(tmp_path, strategy, launcher):
     """torchrun SIGTERMs a stopped rank and waits 30 s before SIGKILL (mpirun SIGCONTs it first):
     the fault table charged those 30 s to the strategy (detection 61 s against 30-31 s). Once
     another rank reports the hang, the suite continues the stopped rank, so it ends on the
-    SIGTERM (issue 35 item 6)."""
-    specs = specs_for("ddp", ["stop-rank:1@5"], launcher="torchrun", max_restarts=1)
+    SIGTERM; and detection ends at that report under every launcher, the launcher's own wait
+    after it recorded apart and left out of the recovery (issue 35 item 6)."""
+    specs = specs_for(strategy, ["stop-rank:1@5"], launcher=launcher, max_restarts=1)
     record = Runner(specs, get_backend("local"), tmp_path / "r", order_seed=1).run()[0]
     assert record["status"] == "ok", record.get("error")
+    fault = record["fault"]
+    # The surviving rank's own report of the hang ended detection, whatever launcher ran it.
+    assert fault["detected_by"] in ("rank 0: timeout", "rank 0: failed"), fault
+    assert fault["detection_s"] >= 0 and fault["launcher_wait_s"] >= 0 and fault["restart_s"] > 0
+    assert fault["recovery_s"] == pytest.approx(fault["detection_s"] + fault["restart_s"])
     log = "\n".join(p.read_text(errors="replace") for p in (tmp_path / "r").rglob("log.txt"))
     # the stopped rank 1 ran again and failed on its own (torchrun's SIGTERM, or its broken group):
     # torchrun never had to SIGKILL it
