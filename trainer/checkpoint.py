@@ -110,7 +110,10 @@ def set_rng_state(state: dict[str, Any]) -> None:
 def resume_key(cfg, world_size: int) -> dict[str, Any]:
     """What must match for a checkpoint to continue this run (the world size only for DeepSpeed,
     whose ZeRO partitions are laid out for the world size that wrote them)."""
-    key = {"model": cfg.model_config().__dict__, "seq_len": cfg.effective_seq_len(), "seed": cfg.seed,
+    model = dict(cfg.model_config().__dict__)
+    if model["tie_embeddings"]:  # tied: the key of checkpoints saved before the knob existed
+        del model["tie_embeddings"]
+    key = {"model": model, "seq_len": cfg.effective_seq_len(), "seed": cfg.seed,
            "global_batch": cfg.micro_batch * cfg.effective_grad_accum(world_size) * world_size,
            "engine": contract.STRATEGIES[cfg.strategy].engine, "strategy": cfg.strategy}
     if contract.is_deepspeed(cfg.strategy):

@@ -288,3 +288,14 @@ def test_the_report_compares_pipelines_with_untied_ddp_in_one_group_named_with_t
     found = analysis.verdict_groups(an.configs)
     assert len(found) == 1 and len(found[0]) == 4
     assert sorted(c.strategy for c in an.configs) == ["ddp", "ddp, pp 2 1F1B", "fsdp, pp 2 GPipe", "tp 2, pp 2 1F1B"]
+
+
+def test_a_tied_runs_resume_key_is_the_one_checkpoints_had_before_the_knob():
+    """Checkpoints saved before --tie-embeddings existed still resume a tied run; an untied run's
+    key differs, so it never resumes a tied checkpoint (nor the reverse)."""
+    from shardbench.trainer.checkpoint import resume_key
+
+    tied = resume_key(RunConfig(strategy="fsdp"), 2)["model"]
+    assert "tie_embeddings" not in tied and tied["attention"] == "q,k,v"
+    untied = resume_key(RunConfig(strategy="fsdp", tie_embeddings=False), 2)["model"]
+    assert untied == {**tied, "tie_embeddings": False}
