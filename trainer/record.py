@@ -336,6 +336,11 @@ class ResultRecord:
     """On a device mesh: rank 0's collectives per measured step by mesh dimension and operation
     ({"tp": {"all_gather": {"calls", "bytes"}}, "dp_shard": {...}}; "world" for the world group,
     "other" for a group no dimension owns); empty for a run without a mesh (trainer/comm.py)."""
+    memory_by_dim: dict[str, dict[str, Any]] | None = None
+    """Memory by mesh dimension: each dimension's degree and the categories it divides on a rank
+    (params, grads, optimizer: the model state of `model_state`; activations), e.g. fsdp+tp 2x2
+    {"dp_shard": {"degree": 2, "divides": ["params", "grads", "optimizer"]}, "tp": {"degree": 2,
+    "divides": [..., "activations"]}} (trainer.parallel.layout.Layout.divides). None before."""
     mesh_coords: list[dict[str, Any]] = field(default_factory=list)
     """Per rank: its host, local rank and coordinate on each mesh dimension (pp, dp_replicate,
     dp_shard, tp), gathered at the end of the run."""

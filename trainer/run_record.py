@@ -48,6 +48,7 @@ def base_record(cfg: RunConfig, d: DistEnv, device: torch.device, precision: str
         n_params_flops=flops_params(mcfg), precision=precision, seq_len=seq_len,
         micro_batch=cfg.micro_batch, grad_accum=grad_accum,
         global_batch=cfg.micro_batch * grad_accum * layout.dp, layout=layout.degrees,
+        memory_by_dim=layout.divides(contract.STRATEGIES[cfg.strategy].sharded),
         tokens_per_step=tokens_per_step, steps=cfg.steps, warmup_steps=cfg.warmup_steps,
         flops_per_token=flops_per_token(mcfg, seq_len), peak_flops=peak.flops,
         peak_flops_source=peak.source, peak_flops_given=peak.given,

@@ -95,6 +95,17 @@ class Layout:
             return cls(cfg.dp_replicate, max(1, dp // cfg.dp_replicate), tp, info.engine, pp)
         return cls(1, dp, tp, info.engine, pp)  # ZeRO shards over every data-parallel rank
 
+    def divides(self, sharded_state: tuple[str, ...] | list[str]) -> dict[str, dict]:
+        """Memory by mesh dimension: {dim: {"degree", "divides": the categories it divides on a
+        rank}}. tp divides the model state and the activations (heads, hidden units, the sequence
+        between blocks), pp the layers (their state and activations), dp_shard the state the engine
+        shards (`sharded_state`: the contract's StrategyInfo.sharded), dp_replicate nothing (its
+        replicas hold equal copies). The record's `memory_by_dim`, the plan's too."""
+        split = ["params", "grads", "optimizer", "activations"]
+        shard = [s for s in ("params", "grads", "optimizer") if s in sharded_state and self.engine != "ddp"]
+        whats = {"pp": split, "dp_replicate": [], "dp_shard": shard, "tp": split}
+        return {dim: {"degree": n, "divides": whats[dim] if n > 1 else []} for dim, n in self.degrees.items()}
+
     @property
     def degrees(self) -> dict[str, int]:
         return dict(zip(DIMS, (self.pp, self.dp_replicate, self.dp_shard, self.tp)))

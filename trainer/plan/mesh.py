@@ -162,19 +162,15 @@ def model_state(inp: PlanInput) -> dict[str, int]:
     return {"params": 4 * n, "grads": 4 * grads, "optimizer": 8 * n, "master": 0}
 
 
-def sharded_by_dim(inp: PlanInput) -> dict[str, list[str]]:
-    """What each mesh dimension of the layout divides on a rank (memory by dimension): tp the
-    model state and the activations (heads, hidden units, the sequence between blocks), FSDP's
-    dp_shard the model state; dp_replicate nothing (HSDP's and DDP's replicas hold equal copies)."""
+def sharded_by_dim(inp: PlanInput) -> dict[str, dict]:
+    """What each mesh dimension of the layout divides on a rank (memory by dimension), as the
+    record's `memory_by_dim` says it (trainer.parallel.layout.Layout.divides)."""
     from shardbench.trainer.contract import STRATEGIES
+    from shardbench.trainer.parallel.layout import Layout
 
-    engine = STRATEGIES[inp.strategy].engine
-    out: dict[str, list[str]] = {"dp_replicate": [], "dp_shard": [], "tp": []}
-    if inp.tp > 1:
-        out["tp"] = ["params", "grads", "optimizer", "activations"]
-    if engine == "fsdp" and wrapped(inp) and shard_degree(inp) > 1:
-        out["dp_shard"] = ["params", "grads", "optimizer"]
-    return out
+    info = STRATEGIES[inp.strategy]
+    R, S = (inp.dp_replicate, shard_degree(inp)) if info.engine == "fsdp" else (inp.world_size // inp.tp, 1)
+    return Layout(R, S, inp.tp, info.engine).divides(info.sharded)
 
 
 def is_mesh(inp: PlanInput) -> bool:

@@ -199,7 +199,7 @@ def predict(inp: PlanInput, device_memory_bytes: int | None = None, links: dict 
             + "; the root (tied embedding, wpe, ln_f) persistent, re-gathered after the step")
     if by_dim is not None:  # collectives and what is divided, per mesh dimension
         out["comm_per_step_by_dim"] = by_dim
-        out["memory_sharded_by_dim"] = mesh.sharded_by_dim(inp)
+        out["memory_by_dim"] = mesh.sharded_by_dim(inp)
         out["assumptions"].append(  # type: ignore[attr-defined]
             "mesh layout: tp innermost (a TP group on one node's intra-node link), data-parallel dimensions "
             "on the inter-node link once they span nodes; TP's activation collectives exposed (not overlapped)")
