@@ -167,6 +167,7 @@ def check_prediction(r: dict, name: str) -> None:
     assert {op: v["calls"] for op, v in p["comm_per_step"].items()} == \
         {op: v["calls"] for op, v in r["comm_per_step"].items()}, name
     assert p["comm_per_step_by_dim"] == r["comm_per_step_by_dim"], name
+    assert p["memory_by_dim"] == r["memory_by_dim"], name  # what each dimension divides
     print(f"PLAN {name}: state {e['state']:+.3%} peak {e['peak']:+.3%} bytes {e['comm']:+.3%}")
 
 
@@ -184,7 +185,8 @@ def test_the_plan_puts_tp_inside_a_node_and_data_parallel_across_nodes():
     hsdp = predict(PlanInput("fsdp", world_size=8, dp_replicate=2, seq_len=64, micro_batch=2), links=links)
     assert hsdp["step_time"]["link_by_dim"] == {"dp_shard": "intra-node", "dp_replicate": "inter-node (per GPU share)"}
     assert set(hsdp["comm_per_step_by_dim"]["dp_replicate"]) == {"all_reduce"}
-    assert hsdp["memory_sharded_by_dim"]["dp_shard"] == ["params", "grads", "optimizer"]
+    assert hsdp["memory_by_dim"]["dp_shard"] == {"degree": 4, "divides": ["params", "grads", "optimizer"]}
+    assert hsdp["memory_by_dim"]["dp_replicate"] == {"degree": 2, "divides": []}
     plain = predict(PlanInput("fsdp", world_size=2, seq_len=64, micro_batch=2), links=links)
     assert tp["step_time"]["compute_s"] == pytest.approx(plain["step_time"]["compute_s"] / 4)
 
