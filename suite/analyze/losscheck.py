@@ -122,10 +122,10 @@ _FILLED = ("loss_max_rel_diff", "grad_norm_max_rel_diff", "loss_check_failed", "
 _ROW = ["run_id", "loss_curve", "grad_norm_curve"]
 
 
-def _loss_key(s: dict[str, Any], ignore: frozenset[str], also: frozenset[str] = frozenset()) -> str:
+def _loss_key(s: dict[str, Any], ignore: frozenset[str]) -> str:
     """The loss group's key; PowerSGD runs also by world size: it compresses each rank's gradient
     before the average, so its error, and the trajectory, depend on the number of ranks."""
-    key = groups.key(s, groups.LOSS_EXCEPT | ignore | also)
+    key = groups.key(s, groups.LOSS_EXCEPT | ignore)
     return key + f"|world {s.get('world_size')}" if s.get("ddp_comm_hook") == "powersgd" else key
 
 
