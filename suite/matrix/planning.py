@@ -18,7 +18,9 @@ _FIELDS = set(PlanInput.__dataclass_fields__)
 def plan_input(spec) -> PlanInput:
     """A run spec as the planner's input (auto device and precision resolved as the trainer
     does: a shape with GPUs means cuda and bf16, else cpu and fp32)."""
-    options = {k: v for k, v in dict(spec.extra_knobs).items() if k in _FIELDS}
+    # every knob the planner has a field for, first-class chart values (tp, dp_replicate) included
+    derived = {"strategy", "world_size", "model", "seq_len", "micro_batch", "grad_accum", "precision", "device"}
+    options = {k: getattr(spec.config, k) for k in _FIELDS - derived if hasattr(spec.config, k)}
     device = spec.device
     if device == "auto":
         device = "cuda" if spec.peak_tflops else "cpu"

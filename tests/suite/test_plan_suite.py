@@ -153,3 +153,20 @@ def test_plan_rows_read_the_records_a_fixed_number_of_times():
         assert len(plan_report.rows(records)) == n
         passes.append(_CountingList.passes)
     assert passes[0] == passes[1] <= 3, passes
+
+
+def test_a_matrix_plans_its_mesh_degrees():
+    """tp and dp_replicate are first-class (chart) knobs, so not among a spec's extra knobs: the
+    plan input still carries them (a tp run was planned as the plain layout when it read only
+    the extra knobs)."""
+    from shardbench.suite.matrix.expand import expand
+    from shardbench.suite.matrix.specs import MatrixSpec
+
+    got, errors = expand(MatrixSpec(strategies=["fsdp"], world_sizes=[4], tp=2, steps=3, warmup_steps=1,
+                                    max_world_size=4, n_layer=3))
+    assert errors == []
+    inp = plan_input(got[0])
+    assert (inp.tp, inp.dp_replicate, inp.n_layer, inp.world_size) == (2, 1, 3, 4)
+    got, _ = expand(MatrixSpec(strategies=["fsdp"], world_sizes=[4], dp_replicate=2, steps=3, warmup_steps=1,
+                               max_world_size=4))
+    assert plan_input(got[0]).dp_replicate == 2
