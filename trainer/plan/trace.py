@@ -105,7 +105,7 @@ class _Step:
             model = TinyGPT(inp.model_config(), activation_checkpointing=inp.activation_checkpointing)
         finally:
             torch.set_default_dtype(default)
-        self.tp_mesh = None
+        self.tp_mesh: object | None = None  # the tp dimension of a mesh layout (TP: loss_parallel)
         if engine == "fsdp":
             self._shard(model)
         if engine == "mesh":
