@@ -299,3 +299,51 @@ def test_a_tied_runs_resume_key_is_the_one_checkpoints_had_before_the_knob():
     assert "tie_embeddings" not in tied and tied["attention"] == "q,k,v"
     untied = resume_key(RunConfig(strategy="fsdp", tie_embeddings=False), 2)["model"]
     assert untied == {**tied, "tie_embeddings": False}
+
+
+# --- the planner and the untied head -------------------------------------------------------------
+
+def test_the_parameter_table_is_the_untied_models():
+    import torch
+
+    from shardbench.trainer.model import TinyGPT
+    from shardbench.trainer.plan.inputs import Params, PlanInput
+
+    cfg = PlanInput(strategy="ddp", tie_embeddings=False).model_config()
+    assert not cfg.tie_embeddings
+    with torch.device("meta"):
+        model = TinyGPT(cfg)
+    assert Params.of(cfg).shapes == [(n, tuple(p.shape)) for n, p in model.named_parameters()]
+    assert Params.of(cfg).total == cfg.n_params()
+
+
+def test_the_planner_says_not_modelled_for_pipelines_and_untied_tp_in_one_line():
+    from shardbench.trainer.plan.inputs import PlanInput
+    from shardbench.trainer.plan.layout import NotModelled
+
+    for inp, words in ((PlanInput(strategy="ddp", world_size=2, pp=2, tie_embeddings=False),
+                        "pipeline parallel (--pp 2): the planner does not model pipeline stages"),
+                       (PlanInput(strategy="fsdp", world_size=2, tp=2, tie_embeddings=False),
+                        "an untied head (--no-tie-embeddings) with tensor parallel (--tp)")):
+        with pytest.raises(NotModelled, match=None) as said:
+            inp.layout
+        assert words in str(said.value) and "\n" not in str(said.value)
+    PlanInput(strategy="fsdp", world_size=4, tie_embeddings=False).layout  # modelled: data parallel, untied
+
+
+@pytest.mark.slow
+def test_the_planner_predicts_an_untied_fsdp_run(tmp_path):
+    """The untied head is one more parameter in the table: a real fsdp run at 2 ranks has the
+    predicted model state and collective bytes per op exactly, its tensor peak within 5%."""
+    from shardbench.trainer.plan.accuracy import errors
+    from shardbench.trainer.plan.inputs import PlanInput
+    from shardbench.trainer.plan.predict import predict
+
+    run = run_trainer(["--strategy", "fsdp", "--micro-batch", "2", *COMMON[:COMMON.index("--steps")],
+                       "--steps", "3", "--warmup-steps", "1", "--no-tie-embeddings"], tmp_path,
+                      launcher="torchrun", nproc=2)
+    assert run.returncode == 0, run.stderr[-3000:]
+    r = run.record
+    said = errors(predict(PlanInput.from_record(r)), r)
+    print(f"PLAN untied fsdp w2: {said}")
+    assert said["state"] == 0 and said["comm"] == 0 and abs(said["peak"]) <= 0.05, said

@@ -43,7 +43,7 @@ class PlanInput:
     pp: int = 1
     """--pp: pipeline-parallel degree; not modelled beyond 1 (the stages' memory and the schedule's bubble)."""
     tie_embeddings: bool = True
-    """--tie-embeddings: the parameter table (Params.of) is the tied model's; untied is not modelled."""
+    """--tie-embeddings: untied, the head is one more parameter (Params.of); not modelled with tp > 1."""
     float8: str = "off"
     """--float8: not modelled beyond off (float8 matmuls, their casts, FSDP's float8 all-gather)."""
     ddp_comm_hook: str = "none"
@@ -64,9 +64,9 @@ class PlanInput:
         if self.pp > 1:
             raise NotModelled(f"pipeline parallel (--pp {self.pp}): the planner does not model pipeline stages "
                               "(their memory, point-to-point traffic and the schedule's bubble)")
-        if not self.tie_embeddings:
-            raise NotModelled("an untied head (--no-tie-embeddings): the planner's parameter table is the tied "
-                              "model's")
+        if not self.tie_embeddings and self.tp > 1:
+            raise NotModelled("an untied head (--no-tie-embeddings) with tensor parallel (--tp): the planner's TP "
+                              "plan is the tied model's")
         if self.float8 != "off":
             raise NotModelled(f"float8 (--float8 {self.float8}): the planner does not model float8 matmuls, their "
                               "casts or FSDP's float8 all-gather")
@@ -83,7 +83,8 @@ class PlanInput:
     def model_config(self) -> ModelConfig:
         base = PRESETS[self.model]
         over = {k: getattr(self, k) for k in ("n_layer", "n_embd", "n_head", "vocab_size")}
-        return ModelConfig(**{**base.__dict__, **{k: v for k, v in over.items() if v is not None}})
+        return ModelConfig(**{**base.__dict__, **{k: v for k, v in over.items() if v is not None},
+                              "tie_embeddings": self.tie_embeddings})
 
     def effective_seq_len(self) -> int:
         return self.seq_len or PRESETS[self.model].default_seq_len
@@ -147,6 +148,8 @@ class Params:
                     (b + "mlp.fc.weight", (4 * d, d)), (b + "mlp.fc.bias", (4 * d,)),
                     (b + "mlp.proj.weight", (d, 4 * d)), (b + "mlp.proj.bias", (d,))]
         out += [("ln_f.weight", (d,)), ("ln_f.bias", (d,))]
+        if not cfg.tie_embeddings:  # the untied head: registered last (TinyGPT.lm_head)
+            out.append(("lm_head.weight", (V, d)))
         return cls(out)
 
     @staticmethod
