@@ -86,7 +86,7 @@ def _state_location(where: str) -> Callable[[dict], Any]:
         ranks = [r for r in record.get("model_state") or [] if isinstance(r, dict) and _number(r.get("total_bytes"))]
         if not ranks:
             return _gib(record.get("model_state_bytes_per_rank")) if where == "device" else None
-        host = [r.get("host_bytes") if _number(r.get("host_bytes")) else 0 for r in ranks]
+        host: list[float] = [r["host_bytes"] if _number(r.get("host_bytes")) else 0 for r in ranks]
         if where == "host":
             return _gib(max(host))
         one_memory = record.get("device") == "cpu"
