@@ -245,9 +245,11 @@ def _layout(m: MatrixSpec, shape: Shape | None, world: int) -> tuple[int, int] |
 # --- expansion ------------------------------------------------------------------------------
 
 def run_count(m: MatrixSpec) -> int:
-    """Runs the matrix expands into, computed without expanding it."""
-    swept = [v for v in m.overrides.values() if isinstance(v, list)]
-    axes = [m.strategies, m.world_sizes, m.seq_lens, m.faults] + swept
+    """Runs the matrix expands into, computed without expanding it (with `layouts:`, at most one
+    strategy x layout-knob combination per entry, instead of their product)."""
+    swept = [v for k, v in m.overrides.items() if isinstance(v, list) and not (m.layouts and k in LAYOUT_KEYS)]
+    layouts = [m.layouts] if m.layouts else [m.strategies]
+    axes = [*layouts, m.world_sizes, m.seq_lens, m.faults] + swept
     sizes = [len(a) if isinstance(a, list) else 1 for a in axes]
     return math.prod(sizes) * (m.repeats if _is_int(m.repeats) else 1)
 
@@ -258,7 +260,8 @@ def _option_combinations(m: MatrixSpec) -> list[tuple[tuple[str, Any], ...]]:
     return [tuple(zip(names, combo)) for combo in itertools.product(*values)]
 
 
-LAYOUT_KEYS = ("tp", "dp_replicate", "pp", "pp_schedule", "pp_stages_per_rank", "tie_embeddings")
+LAYOUT_KEYS = ("tp", "dp_replicate", "pp", "pp_schedule", "pp_stages_per_rank", "tie_embeddings", "offload",
+               "zero_hpz_partition_size")
 """What a `layouts:` entry may name beside the strategy: the mesh degrees, the pipeline's schedule
 and stages per rank, and the head's tie (a pipeline needs it untied)."""
 

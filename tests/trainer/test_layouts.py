@@ -239,15 +239,18 @@ def test_the_matrix_refuses_impossible_degrees_in_one_line():
 
 
 def test_the_layouts_matrix_expands_to_five_layouts_at_four_devices():
-    from shardbench.suite.matrix.expand import expand, load_matrix
+    from shardbench.suite.matrix.expand import expand, load_matrix, run_count
 
     m = load_matrix(REPO / "suite" / "matrices" / "layouts-4dev.yaml")
     specs, errors = expand(m)
     assert errors == []
     # (the untied rows beside the pipelines: tests/trainer/test_pipeline.py)
-    got = sorted((s.strategy, s.config.tp, s.config.dp_replicate) for s in specs
-                 if s.repeat == 0 and s.config.tie_embeddings)
-    assert got == [("ddp", 1, 1), ("ddp", 2, 1), ("fsdp", 1, 1), ("fsdp", 1, 2), ("fsdp", 2, 1)]
+    got = sorted((s.strategy, s.config.tp, s.config.dp_replicate, s.config.offload, s.config.zero_hpz_partition_size)
+                 for s in specs if s.repeat == 0 and s.config.tie_embeddings)
+    assert got == [("ddp", 1, 1, "none", 1), ("ddp", 2, 1, "none", 1), ("fsdp", 1, 1, "none", 1),
+                   ("fsdp", 1, 1, "params", 1), ("fsdp", 1, 2, "none", 1), ("fsdp", 2, 1, "none", 1),
+                   ("zero2", 1, 1, "optimizer", 1), ("zero3", 1, 1, "none", 2), ("zero3", 1, 1, "params", 1)]
+    assert run_count(m) == len(specs)  # with layouts: one run per entry and repeat, not the product
     assert {s.world_size for s in specs} == {4} and {s.global_batch for s in specs} == {8}
 
 
