@@ -123,8 +123,9 @@ class CheckpointCost:
     resumed_from: str | None = None
     """The checkpoint directory the last attempt resumed from, absolute (None: it started from scratch)."""
     resumed_from_output_dir: bool | None = None
-    """Whether that checkpoint lies under the run's own --output-dir (its results dir); None when the
-    run did not resume or had no --output-dir."""
+    """Whether that checkpoint lies under the run's own results dir: its --output-dir, or for a run
+    of the suite its run directory (which holds its checkpoints; suite/faults/restart.py sets it);
+    None when the run did not resume or had no --output-dir."""
     restarts: int = 0
     """Times the run was resumed from a checkpoint."""
     step_time_s: list[float] = field(default_factory=list)

@@ -132,9 +132,20 @@ class Recovering:
                 break
         _join_logs(run_dir, [watch.notes for _, watch, _ in attempts])
         record = merge(spec, attempts, start)
+        _resumed_here(record, run_dir)
         if record.get("status") == "ok":
             shutil.rmtree(ckpt, ignore_errors=True)  # measured; the checkpoints were the means
         return record
+
+
+def _resumed_here(record: dict[str, Any], run_dir: Path) -> None:
+    """checkpoint.resumed_from_output_dir for the run, not the attempt: the trainer compares the
+    checkpoint with its --output-dir (<run dir>/launch-<k>/...), but the run's checkpoints live in
+    <run dir>/checkpoints, its own results dir, so every resume read as someone else's."""
+    ck = record.get("checkpoint")
+    if isinstance(ck, dict) and isinstance(ck.get("resumed_from"), str):
+        here = Path(os.path.abspath(ck["resumed_from"])).is_relative_to(run_dir)
+        record["checkpoint"] = {**ck, "resumed_from_output_dir": here}
 
 
 def merge(spec, attempts: list[tuple[dict, "_Attempt", float]], start: float) -> dict[str, Any]:

@@ -279,7 +279,12 @@ def test_a_stopped_rank_is_detected_by_the_other_ranks_report_under_every_launch
     assert fault["detected_by"] in ("rank 0: timeout", "rank 0: failed"), fault
     assert fault["detection_s"] >= 0 and fault["launcher_wait_s"] >= 0 and fault["restart_s"] > 0
     assert fault["recovery_s"] == pytest.approx(fault["detection_s"] + fault["restart_s"])
-    log = "\n".join(p.read_text(errors="replace") for p in (tmp_path / "r").rglob("log.txt"))
-    # the stopped rank 1 ran again and failed on its own (torchrun's SIGTERM, or its broken group):
-    # torchrun never had to SIGKILL it
-    assert "rank 1: failed: " in log and "exitcode  : -9" not in log, log[-3000:]
+    # Where it resumed from, as a path: its own checkpoint, under its own results dir.
+    run_dir = tmp_path / "r" / record["run_id"]
+    assert record["checkpoint"]["resumed_from"].startswith(f"{run_dir}/checkpoints/step-")
+    assert record["checkpoint"]["resumed_from_output_dir"] is True
+    if launcher == "torchrun":  # prterun continues and ends the stopped rank itself
+        log = "\n".join(p.read_text(errors="replace") for p in (tmp_path / "r").rglob("log.txt"))
+        # the stopped rank 1 ran again and failed on its own (torchrun's SIGTERM, or its broken
+        # group): torchrun never had to SIGKILL it
+        assert "rank 1: failed: " in log and "exitcode  : -9" not in log, log[-3000:]
