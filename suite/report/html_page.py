@@ -217,7 +217,9 @@ def render_markdown(md: MarkdownIt, body: str) -> str:
     md.render (tests/suite/test_html_report.py compares the two)."""
     if "```" in body or "~~~" in body:
         return md.render(body)
-    lines, out, text, i = body.split("\n"), [], [], 0
+    lines, i = body.split("\n"), 0
+    out: list[str] = []
+    text: list[str] = []
     while i < len(lines):
         if (lines[i].startswith("|") and i + 1 < len(lines) and _DELIMITER.fullmatch(lines[i + 1])
                 and (not text or not mdTrim(text[-1]))):
