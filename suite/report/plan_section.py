@@ -12,6 +12,10 @@ def _mib(x) -> str:
     return "-" if x is None else f"{x / MiB:.1f}"
 
 
+def _n(x) -> str:
+    return "-" if x is None else f"{x:g}"
+
+
 def _pct(x) -> str:
     return "-" if x is None else f"{x:+.1%}"
 
@@ -52,7 +56,8 @@ def _calibrated(p: dict, r: dict, bases: dict[tuple, dict]) -> dict:
     cal = {"achieved_flops": timing.achieved_flops(best),
            "source": f"calibrated on {best.get('run_id')}"}
     try:
-        step = timing.step_time(PlanInput(**p["input"]), p.get("comm_per_step") or {}, p.get("links") or {}, cal)
+        step = timing.step_time(PlanInput(**p["input"]), p.get("comm_per_step") or {}, p.get("links") or {}, cal,
+                                p.get("comm_per_step_by_dim"))  # a mesh layout: each dimension on its link
     except (TypeError, KeyError):
         return p
     return {**p, "step_time": step}
@@ -103,4 +108,38 @@ def markdown(records: list[dict]) -> str:
             "Peak: on GPU the predicted peak with allocator overhead against max allocated; on CPU the "
             "predicted tensor peak against the live-tensor peak of the untimed memory step. err = "
             "predicted / measured - 1.\n\n")
-    return head + note + "\n".join(lines) + "\n\nAssumptions:\n\n" + "\n".join(f"- {a}" for a in assumptions)
+    return (head + note + "\n".join(lines) + mesh_markdown(records) + "\n\nAssumptions:\n\n"
+            + "\n".join(f"- {a}" for a in assumptions))
+
+
+def mesh_rows(records: list[dict]) -> list[list[str]]:
+    """Mesh layouts (trainer/parallel/): per run, dimension and op, the predicted calls and bytes
+    beside the counted ones (the record's comm_per_step_by_dim), and what the dimension divides."""
+    out = []
+    for r in sorted(records, key=lambda r: r.get("run_id") or ""):
+        p, measured = r.get("prediction"), r.get("comm_per_step_by_dim") or {}
+        if r.get("status") != "ok" or not isinstance(p, dict) or not measured:
+            continue
+        predicted = p.get("comm_per_step_by_dim") or {}
+        divides = r.get("memory_by_dim") or p.get("memory_by_dim") or {}
+        for dim in sorted(set(measured) | set(predicted)):
+            what = ", ".join((divides.get(dim) or {}).get("divides") or []) or "-"
+            degree = (divides.get(dim) or {}).get("degree", "?")
+            for op in sorted(set(measured.get(dim, {})) | set(predicted.get(dim, {}))):
+                m, q = measured.get(dim, {}).get(op, {}), predicted.get(dim, {}).get(op, {})
+                err = q["bytes"] / m["bytes"] - 1 if q.get("bytes") is not None and m.get("bytes") else None
+                out.append([r.get("run_id", ""), f"{dim} ({degree})", what, op,
+                            f"{_n(q.get('calls'))} / {_n(m.get('calls'))}",
+                            f"{_mib(q.get('bytes'))} / {_mib(m.get('bytes'))}", _pct(err)])
+    return out
+
+
+def mesh_markdown(records: list[dict]) -> str:
+    table = mesh_rows(records)
+    if not table:
+        return ""
+    cols = ["run", "mesh dimension (degree)", "divides", "op", "calls pred / meas", "MiB pred / meas", "err"]
+    lines = ["| " + " | ".join(cols) + " |", "| " + " | ".join("---" for _ in cols) + " |"]
+    return ("\n\nCollectives and memory per mesh dimension (tensor parallel's activation collectives on tp, "
+            "data parallel's gradient ones on dp_shard / dp_replicate; trainer/plan/mesh.py):\n\n"
+            + "\n".join(lines + ["| " + " | ".join(row) + " |" for row in table]))

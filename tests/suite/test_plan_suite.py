@@ -170,3 +170,28 @@ def test_a_matrix_plans_its_mesh_degrees():
     got, _ = expand(MatrixSpec(strategies=["fsdp"], world_sizes=[4], dp_replicate=2, steps=3, warmup_steps=1,
                                max_world_size=4))
     assert plan_input(got[0]).dp_replicate == 2
+
+
+def test_plan_section_shows_collectives_and_memory_per_mesh_dimension():
+    """An fsdp+tp 2x2 run: per dimension and op, predicted / counted calls and MiB with the
+    error, and what the dimension divides; its calibrated step time keeps the per-dimension links."""
+    from shardbench.trainer.plan import mesh
+    from shardbench.trainer.plan.inputs import PlanInput
+
+    inp = PlanInput("fsdp", world_size=4, tp=2, seq_len=64, micro_batch=2, grad_accum=2)
+    by_dim = mesh.comm_by_dim(inp)
+    counted = json.loads(json.dumps(by_dim))
+    counted["tp"]["all_reduce"]["bytes"] *= 1.02  # the table shows a 2% miss as -2.0%
+    pred = {**PRED, "input": inp.to_dict(), "comm_per_step_by_dim": by_dim, "links": {"gpus_per_node": 2},
+            "memory_by_dim": mesh.sharded_by_dim(inp)}
+    run = measured(run_id="fsdp-w4-tp2", world_size=4, strategy="fsdp", comm_per_step_by_dim=counted,
+                   memory_by_dim=mesh.sharded_by_dim(inp), prediction=pred)
+    base = measured(run_id="fsdp-w1", world_size=1, strategy="fsdp", prediction=None, tokens_per_s=2000.0)
+    text = plan_report.markdown([run, base])
+    assert "Collectives and memory per mesh dimension" in text
+    rows = {tuple(c.strip() for c in line.split("|")[2:5]): line for line in text.splitlines()
+            if line.startswith("| fsdp-w4-tp2 | ")}
+    tp_ar = rows[("tp (2)", "params, grads, optimizer, activations", "all_reduce")]
+    assert "43 / 43" in tp_ar and "-2.0%" in tp_ar
+    assert "+0.0%" in rows[("dp_shard (2)", "params, grads, optimizer", "all_gather")]
+    assert plan_report.mesh_rows([measured()]) == []  # no mesh, no table
