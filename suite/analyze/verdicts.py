@@ -103,7 +103,13 @@ def _exact(e: Estimate) -> bool:
 def describe(c: Any, cat: Any) -> str:
     """'ddp `ddp-w2-s64-mb4-ga1-1a2b3c4d` 1,000 [975, 1,025] tok/s (n=3)': which configuration, what number."""
     host = c.get("model_state_host_gib") if cat.metric == "model_state_device_gib" else None
-    beside = f" (+ {host.mean:.4g} GiB in host memory)" if host is not None and host.mean else ""
+    beside = ""
+    if host is not None and host.mean:
+        # a CPU run's device holds it all (one memory): the host part is of it, not beside it
+        device, total = c.get(cat.metric), c.get("model_state_gib_per_rank")
+        within = device is not None and total is not None and device.mean >= total.mean
+        beside = (f" (of it {host.mean:.4g} GiB placed in host memory: one memory here)" if within
+                  else f" (+ {host.mean:.4g} GiB in host memory)")
     return f"{c.strategy} `{c.name}` {cat.show(c.get(cat.metric))}{beside}"
 
 

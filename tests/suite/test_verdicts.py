@@ -149,5 +149,6 @@ def test_memory_verdicts_compare_device_memory_and_state_host_memory_beside():
         assert memory.kind == "winner", memory.text
         shown = {c.strategy: verdicts.describe(c, memory.category) for c in memory.candidates}
         assert memory.best.strategy == winner, (device, shown)
-        assert "(+ 0.03906 GiB in host memory)" in shown["zero2 offload optimizer"], shown
+        said = "(+ 0.03906 GiB in host memory)" if device == "cuda" else "(of it 0.03906 GiB placed in host memory"
+        assert said in shown["zero2 offload optimizer"], shown
         assert "host memory" not in shown["zero3"]
