@@ -1,7 +1,7 @@
-"""Checkpoints of tensor-parallel layouts (issue 28): DCP saves the DTensor shards of tp and
-fsdp+tp, and a run resumed from step 3 trains steps 4-6 to exactly the losses and gradient
-norms of the uninterrupted run that saved it. DDP + TP (local shards DCP would take for replicated tensors) is
-refused in one line."""
+"""Checkpoints of mesh layouts (issue 28): DCP saves the DTensor shards of tp, fsdp+tp and HSDP,
+and a run resumed from step 3 trains steps 4-6 to exactly the losses and gradient norms of the
+uninterrupted run that saved it. DDP + TP (local shards DCP would take for replicated tensors)
+is refused in one line."""
 from __future__ import annotations
 
 import pytest
@@ -15,8 +15,9 @@ COMMON = ["--model", "tiny", "--seq-len", "64", "--global-batch", "8", "--warmup
 
 @pytest.mark.slow
 @pytest.mark.parametrize("ranks, flags", [(2, ["--strategy", "ddp", "--tp", "2", "--micro-batch", "4"]),
-                                          (4, ["--strategy", "fsdp", "--tp", "2", "--micro-batch", "2"])],
-                         ids=["tp-2", "fsdp+tp-2x2"])
+                                          (4, ["--strategy", "fsdp", "--tp", "2", "--micro-batch", "2"]),
+                                          (2, ["--strategy", "fsdp", "--dp-replicate", "2", "--micro-batch", "2"])],
+                         ids=["tp-2", "fsdp+tp-2x2", "hsdp-2"])
 def test_a_tp_run_resumes_to_the_uninterrupted_numbers(tmp_path, ranks, flags):
     """The first run saves at step 3 (not at its last step) and trains on to 6; the second
     resumes from that checkpoint and trains steps 4-6 again."""
