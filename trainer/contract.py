@@ -64,11 +64,14 @@ class StateLayout:
         """Bytes per parameter of each kind of state, whole (AdamW). Torch engines keep fp32
         weights and gradients under autocast (4 + 4) and two fp32 moments (8); DeepSpeed keeps
         the model's weights and reduced gradients in its dtype (4, or 2 in bf16/fp16) and an fp32
-        master copy beside the moments (12); its offloaded gradient partition is fp32 (4)."""
+        master copy beside the moments (12); its offloaded gradient partition is fp32 (4), and
+        ZeRO-3 keeps its own partition in the weights' dtype beside it, on the host as well
+        (stage3's grad_partitions_flat_buffer on the optimizer's device): 4 + w, measured."""
         if self.engine != "deepspeed":
             return {"params": 4, "grads": 4, "optimizer": 8}
         w = 2 if precision in ("bf16", "fp16") else 4
-        return {"params": w, "grads": 4 if "grads" in self.on_host else w, "optimizer": 12}
+        offloaded = 4 + (w if self.zero_stage == 3 else 0)
+        return {"params": w, "grads": offloaded if "grads" in self.on_host else w, "optimizer": 12}
 
     def split(self, kind: str, grad_accum: int = 1, fsdp_grad_sync: str = "every_micro_step") -> bool:
         """Whether `kind` is split across the ranks at the peak of an optimizer step. DeepSpeed's

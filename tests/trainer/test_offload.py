@@ -20,6 +20,12 @@ ROWS = {  # name: trainer flags at 2 ranks (torchrun: the quickest start-up here
     "fsdp-offload": ["--strategy", "fsdp", "--offload", "params"],
     "zero3-hpz": ["--strategy", "zero3", "--zero-hpz-partition-size", "2"],
 }
+OFFLOADED = {  # host bytes rank 0 counted at 2 ranks (tiny, fp32: a partition p = 1,263,360 elements)
+    "zero2-offload": 20_213_760,            # fp32 grads 4p + master 4p + moments 8p
+    "zero3-offload-optimizer": 25_267_200,  # + ZeRO-3's own gradient partition 4p beside the master's .grad
+    "zero3-offload": 30_320_640,            # + the parameter partition 4p
+    "fsdp-offload": 20_213_760,             # fp32 params, grads and moments of its shard
+}
 TOLERANCE = 1e-5
 """fp32 on CPU: the layouts differ from one process only in summation order (reductions over 2
 ranks, DeepSpeed's flat partitions); measured here up to 9.5e-7 (one process's own rounding)."""
@@ -43,11 +49,12 @@ def test_offload_and_hpz_rows_train_to_one_process_losses(one_process, row, tmp_
     for rank in r["model_state"]:  # memory by where it lives, the parts adding up
         assert rank["device_bytes"] + rank["host_bytes"] == rank["total_bytes"]
         assert (rank["host_bytes"] > 0) == (row != "zero3-hpz"), rank
-    if row in ("zero2-offload", "fsdp-offload"):  # the planner's split is the counted one (CPU: by kind)
+    if row in OFFLOADED:  # the planner's split is the counted one (CPU: by kind), ZeRO-3's doubled grads too
         from shardbench.trainer.plan.predict import predict
 
         plan = predict(PlanInput.from_record(r))
-        assert plan["memory_by_location"]["host"] == max(s["host_bytes"] for s in r["model_state"])
+        host = max(s["host_bytes"] for s in r["model_state"])
+        assert plan["memory_by_location"]["host"] == host == OFFLOADED[row], (row, host)
 
 
 @pytest.mark.slow
@@ -89,6 +96,18 @@ def test_quantized_zeropp_is_refused_where_auto_resolves_to_cpu():
     cfg = RunConfig(strategy="zero3", zero_quantized_gradients=True)
     assert rules.validate(cfg, 2) == []
     assert "needs a CUDA GPU" in rules.device_error(cfg, "cpu") and rules.device_error(cfg, "cuda") is None
+
+
+@pytest.mark.parametrize("row", list(OFFLOADED))
+def test_the_planned_host_bytes_are_the_counted_ones(row):
+    """The rows' recorded host bytes (the slow test above asserts them on real runs) are the plan's,
+    exactly: ZeRO-3 offload holds its gradient partition twice (was planned once: 5 MB short)."""
+    from shardbench.trainer.plan.predict import predict
+
+    flags = dict(zip(ROWS[row][::2], ROWS[row][1::2]))
+    inp = PlanInput(strategy=flags["--strategy"], offload=flags["--offload"], world_size=2, seq_len=32,
+                    micro_batch=4, precision="fp32")
+    assert predict(inp)["memory_by_location"]["host"] == OFFLOADED[row]
 
 
 def test_the_declaration_places_state_by_attributes():

@@ -11,7 +11,7 @@ import math
 
 from shardbench.trainer import ds_knobs
 from shardbench.trainer.plan.inputs import Params, PlanInput
-from shardbench.trainer.plan.layout import deepspeed, on_host, sharded, stage
+from shardbench.trainer.plan.layout import deepspeed, sharded, stage
 
 DDP_BUCKET = 25 << 20             # DDP's bucket_cap_mb default, 25 MiB (--bucket-mib's default)
 
@@ -62,8 +62,8 @@ def model_state(inp: PlanInput) -> dict[str, int]:
         return {"params": 4 * shard, "grads": 4 * P if whole else 4 * shard,
                 "optimizer": 8 * shard, "master": 0}
     part = math.ceil(P / N)
-    weight, grad = (2, 2) if _half(inp) else (4, 4)
-    grad = 4 if on_host(lay, "grads") else grad  # ZeRO-Offload's gradient partition is fp32, on the host
+    weight = 2 if _half(inp) else 4
+    grad = lay.bytes_per_param(inp.precision)["grads"]  # offloaded: an fp32 partition, twice at ZeRO-3 (contract)
     # Gradients not sharded (ZeRO-1): whole between micro-steps, reduced into the partition at
     # the last one; sharded: reduced into the partition at every micro-step.
     whole_grads = not sharded(lay, "grads") and inp.grad_accum > 1
