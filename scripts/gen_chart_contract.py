@@ -23,9 +23,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from shardbench.trainer import knobs, launchers  # noqa: E402
+from shardbench.trainer import knobs, launchers, rules  # noqa: E402
 from shardbench.trainer.config import RunConfig  # noqa: E402
-from shardbench.trainer.contract import CLUSTER_LAUNCHERS, DEVICES, PRECISIONS, STRATEGIES  # noqa: E402
+from shardbench.trainer.contract import (CLUSTER_LAUNCHERS, DEVICES, OFFLOADS, PRECISIONS, STRATEGIES,  # noqa: E402
+                                         state_layout)
 from shardbench.trainer.presets import PRESETS  # noqa: E402
 
 CONTRACT = REPO / "chart" / "files" / "contract.json"
@@ -141,8 +142,10 @@ def schema(current: dict) -> dict:
 
 
 def layout_rules() -> list[dict]:
-    """The impossible layouts JSON Schema can say on run: alone (trainer/rules.py _layout_errors):
-    tensor parallel only with the torch engines, HSDP's replicate degree only with FSDP. Products
+    """The impossible layouts JSON Schema can say on run: alone (trainer/rules.py _layout_errors,
+    _state_errors): tensor parallel only with the torch engines, HSDP's replicate degree only with
+    FSDP, offload only where rules.state_error lets the row place its state, hpZ at ZeRO-3 without
+    --offload params. Products
     with the world size and gpusPerWorker are the template's (shardbench.validateLayout)."""
     def engines(*names: str) -> list[str]:
         return [n for n, s in STRATEGIES.items() if s.engine in names]
@@ -150,9 +153,20 @@ def layout_rules() -> list[dict]:
     def above_one(key: str) -> dict:
         return {"properties": {key: {"minimum": 2}}, "required": [key]}  # typed by run.<key> itself
 
+    def placing(offload: str) -> list[str]:  # the rows that can keep state where --offload says
+        return [n for n in STRATEGIES if not rules.state_error(state_layout(n, offload), n)]
+
+    def offload_is(value: str) -> dict:
+        return {"properties": {"offload": {"const": value}}, "required": ["offload"]}
+
+    stage3 = [n for n, s in STRATEGIES.items() if s.zero_stage == 3]
     return [{"if": above_one("tp"), "then": {"properties": {"strategy": {"enum": engines("ddp", "fsdp")}}}},
             {"if": above_one("dpReplicate"), "then": {"properties": {"strategy": {"enum": engines("fsdp")}}}},
-            {"if": above_one("pp"), "then": {"properties": {"strategy": {"enum": engines("ddp", "fsdp")}}}}]
+            {"if": above_one("pp"), "then": {"properties": {"strategy": {"enum": engines("ddp", "fsdp")}}}},
+            *({"if": offload_is(o), "then": {"properties": {"strategy": {"enum": placing(o)}}}}
+              for o in OFFLOADS if o != "none"),
+            {"if": above_one("zeroHpzPartitionSize"),  # ZeRO++ hpZ: stage 3, its secondary copy on the device
+             "then": {"properties": {"strategy": {"enum": stage3}, "offload": {"not": {"const": "params"}}}}}]
 
 
 def number_bounds(current: dict) -> dict[str, dict]:

@@ -123,14 +123,14 @@ class RunConfig:
     """fsdp only: reduce-scatter gradients after every micro-step (torchtitan's default: only
     sharded gradients are held) or only after the last one (unsharded gradients held between
     micro-steps, fewer collectives)."""
-    offload: Literal[OFFLOADS] = knob("none", section="parallelism", same_loss=True)  # type: ignore[valid-type]
+    offload: Literal[OFFLOADS] = knob("none", section="parallelism", same_loss=True, chart=True)  # type: ignore[valid-type]
     """Model state kept in host memory instead of on the device (the layout's state location,
     trainer/contract.py StateLayout): none; optimizer (zero1/2/3: DeepSpeed's offload_optimizer,
     the optimizer steps on the host from an fp32 gradient partition there); params (parameters
     too: zero3's offload_param, fsdp's CPUOffloadPolicy with gradients and optimizer on the host).
     Not ddp. On a CPU run host and device memory are one: nothing moves, and the report compares
     what the device holds as the whole."""
-    zero_hpz_partition_size: int = knob(1, section="parallelism", min=1, max=65536, same_loss=True)
+    zero_hpz_partition_size: int = knob(1, section="parallelism", min=1, max=65536, same_loss=True, chart=True)
     """zero3 only: ZeRO++ hierarchical partitioning (hpZ), a secondary copy of the parameters
     sharded over groups of this many consecutive ranks (one node's GPUs), so backward's
     all-gathers stay inside a group; it must divide the data-parallel ranks. 1: off."""
