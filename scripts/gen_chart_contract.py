@@ -144,7 +144,7 @@ def schema(current: dict) -> dict:
 def layout_rules() -> list[dict]:
     """The impossible layouts JSON Schema can say on run: alone (trainer/rules.py _layout_errors,
     _state_errors): tensor parallel only with the torch engines, HSDP's replicate degree only with
-    FSDP, offload only where rules.state_error lets the row place its state, hpZ at ZeRO-3 without
+    FSDP, offload only where rules.state_error lets the row place its state and without tp or pp, hpZ at ZeRO-3 without
     --offload params. Products
     with the world size and gpusPerWorker are the template's (shardbench.validateLayout)."""
     def engines(*names: str) -> list[str]:
@@ -165,6 +165,8 @@ def layout_rules() -> list[dict]:
             {"if": above_one("pp"), "then": {"properties": {"strategy": {"enum": engines("ddp", "fsdp")}}}},
             *({"if": offload_is(o), "then": {"properties": {"strategy": {"enum": placing(o)}}}}
               for o in OFFLOADS if o != "none"),
+            {"if": {"properties": {"offload": {"not": {"const": "none"}}}, "required": ["offload"]},  # data parallel
+             "then": {"properties": {"tp": {"maximum": 1}, "pp": {"maximum": 1}}}},                   # only (rules)
             {"if": above_one("zeroHpzPartitionSize"),  # ZeRO++ hpZ: stage 3, its secondary copy on the device
              "then": {"properties": {"strategy": {"enum": stage3}, "offload": {"not": {"const": "params"}}}}}]
 

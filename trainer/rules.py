@@ -217,6 +217,11 @@ def _state_errors(cfg: RunConfig, world_size: int) -> list[str]:
     """Where state lives (--offload) and ZeRO++ (hpZ, qwZ, qgZ), by the layout's attributes."""
     state = state_layout(cfg.strategy, cfg.offload)
     errors = [e for e in (state_error(state, cfg.strategy),) if e]
+    mesh = [f"--{name} {degree}" for name, degree in (("tp", cfg.tp), ("pp", cfg.pp)) if degree > 1]
+    if state.on_host and state.engine == "fsdp" and mesh and not errors:  # not measured nor planned: refused
+        errors.append(f"{cfg.strategy} with state in host memory (--offload {cfg.offload}) is not supported with "
+                      f"{' and '.join(mesh)}: offload is measured and planned on data-parallel layouts only; "
+                      "use --offload none, or drop " + " and ".join(m.split()[0] for m in mesh))
     if state.on_host and state.engine == "fsdp" and not errors and cfg.dp_degree(world_size) == 1:
         errors.append(f"{cfg.strategy} with state in host memory needs more than one data-parallel rank: alone "
                       "FSDP runs the plain model, which stays on the device; use --offload none or more ranks")

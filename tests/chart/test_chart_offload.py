@@ -2,7 +2,7 @@
 and --zero-hpz-partition-size marked chart=True): the chart passes them, and the schema refuses
 what trainer/rules.py refuses on run: alone (generated from rules.state_error over the strategy
 table: offload with ddp, parameters offloaded below ZeRO-3, fsdp's optimizer alone; hpZ below
-ZeRO-3 or with parameters offloaded), with real `helm template`."""
+ZeRO-3 or with parameters offloaded; offload with tp or pp), with real `helm template`."""
 from __future__ import annotations
 
 import pytest
@@ -16,6 +16,10 @@ BAD = {
     "hpz at zero2": (("run.strategy=zero2", "run.zeroHpzPartitionSize=2"), "at '/run/strategy'"),
     "hpz with params offloaded": (("run.strategy=zero3", "run.zeroHpzPartitionSize=2", "run.offload=params"),
                                   "at '/run/offload'"),
+    "fsdp offload with tp": (("run.strategy=fsdp", "run.offload=params", "run.tp=2", "gpusPerWorker=4"),
+                             "at '/run/tp'"),
+    "fsdp offload with pp": (("run.strategy=fsdp", "run.offload=params", "run.pp=2", "gpusPerWorker=4"),
+                             "at '/run/pp'"),
     "not a placement": (("run.strategy=zero3", "run.offload=disk"), "at '/run/offload'"),
 }
 

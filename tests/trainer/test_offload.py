@@ -119,3 +119,31 @@ def test_the_declaration_places_state_by_attributes():
     assert contract.state_layout("fsdp", "params").model_state_bytes_by_location("fp32", 4) == {"device": 0.0,
                                                                                                 "host": 4.0}
     assert contract.state_layout("zero3", "none").on_host == ()
+
+
+def test_fsdp_offload_with_tp_or_pp_is_refused_by_the_trainer_and_the_matrix(tmp_path):
+    """FSDP2's CPUOffloadPolicy on a tensor-parallel or pipeline mesh is neither measured nor
+    planned: one line and exit 2 from the trainer (2 ranks, before any process group) and the same
+    line from the matrix's rules."""
+    from shardbench.suite.matrix.expand import MatrixSpec, expand
+
+    import subprocess
+    import sys
+
+    from tests.trainer.conftest import REPO, cpu_env
+
+    env = {**cpu_env(), "RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}  # rank 0 of 2 as torchrun starts it (no peer needed)
+    run = subprocess.run([sys.executable, "-m", "shardbench.trainer", "--strategy", "fsdp", "--offload", "params",
+                          "--pp", "2", "--no-tie-embeddings", "--grad-accum", "2", "--seq-len", "16", "--steps", "2",
+                          "--warmup-steps", "1", "--device", "cpu", "--output-dir", str(tmp_path)],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
+    assert run.returncode == 2 and len(errors) == 1, run.stderr[-2000:]
+    assert "not supported with --pp 2" in errors[0] and "Traceback" not in run.stderr
+    for degrees in ({"tp": 2}, {"pp": 2, "tie_embeddings": False, "grad_accum": 2}):
+        _, why = expand(MatrixSpec(strategies=["fsdp"], world_sizes=[4], steps=2, warmup_steps=1, offload="params",
+                                   **degrees))
+        said = "not supported with " + ("tp 2" if "tp" in degrees else "pp 2")  # the matrix's wording of --tp
+        assert len(why) == 1 and said in why[0], why
+        assert rules.validate(RunConfig(strategy="fsdp", **degrees), 4) == []  # the mesh alone is fine
