@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.reference_runs import SHARED, shared_run
 from tests.trainer.conftest import run_trainer
 from shardbench.trainer import checkpoint
 
@@ -26,10 +27,12 @@ def train(tmp: Path, ckpt: Path, *extra: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def full(tmp_path_factory):
-    """An uninterrupted run: its record and its checkpoints at steps 3 and 6."""
-    tmp = tmp_path_factory.mktemp("full")
-    return train(tmp, tmp / "ckpt"), tmp / "ckpt"
+def full():
+    """An uninterrupted run: its record and its checkpoints at steps 3 and 6, run once per session
+    (test_checkpoint_guard uses it too): tests change a copy, never these."""
+    run = shared_run([*ARGS, "--checkpoint-dir", f"{SHARED}/ckpt"])
+    assert run.returncode == 0, run.stderr[-3000:]
+    return run.record, run.dir / "ckpt"
 
 
 def names(ckpt: Path) -> list[str]:

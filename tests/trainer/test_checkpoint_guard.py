@@ -29,7 +29,8 @@ def refused(run) -> str:
 
 @pytest.mark.slow  # three trainer processes (each exits 2 before training, after importing torch)
 def test_resume_with_other_measured_settings_is_refused(full, tmp_path):  # noqa: F811
-    _, ckpt = full
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(full[1], ckpt)  # the session's shared run: never written into
     line = refused(run_trainer([*ARGS, "--checkpoint-dir", str(ckpt), "--lr", "2e-3", "--weight-decay", "0.1",
                                 "--grad-clip", "0.5", "--lr-warmup-steps", "3"], tmp_path))
     for name in ("grad_clip", "lr ", "lr_warmup_steps", "weight_decay"):

@@ -11,12 +11,8 @@ import sys
 import pytest
 
 from tests.trainer.conftest import REPO, cpu_env, run_trainer
+from tests.trainer.test_strategies import COMMON, reference  # its runs: 8 sequences per step, 6 steps
 from shardbench.trainer.config import RunConfig
-
-STEPS = 6
-# The configuration tests/trainer/test_strategies.py trains: 8 sequences per step.
-COMMON = ["--model", "tiny", "--seq-len", "64", "--global-batch", "8", "--steps", str(STEPS),
-          "--warmup-steps", "1", "--precision", "fp32", "--seed", "7", "--lr", "1e-3", "--lr-warmup-steps", "2"]
 
 # Recorded at world size 1 (micro-batch 4, grad-accum 2) with the fused-qkv TinyGPT of commit
 # 40aca72, before q, k and v were split: (loss per step, gradient norm per step).
@@ -61,8 +57,8 @@ def test_separate_qkv_draws_the_fused_weights_and_gives_its_loss():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", list(OLD))
-def test_every_strategy_trains_to_the_fused_models_numbers(tmp_path, strategy):
-    run = run_trainer(["--strategy", strategy, "--micro-batch", "4", *COMMON], tmp_path)
+def test_every_strategy_trains_to_the_fused_models_numbers(strategy):
+    run = reference(strategy, 1)  # ["--strategy", strategy, "--micro-batch", "4", *COMMON], shared
     assert run.returncode == 0, run.stderr[-3000:]
     losses, norms = OLD[strategy]
     r = run.record
@@ -90,8 +86,8 @@ GRAD_NORM_TOL = 1e-5
 
 
 @pytest.fixture(scope="module")
-def one_process(tmp_path_factory) -> dict:
-    run = run_trainer(["--strategy", "ddp", "--micro-batch", "4", *COMMON], tmp_path_factory.mktemp("one"))
+def one_process() -> dict:
+    run = reference("ddp", 1)  # ["--strategy", "ddp", "--micro-batch", "4", *COMMON], shared
     assert run.returncode == 0, run.stderr[-3000:]
     return run.record
 

@@ -6,16 +6,15 @@ import os
 
 import pytest
 
-from tests.trainer.conftest import run_trainer
+from tests.reference_runs import shared_run
+from tests.trainer.test_strategies import COMMON
 from shardbench.trainer.contract import STRATEGIES
 from shardbench.trainer.model import PRESETS
 
 pytestmark = pytest.mark.slow
 
-STEPS = 4
-# Global batch 8 = micro-batch 2 x grad-accum 2 x 2 ranks (4 x 2 x 1 for the reference).
-COMMON = ["--model", "tiny", "--seq-len", "64", "--global-batch", "8", "--steps", str(STEPS),
-          "--warmup-steps", "1", "--precision", "fp32", "--seed", "7", "--lr", "1e-3", "--lr-warmup-steps", "2"]
+# test_strategies' settings (global batch 8 = micro-batch 2 x grad-accum 2 x 2 ranks, 4 x 2 x 1 for
+# the reference): "reference" and "zero2-fp32" are its runs, shared (tests/reference_runs.py).
 LAUNCHER = {"ddp": "torchrun", "fsdp": "torchrun", "zero2": "deepspeed"}
 RUNS = {
     "reference": (["--strategy", "ddp", "--micro-batch", "4"], 1),
@@ -29,12 +28,11 @@ RUNS = {
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict[str, dict]:
-    tmp = tmp_path_factory.mktemp("measurement")
+def runs() -> dict[str, dict]:
     out = {}
     for name, (args, world) in RUNS.items():
         launcher = LAUNCHER[args[1]] if world > 1 else None
-        run = run_trainer([*args, *COMMON], tmp, launcher=launcher, nproc=world)
+        run = shared_run([*args, *COMMON], launcher=launcher, nproc=world)
         assert run.returncode == 0, (name, run.stderr[-3000:])
         out[name] = run.record
     return out

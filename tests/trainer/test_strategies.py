@@ -8,7 +8,7 @@ import os
 import jsonschema
 import pytest
 
-from tests.trainer.conftest import run_trainer
+from tests.reference_runs import shared_run
 from shardbench.trainer.contract import STATE, STRATEGIES as STRATEGY_TABLE, default_launcher
 from shardbench.trainer.model import PRESETS, TinyGPT
 
@@ -26,17 +26,24 @@ COMMON = ["--model", "tiny", "--seq-len", "64", "--global-batch", "8", "--steps"
           "--warmup-steps", "1", "--precision", "fp32", "--seed", "7", "--lr", "1e-3", "--lr-warmup-steps", "2"]
 
 
+def reference(strategy: str, world: int):
+    """The session's run of `strategy` at `world` ranks (tests/reference_runs.py): test_layouts
+    and test_measurement compare against the same runs instead of training their own."""
+    if world == 1:
+        return shared_run(["--strategy", strategy, "--micro-batch", "4", *COMMON])
+    # zero3 under mpirun finds its rendezvous through mpi4py (no MASTER_ADDR given).
+    return shared_run(["--strategy", strategy, "--micro-batch", "2", *COMMON], launcher=LAUNCHER_AT_2[strategy],
+                      nproc=2, master_env=strategy != "zero3")
+
+
 @pytest.fixture(scope="module")
-def records(tmp_path_factory) -> dict[tuple[str, int], dict]:
-    tmp = tmp_path_factory.mktemp("strategies")
+def records() -> dict[tuple[str, int], dict]:
     out = {}
     for strategy in STRATEGIES:
-        one = run_trainer(["--strategy", strategy, "--micro-batch", "4", *COMMON], tmp)
+        one = reference(strategy, 1)
         assert one.returncode == 0, one.stderr[-3000:]
         out[(strategy, 1)] = one.record
-        # zero3 under mpirun finds its rendezvous through mpi4py (no MASTER_ADDR given).
-        two = run_trainer(["--strategy", strategy, "--micro-batch", "2", *COMMON], tmp,
-                          launcher=LAUNCHER_AT_2[strategy], nproc=2, master_env=strategy != "zero3")
+        two = reference(strategy, 2)
         assert two.returncode == 0, two.stderr[-3000:]
         out[(strategy, 2)] = two.record
     return out
