@@ -25,5 +25,10 @@ lint: setup
 	$(VENV)/bin/ruff check
 	$(VENV)/bin/mypy
 
+# pytest in two sessions: the fast subset (single-process tests) on two xdist workers, then the
+# slow one (multi-rank runs pinned one rank per core, fault tests waiting on detection) alone.
+# Both always run; the target fails when either did.
 test: tools lint
-	PYTHONWARNINGS=ignore::FutureWarning $(PY) -m pytest -q
+	PYTHONWARNINGS=ignore::FutureWarning $(PY) -m pytest -q -n 2 -m "not slow"; fast=$$?; \
+	PYTHONWARNINGS=ignore::FutureWarning $(PY) -m pytest -q -m slow; slow=$$?; \
+	test $$fast -eq 0 && test $$slow -eq 0
