@@ -100,17 +100,24 @@ def _exact(e: Estimate) -> bool:
     return e.sd is None or e.sd == 0
 
 
+def host_note(c: Any, cat: Any, short: bool = False) -> str:
+    """' (+ 0.01 GiB in host memory)' after a device-memory value whose configuration keeps state
+    on the host (every line that states one: the winner's, the others', the summary's), else ''."""
+    host = c.get("model_state_host_gib") if cat.metric == "model_state_device_gib" else None
+    if host is None or not host.mean:
+        return ""
+    # a CPU run's device holds it all (one memory): the host part is of it, not beside it
+    device, total = c.get(cat.metric), c.get("model_state_gib_per_rank")
+    within = device is not None and total is not None and device.mean >= total.mean
+    if short:
+        return f" (of it {host.mean:.4g} GiB host)" if within else f" (+ {host.mean:.4g} GiB host)"
+    return (f" (of it {host.mean:.4g} GiB placed in host memory: one memory here)" if within
+            else f" (+ {host.mean:.4g} GiB in host memory)")
+
+
 def describe(c: Any, cat: Any) -> str:
     """'ddp `ddp-w2-s64-mb4-ga1-1a2b3c4d` 1,000 [975, 1,025] tok/s (n=3)': which configuration, what number."""
-    host = c.get("model_state_host_gib") if cat.metric == "model_state_device_gib" else None
-    beside = ""
-    if host is not None and host.mean:
-        # a CPU run's device holds it all (one memory): the host part is of it, not beside it
-        device, total = c.get(cat.metric), c.get("model_state_gib_per_rank")
-        within = device is not None and total is not None and device.mean >= total.mean
-        beside = (f" (of it {host.mean:.4g} GiB placed in host memory: one memory here)" if within
-                  else f" (+ {host.mean:.4g} GiB in host memory)")
-    return f"{c.strategy} `{c.name}` {cat.show(c.get(cat.metric))}{beside}"
+    return f"{c.strategy} `{c.name}` {cat.show(c.get(cat.metric))}{host_note(c, cat)}"
 
 
 def decide(cat: Any, group: list[Any], label: str, cv: float | None) -> Verdict | None:
@@ -145,7 +152,7 @@ def decide(cat: Any, group: list[Any], label: str, cv: float | None) -> Verdict 
     if all(separated):
         word = "higher" if b.mean > s.mean else "lower"
         v.kind = "winner"
-        v.text = (f"**{best.strategy}** `{best.name}` {cat.show(b)}, {margin:.1f}% {word} than "
+        v.text = (f"**{best.strategy}** `{best.name}` {cat.show(b)}{host_note(best, cat)}, {margin:.1f}% {word} than "
                   f"{describe(second, cat)}{_rest(cands, cat)}; Welch p {_ps(v.pvalues)} "
                   f"(Holm, {ALPHA:.0%} family-wise over {len(cands) - 1} comparison(s))")
     else:
@@ -168,7 +175,8 @@ def _counted(v: Verdict, cat: Any, others: str) -> Verdict:
         return v
     word = "higher" if b.mean > s.mean else "lower"
     v.kind = "winner"
-    v.text = (f"**{v.best.strategy}** `{v.best.name}` {cat.show(b)}, {v.margin_pct:.1f}% {word} than "
+    v.text = (f"**{v.best.strategy}** `{v.best.name}` {cat.show(b)}{host_note(v.best, cat)}, {v.margin_pct:.1f}% "
+              f"{word} than "
               f"{describe(v.second, cat)}{_rest(v.candidates, cat)} (counted, not timed: one repeat decides)")
     return v
 

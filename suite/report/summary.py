@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from shardbench.suite.analyze.verdicts import Verdict, pct
+from shardbench.suite.analyze.verdicts import Verdict, host_note, pct
 
 THROUGHPUT = "throughput"
 MEMORY = ("memory: GPU training peak", "memory: model state per rank")
@@ -56,7 +56,8 @@ def merge_names(names: list[str]) -> str:
 def _value(v: Verdict | None) -> str:
     if v is None:
         return "-"
-    return "; ".join(f"{c.strategy} {v.category.show(c.get(v.category.metric))}" for c in v.candidates)
+    return "; ".join(f"{c.strategy} {v.category.show(c.get(v.category.metric))}{host_note(c, v.category, short=True)}"
+                     for c in v.candidates)
 
 
 def rows(verdicts: list[Verdict]) -> list[list[Any]]:

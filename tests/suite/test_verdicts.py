@@ -152,3 +152,23 @@ def test_memory_verdicts_compare_device_memory_and_state_host_memory_beside():
         said = "(+ 0.03906 GiB in host memory)" if device == "cuda" else "(of it 0.03906 GiB placed in host memory"
         assert said in shown["zero2 offload optimizer"], shown
         assert "host memory" not in shown["zero3"]
+
+
+def test_the_memory_winner_and_the_summary_table_state_host_memory_too():
+    """The host note was on the runners-up only: the winner's own line ('**zero2 offload
+    optimizer** ... 0.01953 GiB') and the summary's memory cell left it out."""
+    from shardbench.suite.report import summary
+
+    MiB = 2 ** 20
+    an = analysis.analyze([
+        record("zero2", 2, 1000.0, **_placed(60 * MiB, 40 * MiB, "cuda"),
+               settings={"strategy": "zero2", "offload": "optimizer"}),
+        record("zero3", 2, 900.0, **_placed(30 * MiB, 0, "cuda"), settings={"strategy": "zero3"})])
+    memory = next(v for v in an.verdicts if v.category.name == "memory: model state per rank")
+    assert memory.kind == "winner" and memory.best.strategy == "zero2 offload optimizer", memory.text
+    assert memory.text.startswith("**zero2 offload optimizer**")
+    head = memory.text.split(" than ")[0]  # the winner's part, before the runner-up's
+    assert "(+ 0.03906 GiB in host memory)" in head, memory.text
+    [row] = [r for r in summary.rows(an.verdicts) if r[4] != "-"]
+    assert "zero2 offload optimizer 0.01953 GiB (n=1) (+ 0.03906 GiB host); zero3 0.0293 GiB (n=1)" in row[4], row
+    assert row[4].endswith("zero3 0.0293 GiB (n=1)"), row  # nothing on the host, nothing said
