@@ -291,17 +291,30 @@ def drift_lines(an: Analysis) -> str:
     measured difference (float8 also against its measured tolerance), never a broken run."""
     if not an.drifts:
         return ""
+    return ("\n\n### Settings that change the trajectory\n\nRuns equal except a setting that changes the loss "
+            "curve by design, their per-step medians against the default's: measured, not a failure.\n\n"
+            + "\n".join(f"- {line}" for line in drift_texts(an)))
+
+
+def drift_texts(an: Analysis) -> list[str]:
+    """One line per drift, in the report's words (its loss check and benchtui's Results screen)."""
     lines = []
     for d in an.drifts:
         judged = ("" if d.tolerance is None else
                   f", {'within' if d.within else 'BEYOND'} float8's measured tolerance {d.tolerance:g}")
         grad = f"; gradient norm {fmt(d.grad_max_rel, '{:.2g}')}" if d.grad_max_rel is not None else ""
-        lines.append(f"- {d.label}: {groups.shown(d.setting, d.value)} vs {groups.shown(d.setting, d.baseline)} "
+        lines.append(f"{d.label}: {groups.shown(d.setting, d.value)} vs {groups.shown(d.setting, d.baseline)} "
                      f"({d.runs} vs {d.baseline_runs} runs): loss differs by {d.max_rel:.2g} relative at most "
                      f"(step {d.step}){judged}{grad}")
-    return ("\n\n### Settings that change the trajectory\n\nRuns equal except a setting that changes the loss "
-            "curve by design, their per-step medians against the default's: measured, not a failure.\n\n"
-            + "\n".join(lines))
+    return lines
+
+
+def axis_texts(an: Analysis) -> list[str]:
+    """The axes table as lines for a terminal (benchtui's Results screen): the same cells."""
+    return [f"{groups.shown(a.setting, a.value)} vs {groups.shown(a.setting, a.baseline)}"
+            f" ({a.context or 'no other settings'}): {show(a.value_tokens_per_s, '{:,.0f}')} vs "
+            f"{show(a.baseline_tokens_per_s, '{:,.0f}')} tok/s, ratio {show(a.ratio, '{:.3g}')}, "
+            f"Welch p {fmt(a.p, '{:.2g}')}" for a in an.axes]
 
 
 def axes_section(an: Analysis) -> str:

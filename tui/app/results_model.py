@@ -67,6 +67,10 @@ class ResultsView:
     """metric -> strategy -> [(devices, mean, 95% low, 95% high)]: the PNG plots' data (PLOTS)."""
     fault_table: list[str] = field(default_factory=list)
     """The report's fault-tolerance table as plain lines (suite/report/fault_section.py)."""
+    drifts: list[str] = field(default_factory=list)
+    """The loss check's "Settings that change the trajectory", plain lines (report/markdown.py)."""
+    axes: list[str] = field(default_factory=list)
+    """"Settings compared as axes", plain lines (report/markdown.py)."""
 
 
 def fmt_cell(value: Any, spec: str) -> str:
@@ -118,6 +122,9 @@ def compute(records: list[dict]) -> ResultsView:
     from shardbench.suite.report import fault_section as faults_report
 
     view.fault_table = faults_report.text_lines(records)
+    from shardbench.suite.report import markdown
+
+    view.drifts, view.axes = markdown.drift_texts(an), markdown.axis_texts(an)
     return view
 
 

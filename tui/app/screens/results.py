@@ -126,6 +126,10 @@ class ResultsScreen(Screen):
                 if view.verdicts else "[b]Verdicts[/b]: need at least two strategies with ok runs at the same size.")
         if view.fault_table:  # runs that checkpointed: the report's fault-tolerance table (no markup in it)
             text += "\n\n[b]Fault tolerance[/b]\n" + "\n".join(view.fault_table)
+        for title, lines in (("Settings that change the trajectory (measured, not a failure)", view.drifts),
+                             ("Settings compared as axes (each value against the default)", view.axes)):
+            if lines:  # the report's sections of the same names
+                text += f"\n\n[b]{title}[/b]\n" + "\n".join(escape(line) for line in lines)
         self.query_one("#winners", Static).update(text)
         self._plot("#plot-left", 0)
         self._plot("#plot-right", self.right_plot)
