@@ -31,8 +31,9 @@ def plan_input(spec) -> PlanInput:
 
 
 def peak_bytes_per_rank(cfg, world_size: int) -> int:
-    """The planner's predicted peak bytes per rank of one RunConfig at `world_size`: the memory
-    constraint of `shardbench tune` (suite/tune/tuner.py). Planned in this process."""
+    """The planner's predicted peak bytes per rank of one RunConfig at `world_size` on its device
+    (on a GPU, state offloaded to the host left out): the memory constraint of `shardbench tune`
+    (suite/tune/tuner.py). Planned in this process."""
     from shardbench.trainer.plan.predict import predict
 
     device = cfg.device if cfg.device != "auto" else ("cuda" if cfg.peak_tflops else "cpu")
@@ -41,7 +42,10 @@ def peak_bytes_per_rank(cfg, world_size: int) -> int:
     knobs = {k: getattr(cfg, k) for k in _FIELDS - derived if hasattr(cfg, k)}
     inp = PlanInput(strategy=cfg.strategy, world_size=world_size, seq_len=cfg.effective_seq_len(),
                     grad_accum=cfg.effective_grad_accum(world_size), device=device, precision=precision, **knobs)
-    return int(predict(inp)["peak_bytes"])
+    plan = predict(inp)
+    if device == "cpu":  # host and device memory are one: offload frees nothing there
+        return int(plan["peak_bytes"])
+    return int(plan.get("memory_by_location", {}).get("device", plan["peak_bytes"]))
 
 
 def predict_specs(specs, timeout_s: float = 600) -> tuple[dict[str, dict], str | None]:

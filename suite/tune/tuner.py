@@ -43,12 +43,19 @@ APPLIES: dict[str, Any] = {
     "fsdp_grad_sync": lambda s: s.engine == "fsdp",
     "reshard_after_forward": lambda s: "params" in s.sharded,
     "bucket_mib": lambda s: s.engine in BUCKETED_ENGINES,  # type: ignore[has-type]
+    "offload": lambda s: s.engine != "ddp",
+    "zero_hpz_partition_size": lambda s: s.zero_stage == 3,
 }
 """Which layouts a layout-specific knob acts on, from the contract's strategy attributes (never
 a strategy's name): the FSDP2 engine's gradient sync; re-sharding after forward where parameters
 are sharded (FSDP2, ZeRO-3); bucket sizes where the engine communicates in buckets (DDP's reducer,
 DeepSpeed). A knob searched where it does nothing doubles the space and "tunes" noise (issue 32:
-ddp searched reshard_after_forward and recommended false). Knobs not listed act on every layout."""
+ddp searched reshard_after_forward and recommended false). Knobs not listed act on every layout;
+offload outside ddp (its values filtered by the rules' placements) and hpZ at ZeRO-3 (ON_REQUEST)."""
+ON_REQUEST = ("offload", "zero_hpz_partition_size")
+"""Layout knobs of APPLIES searched only when --space gives them: where state lives and ZeRO++
+change what a trial measures (device memory traded for host memory and copies; a secondary
+partition), not just how fast, so the default search keeps the declared layout."""
 BUCKETED_ENGINES = ("ddp", "deepspeed")
 """Engines that communicate gradients in buckets (FSDP2 communicates per module)."""
 MIN_PRUNE_STEPS = 3
@@ -79,7 +86,7 @@ def search_space(strategy: str, per_rank_batch: int, given: dict[str, list] | No
     hints = typing.get_type_hints(RunConfig)
     by_field = {f.name: f for f in fields(RunConfig)}
     for name in APPLIES:
-        if name in by_field:
+        if name in by_field and name not in ON_REQUEST:
             values = _values_of(hints[name], by_field[name].default, by_field[name].metadata)
             if values:
                 space.append(Knob(name, values))
@@ -87,8 +94,20 @@ def search_space(strategy: str, per_rank_batch: int, given: dict[str, list] | No
     if "grad_accum" in (given or {}):
         del by_name["micro_batch"]  # the batch axis searched by its grad-accum: micro-batch follows
     for name, values in (given or {}).items():  # type: ignore[assignment]
+        if name == "offload":  # only the placements this layout can make (trainer/rules.py state_error)
+            values = tuple(v for v in values if _places(strategy, v))
+            if not values:
+                continue
         by_name[name] = Knob(name, tuple(values))
     return [k for k in by_name.values() if applies(k.name, strategy)]
+
+
+def _places(strategy: str, offload: Any) -> bool:
+    from shardbench.trainer import contract, rules
+
+    if offload not in contract.OFFLOADS or strategy not in contract.STRATEGIES:
+        return True  # the rules say what is wrong with it, one line
+    return rules.state_error(contract.state_layout(strategy, offload), strategy) is None
 
 
 def batch_axis_errors(per_rank_batch: int, given: dict[str, list]) -> list[str]:

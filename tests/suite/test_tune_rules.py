@@ -38,6 +38,20 @@ def test_the_space_holds_only_knobs_that_act_on_the_layout(monkeypatch):
     assert names("made-up") == names("zero3")
 
 
+def test_offload_and_hpz_are_searched_on_request_where_the_layout_can_place_them():
+    """APPLIES knows --offload (not ddp; only the placements the rules accept) and hpZ (ZeRO-3);
+    the default search leaves both out (the test above pins it), --space puts them in."""
+    asked = {"offload": ["none", "optimizer", "params"], "zero_hpz_partition_size": [1, 2]}
+    space = {s: {k.name: k.values for k in search_space(s, 8, asked)} for s in contract.STRATEGIES}
+    assert "offload" not in space["ddp"] and "zero_hpz_partition_size" not in space["ddp"]
+    assert space["zero1"]["offload"] == space["zero2"]["offload"] == ("none", "optimizer")
+    assert space["zero3"]["offload"] == ("none", "optimizer", "params")
+    assert space["fsdp"]["offload"] == ("none", "params")
+    assert [s for s in space if "zero_hpz_partition_size" in space[s]] == ["zero3"]
+    assert all(k.name not in ("offload", "zero_hpz_partition_size") for s in contract.STRATEGIES
+               for k in search_space(s, 8))
+
+
 class StandIn:
     """A backend that 'runs' a spec at once: tok/s and tensor peak from its micro-batch, progress
     events per measured step, stopping when cancelled."""
@@ -115,3 +129,17 @@ def test_pruning_waits_for_several_measured_steps(tmp_path):
     assert len(pruned) == 1 and pruned[0]["params"]["micro_batch"] == 1
     assert f"at measured step {MIN_PRUNE_STEPS} " in pruned[0]["reason"]  # not at the first
     assert "| pruned |" in text
+
+
+def test_the_memory_limit_of_an_offload_trial_is_its_device_bytes():
+    """On a GPU, state on the host does not count against the GPU's limit; on a CPU run host and
+    device memory are one, so offload frees nothing there."""
+    from shardbench.suite.matrix.planning import peak_bytes_per_rank
+    from shardbench.trainer.config import RunConfig
+
+    def peak(device, offload):
+        return peak_bytes_per_rank(RunConfig(strategy="zero2", offload=offload, device=device, precision="fp32",
+                                             seq_len=32, global_batch=8), 2)
+
+    assert peak("cuda", "optimizer") < peak("cuda", "none")
+    assert peak("cpu", "optimizer") >= peak("cpu", "none")

@@ -63,7 +63,7 @@ def model_state(inp: PlanInput) -> dict[str, int]:
                 "optimizer": 8 * shard, "master": 0}
     part = math.ceil(P / N)
     weight = 2 if _half(inp) else 4
-    grad = lay.bytes_per_param(inp.precision)["grads"]  # offloaded: an fp32 partition, twice at ZeRO-3 (contract)
+    grad = int(lay.bytes_per_param(inp.precision)["grads"])  # offloaded: an fp32 partition, twice at ZeRO-3 (contract)
     # Gradients not sharded (ZeRO-1): whole between micro-steps, reduced into the partition at
     # the last one; sharded: reduced into the partition at every micro-step.
     whole_grads = not sharded(lay, "grads") and inp.grad_accum > 1
