@@ -201,3 +201,29 @@ def test_results_screen_opened_on_a_report_directory(snap_compare, fixture_value
         await pilot.pause()
 
     assert snap_compare(make_app("reports/default"), terminal_size=size, run_before=run_before)
+
+
+def test_results_screen_with_drifts_and_axes(snap_compare, fixture_values, tmp_path, monkeypatch):
+    """The loss check's "Settings that change the trajectory" and "Settings compared as axes" below
+    the verdicts (PowerSGD against the exact hook, 3 repeats each); one size: the sections' layout."""
+    from tests.synthetic import record
+
+    monkeypatch.chdir(tmp_path)
+    loss = [9.0, 8.9, 8.8, 8.7, 8.6, 8.5]
+    drifted = [x * (1 + 1e-3 * max(0, k - 2)) for k, x in enumerate(loss)]
+    recs = [record(world_size=2, tokens_per_s=tps + 10 * r, repeat=r, settings=settings, loss_per_step=curve,
+                   config_id=config, run_id=f"ddp-w2-{config}-r{r}", **settings)
+            for config, tps, curve, settings in [("none", 1000, loss, {"ddp_comm_hook": "none"}),
+                                                 ("psgd", 1100, drifted, {"ddp_comm_hook": "powersgd",
+                                                                          "powersgd_rank": 1})]
+            for r in range(3)]
+    write_results(tmp_path / "results", recs)
+
+    async def run_before(pilot):
+        while "result(s) in" not in pilot.app.results_screen.source:
+            await pilot.pause(0.1)
+        await settle(pilot)
+        await pilot.press("f5")
+        await pilot.pause()
+
+    assert snap_compare(make_app(), terminal_size=SIZES["160x45"], run_before=run_before)
