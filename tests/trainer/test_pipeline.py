@@ -114,6 +114,10 @@ def test_pipeline_trains_to_one_process_loss_and_grad_norm(tmp_path, one_process
           f"{pipe['p2p_per_step'][0]['send']}")
     coords = r["mesh_coords"]
     assert [c["pp"] for c in coords] == [rank // (ranks // 2) for rank in range(ranks)]
+    # The planner on the same run (no run of its own): tests/trainer/test_plan_pipeline.py
+    from tests.trainer.test_plan_pipeline import check_plan_against
+
+    check_plan_against(r, name)
 
 
 # --- in-process: the stages are the model ------------------------------------------------------
@@ -317,12 +321,12 @@ def test_the_parameter_table_is_the_untied_models():
     assert Params.of(cfg).total == cfg.n_params()
 
 
-def test_the_planner_says_not_modelled_for_pipelines_and_untied_tp_in_one_line():
+def test_the_planner_says_not_modelled_for_pipelines_with_tp_and_untied_tp_in_one_line():
     from shardbench.trainer.plan.inputs import PlanInput
     from shardbench.trainer.plan.layout import NotModelled
 
-    for inp, words in ((PlanInput(strategy="ddp", world_size=2, pp=2, tie_embeddings=False),
-                        "pipeline parallel (--pp 2): the planner does not model pipeline stages"),
+    for inp, words in ((PlanInput(strategy="ddp", world_size=4, pp=2, tp=2, tie_embeddings=False),
+                        "pipeline parallel (--pp 2) with tensor parallel: the planner models pipelines of ddp"),
                        (PlanInput(strategy="fsdp", world_size=2, tp=2, tie_embeddings=False),
                         "an untied head (--no-tie-embeddings) with tensor parallel (--tp)")):
         with pytest.raises(NotModelled, match=None) as said:

@@ -41,7 +41,11 @@ class PlanInput:
     dp_replicate: int = 1
     """--dp-replicate: HSDP's replicate degree."""
     pp: int = 1
-    """--pp: pipeline-parallel degree; not modelled beyond 1 (the stages' memory and the schedule's bubble)."""
+    """--pp: pipeline-parallel degree (trainer/plan/pipeline.py)."""
+    pp_schedule: str = "1F1B"
+    """--pp-schedule: which of torch's schedules (its action order and bubble)."""
+    pp_stages_per_rank: int | None = None
+    """--pp-stages-per-rank (None: the schedule's default)."""
     tie_embeddings: bool = True
     """--tie-embeddings: untied, the head is one more parameter (Params.of); not modelled with tp > 1."""
     float8: str = "off"
@@ -61,9 +65,16 @@ class PlanInput:
         collectives' dtype and recompute are not modelled)."""
         from shardbench.trainer.plan.layout import NotModelled, layout
 
-        if self.pp > 1:
-            raise NotModelled(f"pipeline parallel (--pp {self.pp}): the planner does not model pipeline stages "
-                              "(their memory, point-to-point traffic and the schedule's bubble)")
+        if self.pp > 1 and (self.tp > 1 or self.precision != "fp32" or self.activation_checkpointing
+                            or (getattr(STRATEGIES.get(self.strategy), "engine", "") == "fsdp"
+                                and self.world_size > self.pp)):
+            raise NotModelled(f"pipeline parallel (--pp {self.pp}) with "
+                              + ("tensor parallel" if self.tp > 1 else "fsdp over dp_shard > 1"
+                                 if self.precision == "fp32" and not self.activation_checkpointing else
+                                 "activation checkpointing" if self.activation_checkpointing else self.precision)
+                              + ": the planner models pipelines of ddp or fsdp stages (one data-parallel shard) "
+                              "in fp32 without recompute (the stages' TP/FSDP collectives per micro-batch are "
+                              "not measured)")
         if not self.tie_embeddings and self.tp > 1:
             raise NotModelled("an untied head (--no-tie-embeddings) with tensor parallel (--tp): the planner's TP "
                               "plan is the tied model's")
@@ -111,6 +122,8 @@ class PlanInput:
                    reshard_after_forward=r.get("reshard_after_forward") is not False,
                    tp=int((r.get("layout") or {}).get("tp") or 1),
                    pp=int((r.get("layout") or {}).get("pp") or 1),
+                   pp_schedule=str((r.get("pipeline") or {}).get("schedule") or "1F1B"),
+                   pp_stages_per_rank=(r.get("pipeline") or {}).get("stages_per_rank"),
                    tie_embeddings=(r.get("model") or {}).get("tie_embeddings", True) is not False,
                    float8=str(r.get("float8") or "off"), ddp_comm_hook=str(r.get("ddp_comm_hook") or "none"),
                    dp_replicate=int((r.get("layout") or {}).get("dp_replicate") or 1)

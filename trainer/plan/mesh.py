@@ -169,8 +169,8 @@ def sharded_by_dim(inp: PlanInput) -> dict[str, dict]:
     from shardbench.trainer.parallel.layout import Layout
 
     info = STRATEGIES[inp.strategy]
-    R, S = (inp.dp_replicate, shard_degree(inp)) if info.engine == "fsdp" else (inp.world_size // inp.tp, 1)
-    return Layout(R, S, inp.tp, info.engine).divides(info.sharded)
+    R, S = (inp.dp_replicate, shard_degree(inp)) if info.engine == "fsdp" else (inp.world_size // inp.tp // inp.pp, 1)
+    return Layout(R, S, inp.tp, info.engine, inp.pp).divides(info.sharded)
 
 
 def is_mesh(inp: PlanInput) -> bool:

@@ -87,6 +87,11 @@ def _fitted(inp: PlanInput) -> int:
 
 def memory(inp: PlanInput, trace_fsdp: bool = True) -> tuple[dict[str, int], int, str, dict | None]:
     """(bytes by category, total tensor peak, method, traced comm or None)."""
+    if inp.pp > 1:
+        from shardbench.trainer.plan import pipeline
+
+        cats, total, _ = pipeline.memory(inp)
+        return cats, total, "the rank's stages on fake tensors in torch's schedule order (pipeline_order)", None
     if mesh.is_mesh(inp):
         return _mesh_memory(inp)
     state = formulas.model_state(inp)
@@ -163,7 +168,12 @@ def predict(inp: PlanInput, device_memory_bytes: int | None = None, links: dict 
     if trace_fsdp is None:
         trace_fsdp = inp.world_size <= TRACE_FSDP_UP_TO
     cats, total, method, traced_comm = memory(inp, trace_fsdp)
-    by_dim = mesh.comm_by_dim(inp) if mesh.is_mesh(inp) else None
+    if inp.pp > 1:
+        from shardbench.trainer.plan import pipeline
+
+        by_dim: dict | None = pipeline.comm_by_dim(inp)
+    else:
+        by_dim = mesh.comm_by_dim(inp) if mesh.is_mesh(inp) else None
     comm = mesh.per_op(by_dim) if by_dim is not None else traced_comm if traced_comm is not None else formulas.comm(inp)
     overhead = int(ALLOCATOR_OVERHEAD * total) if inp.device == "cuda" else 0
     peak = total + overhead
@@ -197,6 +207,17 @@ def predict(inp: PlanInput, device_memory_bytes: int | None = None, links: dict 
                 "re-sharded after forward: each block gathered in forward and again in backward (the last kept)"
                 if inp.reshard_after_forward else "blocks kept gathered from forward to backward")
             + "; the root (tied embedding, wpe, ln_f) persistent, re-gathered after the step")
+    if inp.pp > 1:  # each pipeline rank's stages, state and send/recv (the record's `pipeline`)
+        out["pipeline"] = {"schedule": inp.pp_schedule, "stages": pipeline.n_stages(inp),
+                           "stages_per_rank": pipeline.per_rank(inp),
+                           "bubble": pipeline.bubble(inp)[0],
+                           "p2p_per_step": [{"pp_rank": r, "stages": pipeline.stage_ids(inp, r),
+                                             **pipeline.p2p(inp, r)} for r in range(inp.pp)]}
+        out["model_state_bytes"] = pipeline.max_state(inp)
+        out["assumptions"] += [  # type: ignore[operator]
+            f"pipeline pp {inp.pp} {inp.pp_schedule}: state, tensor peak and step time of the busiest pipeline rank; "
+            f"bubble {pipeline.bubble(inp)[1]}; send/recv on the link the pipeline spans",
+            pipeline.peak_note(inp.pp_schedule)]
     if by_dim is not None:  # collectives and what is divided, per mesh dimension
         out["comm_per_step_by_dim"] = by_dim
         out["memory_by_dim"] = mesh.sharded_by_dim(inp)

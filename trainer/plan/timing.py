@@ -123,9 +123,11 @@ def mesh_groups(inp: PlanInput) -> dict[str, tuple[int, int]]:
     from shardbench.trainer.contract import STRATEGIES
     from shardbench.trainer.plan import mesh
 
-    dp = inp.world_size // inp.tp
+    dp = inp.world_size // (inp.tp * inp.pp)
     R, S = (inp.dp_replicate, mesh.shard_degree(inp)) if STRATEGIES[inp.strategy].engine == "fsdp" else (dp, 1)
-    return {"tp": (inp.tp, inp.tp), "dp_shard": (S, S * inp.tp), "dp_replicate": (R, inp.world_size)}
+    # pp outermost: a pipeline group strides over everything else and spans the world
+    return {"tp": (inp.tp, inp.tp), "dp_shard": (S, S * inp.tp), "dp_replicate": (R, inp.world_size // inp.pp),
+            "pp": (inp.pp, inp.world_size)}
 
 
 def step_time(inp: PlanInput, comm: dict, links: dict, calibration: dict | None,
@@ -151,7 +153,10 @@ def step_time(inp: PlanInput, comm: dict, links: dict, calibration: dict | None,
             op_bw = float(per_op[op]) * 1e9 if per_op.get(op) else dim_bw
             if dim:  # an op's own busbw (gloo's, measured on one machine) never beats the link's
                 op_bw = min(op_bw, dim_bw)
-            t = collective_seconds(op, v["calls"], v["bytes"], size, op_bw, dim_alpha)
+            if op in ("send", "recv"):  # point to point: one hop; a recv is the peer's send, latency only
+                t = v["calls"] * dim_alpha + (v["bytes"] / dim_bw if op == "send" else 0.0)
+            else:
+                t = collective_seconds(op, v["calls"], v["bytes"], size, op_bw, dim_alpha)
             if op in ops and dim != "tp":
                 overlappable += t
             else:
@@ -172,8 +177,16 @@ def step_time(inp: PlanInput, comm: dict, links: dict, calibration: dict | None,
     if inp.activation_checkpointing:
         flops += recompute_flops_per_token(cfg, T)
         source += "; + activation checkpointing's recompute (each block's forward again)"
-    # a tensor-parallel rank computes 1/tp of its data-parallel rank's matmuls
-    compute = flops * inp.micro_batch * inp.grad_accum * T / rate / inp.tp
+    # a tensor-parallel rank computes 1/tp of its data-parallel rank's matmuls, a pipeline rank 1/pp
+    # of them and idles the schedule's bubble (trainer/plan/pipeline.py)
+    compute = flops * inp.micro_batch * inp.grad_accum * T / rate / inp.tp / inp.pp
+    if inp.pp > 1:
+        from shardbench.trainer.plan import pipeline
+
+        idle, why_idle = pipeline.bubble(inp)
+        compute /= 1 - idle
+        out["bubble"], out["bubble_why"] = idle, why_idle
+        source += f"; / (1 - bubble {idle:.1%}): {why_idle}"
     slowdown = shared_slowdown(inp, links)
     if slowdown != 1.0:
         compute *= slowdown
