@@ -65,9 +65,9 @@ class PlanInput:
         collectives' dtype and recompute are not modelled)."""
         from shardbench.trainer.plan.layout import NotModelled, layout
 
-        if self.pp > 1 and (self.tp > 1 or self.precision != "fp32" or self.activation_checkpointing
-                            or (getattr(STRATEGIES.get(self.strategy), "engine", "") == "fsdp"
-                                and self.world_size > self.pp)):
+        row = STRATEGIES.get(self.strategy)
+        shards_stages = row is not None and row.engine == "fsdp" and self.world_size > self.pp
+        if self.pp > 1 and (self.tp > 1 or self.precision != "fp32" or self.activation_checkpointing or shards_stages):
             raise NotModelled(f"pipeline parallel (--pp {self.pp}) with "
                               + ("tensor parallel" if self.tp > 1 else "fsdp over dp_shard > 1"
                                  if self.precision == "fp32" and not self.activation_checkpointing else
