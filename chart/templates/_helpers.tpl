@@ -97,6 +97,16 @@ schema rejects what it can say alone (ZeRO with tp > 1, dpReplicate > 1 without 
 {{- if ne (mod $world (mul $tp $rep)) 0 }}
 {{- fail (printf "world size %d (workers %d x gpusPerWorker %d) is not divisible by run.tp %d x run.dpReplicate %d = %d: pick degrees whose product divides the world size" $world (int .Values.workers) (int .Values.gpusPerWorker) $tp $rep (mul $tp $rep)) }}
 {{- end }}
+{{- /* where state lives (trainer/rules.py _state_errors): the products the schema cannot compare */}}
+{{- $dp := int (include "shardbench.dpDegree" .) }}
+{{- $hpz := int (default 1 .Values.run.zeroHpzPartitionSize) }}
+{{- if and (gt $hpz 1) (ne (mod $dp $hpz) 0) }}
+{{- fail (printf "run.zeroHpzPartitionSize %d does not divide the %d data-parallel ranks: use a divisor of them (the GPUs of one worker)" $hpz $dp) }}
+{{- end }}
+{{- $engine := (get (include "shardbench.contract" . | fromJson).strategies .Values.run.strategy).engine }}
+{{- if and (eq $engine "fsdp") (ne (toString (default "none" .Values.run.offload)) "none") (eq $dp 1) }}
+{{- fail (printf "run.offload %s with fsdp needs more than one data-parallel rank (world size %d): alone FSDP runs the plain model, which stays on the device; use run.offload none or more ranks" (toString .Values.run.offload) $world) }}
+{{- end }}
 {{- end }}
 
 {{/* Cross-field checks the JSON schema cannot express; each fails with one line. */}}

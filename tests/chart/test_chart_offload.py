@@ -2,7 +2,8 @@
 and --zero-hpz-partition-size marked chart=True): the chart passes them, and the schema refuses
 what trainer/rules.py refuses on run: alone (generated from rules.state_error over the strategy
 table: offload with ddp, parameters offloaded below ZeRO-3, fsdp's optimizer alone; hpZ below
-ZeRO-3 or with parameters offloaded; offload with tp or pp), with real `helm template`."""
+ZeRO-3 or with parameters offloaded; offload with tp or pp) and the template the products (hpZ not
+dividing the data-parallel ranks, fsdp offload on one rank), with real `helm template`."""
 from __future__ import annotations
 
 import pytest
@@ -20,6 +21,10 @@ BAD = {
                              "at '/run/tp'"),
     "fsdp offload with pp": (("run.strategy=fsdp", "run.offload=params", "run.pp=2", "gpusPerWorker=4"),
                              "at '/run/pp'"),
+    "hpz not dividing the ranks": (("run.strategy=zero3", "run.zeroHpzPartitionSize=3", "workers=2", "gpusPerWorker=2"),
+                                   "run.zeroHpzPartitionSize 3 does not divide the 4 data-parallel ranks"),
+    "fsdp offload on one rank": (("run.strategy=fsdp", "run.offload=params", "gpusPerWorker=1"),
+                                 "run.offload params with fsdp needs more than one data-parallel rank"),
     "not a placement": (("run.strategy=zero3", "run.offload=disk"), "at '/run/offload'"),
 }
 
