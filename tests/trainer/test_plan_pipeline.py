@@ -81,13 +81,17 @@ def test_shardbench_plan_with_pp_prints_a_plan_for_each_modelled_schedule():
                               "--json"], cwd=REPO, env=cpu_env(), capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, out.stderr[-2000:]
         assert "send" in out.stdout and "model_state_bytes" in out.stdout, out.stdout[-2000:]
-        assert "not modelled: pipeline" not in out.stdout
+        if abs(pipeline.PEAK_ERROR[schedule]) <= pipeline.PEAK_TARGET:
+            assert "not modelled" not in out.stdout, out.stdout[-2000:]
+        else:  # its tensor peak only, one line; the rest of the plan stands
+            assert out.stdout.count("not modelled") == 1
+            assert f"not modelled: the tensor peak of {schedule} within 10%" in out.stdout
 
 
 def check_plan_against(record: dict, name: str) -> None:
     """A pipeline run's record against its plan: model state (max over ranks), every pipeline
     rank's send/recv and rank 0's collectives exact; the tensor peak within the measured error
-    pipeline.PEAK_ERROR says for the schedule (+ 3 points of noise). Layouts the planner does not
+    pipeline.PEAK_ERROR says for the schedule (+ 3 points). Layouts the planner does not
     model (pp with fsdp over dp_shard > 1, pp with tp) must say so in one line."""
     from shardbench.trainer.plan.accuracy import errors
     from shardbench.trainer.plan.layout import NotModelled
