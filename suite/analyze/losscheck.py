@@ -126,7 +126,12 @@ def _loss_key(s: dict[str, Any], ignore: frozenset[str]) -> str:
     """The loss group's key; PowerSGD runs also by world size: it compresses each rank's gradient
     before the average, so its error, and the trajectory, depend on the number of ranks."""
     key = groups.key(s, groups.LOSS_EXCEPT | ignore)
-    return key + f"|world {s.get('world_size')}" if s.get("ddp_comm_hook") == "powersgd" else key
+    return key + f"|world {s.get('world_size')}" if _per_world(s) else key
+
+
+def _per_world(s: dict[str, Any]) -> bool:
+    """A trajectory that depends on the number of ranks (PowerSGD): its loss groups are per world size."""
+    return s.get("ddp_comm_hook") == "powersgd"
 
 
 def _group(filled: dict[str, dict[Any, Any]], group: pd.DataFrame, varying: list[str] = []) -> LossGroup:  # noqa: B006 - read only
@@ -138,6 +143,8 @@ def _group(filled: dict[str, dict[Any, Any]], group: pd.DataFrame, varying: list
     rows = list(zip(group.index, group[_ROW].to_dict("records")))
     has_norms = sum(row["grad_norm_curve"] is not None for _, row in rows) >= 2
     label = _label(first, varying, groups.merged(list(group["settings"])))
+    if isinstance(first["settings"], dict) and _per_world(first["settings"]):  # its groups at 1 and 2 ranks
+        label += f", {_int(first['world_size'])} ranks"  # read the same without it
     strategies = sorted(set(map(str, group["strategy"])))
     # The reference is the median of the largest side of runs that agree with each other; with no
     # side in the majority (an even split) there is no reference to call either side broken by.

@@ -258,15 +258,34 @@ def scaling_section(an: Analysis) -> str:
     if not have:
         return text + "No ok runs."
     worlds = sorted({int(c.world_size) for c in have})
-    varying = sweep(have, groups.BASE_EXCEPT | {"strategy", "resolved_global_batch"})
+    varying = _line_keys(have)
     lines: dict[tuple[str, ...], dict[int, str]] = {}  # one line per configuration but its world size
     for c in have:
-        key = (str(c.strategy), *[groups.shown(k, c.settings.get(k)) or "-" for k in varying])
-        lines.setdefault(key, {})[int(c.world_size)] = _eff(c)
+        lines.setdefault(_line(c, varying), {})[int(c.world_size)] = _eff(c)
     rows = [[*key, *[cells.get(w, "-") for w in worlds]] for key, cells in sorted(lines.items())]
     notes = sorted({str(n) for n in an.runs["scaling_note"].dropna() if n})
     return (text + md_table(["strategy", *[k.replace("_", "-") for k in varying], *[f"{w} dev" for w in worlds]], rows)
             + ("\n\n" + "\n".join(f"- {n}" for n in notes) if notes else ""))
+
+
+def _line(c: MeasuredConfig, varying: list[str]) -> tuple[str, ...]:
+    """A scaling line's key: the preset (its mesh degrees are columns: one line from 2 to 4 ranks
+    of hsdp, whose name changes with the world size) and the shown value of every varying setting."""
+    return (str(c.key["strategy"]), *[groups.shown(k, c.settings.get(k)) or "-" for k in varying])
+
+
+def _line_keys(configs: list[MeasuredConfig]) -> list[str]:
+    """The settings a scaling line shows: every one that differs besides the world size; a
+    per-world knob (grad-accum) and the global batch only where two configurations of one line
+    would share a cell without them (a grad-accum or global-batch sweep: one was dropped)."""
+    varying = sweep(configs, groups.BASE_EXCEPT | {"resolved_global_batch"}, by_preset=True)
+    extra = [k for k in sweep(configs, frozenset(), by_preset=True) if k not in varying and k not in groups.LAYOUT]
+    for more in ([], [k for k in extra if k != "resolved_global_batch"], extra):
+        keys = sorted([*varying, *more])
+        cells = [(*_line(c, keys), int(c.world_size)) for c in configs]
+        if len(set(cells)) == len(cells):
+            return keys
+    return sorted([*varying, *extra])
 
 
 def loss_section(an: Analysis) -> str:
@@ -383,12 +402,13 @@ def build_markdown(an: Analysis, results_dir: Path, plot_files: list[Path], skip
     return "\n\n".join(parts) + "\n"
 
 
-def sweep(configs: list[MeasuredConfig], except_: frozenset[str]) -> list[str]:
+def sweep(configs: list[MeasuredConfig], except_: frozenset[str], by_preset: bool = False) -> list[str]:
     """The settings that differ between configurations of one strategy besides `except_` (a swept
-    knob; not the launcher that comes with each strategy)."""
+    knob; not the launcher that comes with each strategy). by_preset: of one preset, whatever its
+    mesh degrees (fsdp and hsdp 2x2 are one: dp_replicate tells them apart); else of one layout name."""
     by_strategy: dict[str, list[dict[str, Any]]] = {}
     for c in configs:
-        by_strategy.setdefault(str(c.strategy), []).append(c.settings)
+        by_strategy.setdefault(str(c.key["strategy"] if by_preset else c.strategy), []).append(c.settings)
     found = {k for settings in by_strategy.values() for k in groups.differences(settings, except_)}
     return sorted(found)
 
@@ -397,7 +417,10 @@ def summary_frame(an: Analysis) -> pd.DataFrame:
     """summary.csv: per configuration n, mean, sd, ci_low, ci_high of every summary value, keyed by
     its columns plus every setting that differs between configurations (a swept knob)."""
     rows = []
-    varying = [k for k in sweep(an.configs, frozenset({"resolved_global_batch"})) if k not in an_mod.CONFIG_KEYS]
+    # By preset: the strategy column is the preset's name, so its mesh degrees must be columns
+    # (fsdp at dp_replicate 1 and 2 were two identical rows but their config ids).
+    varying = [k for k in sweep(an.configs, frozenset({"resolved_global_batch"}), by_preset=True)
+               if k not in an_mod.CONFIG_KEYS]
     for c in an.configs:
         row: dict[str, Any] = dict(c.key)
         row.update({k: c.settings.get(k) for k in varying})

@@ -99,7 +99,15 @@ def _varying(configs: list[MeasuredConfig]) -> list[str]:
     by_strategy: dict[str, list[dict]] = {}
     for c in configs:
         by_strategy.setdefault(str(c.strategy), []).append(c.settings)
-    return sorted({k for s in by_strategy.values() for k in groups.differences(s, except_)})
+    varying = sorted({k for s in by_strategy.values() for k in groups.differences(s, except_)})
+    # A grad-accum or global-batch sweep: two points of one line at one world size without them.
+    extra = sorted({k for s in by_strategy.values() for k in groups.differences(s, frozenset({"strategy"}))}
+                   - set(varying) - groups.LAYOUT)
+    for more in ([], [k for k in extra if k != "resolved_global_batch"], extra):
+        points = [(_label(c, sorted([*varying, *more])), c.world_size) for c in configs]
+        if len(set(points)) == len(points):
+            return sorted([*varying, *more])
+    return sorted([*varying, *extra])
 
 
 def _label(c: MeasuredConfig, varying: list[str]) -> str:

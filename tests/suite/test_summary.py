@@ -194,3 +194,58 @@ def test_summary_cells_show_a_very_wide_interval_as_its_spread():
     an = analysis.analyze(noisy())
     (row,) = summary.rows(an.verdicts)
     assert "wide: n=3, spread x" in row[2] and "[" not in row[2].split("fsdp")[1].split(";")[0], row[2]
+
+
+def _configs(strategy: str, worlds: tuple[int, ...], variants: list[dict]) -> list[dict]:
+    """Three repeats of each variant (record() keywords; `settings` for a knob) at each world size,
+    each its own configuration id."""
+    out = []
+    for world in worlds:
+        for n, kw in enumerate(variants):
+            for r in runs(strategy, world, [1000.0 * world, 1010.0 * world, 990.0 * world], **kw):
+                r["config_id"] = f"{strategy[:3]}{world}{n:03d}"
+                r["run_id"] = f"{strategy}-w{world}-v{n}-{r['config_id']}-r{r['repeat']}"
+                out.append(r)
+    return out
+
+
+@pytest.mark.parametrize("case", ["grad_accum", "global_batch", "dp_replicate"])
+def test_every_configuration_of_a_sweep_has_its_own_scaling_cell_and_summary_row(tmp_path, case):
+    """Issue 27 item 5, the sweeps the bucket sweep did not cover: a grad-accum or global-batch
+    sweep kept one of each world size's two configurations in the scaling table (both on the line
+    'ddp'); fsdp at dp_replicate 1 and 2 were two summary.csv rows equal but their config ids."""
+    variants = {"grad_accum": [{"grad_accum": 1}, {"grad_accum": 2}],
+                "global_batch": [{"grad_accum": 2, "settings": {"global_batch": 8}},
+                                 {"grad_accum": 4, "settings": {"global_batch": 16}}],
+                "dp_replicate": [{"settings": {"dp_replicate": 1}}, {"settings": {"dp_replicate": 2}}]}[case]
+    recs = _configs("fsdp" if case == "dp_replicate" else "ddp", (2, 4), variants)
+    if case == "global_batch":  # at 4 devices the same global batches take half the micro-steps
+        recs = [r for r in recs if r["world_size"] == 2] + [
+            r for r in _configs("ddp", (4,), [{"grad_accum": 1, "settings": {"global_batch": 8}},
+                                              {"grad_accum": 2, "settings": {"global_batch": 16}}])]
+    rep = build_report(write(tmp_path, recs), tmp_path / "out")
+    md = rep.markdown.read_text()
+    scaling = md.split("## Scaling efficiency\n", 1)[1].split("\n## ", 1)[0]
+    cells = [cell.strip() for line in scaling.splitlines() if line.startswith("| ddp") or line.startswith("| fsdp")
+             for cell in line.split("|")[-3:-1]]
+    assert sum(cell != "-" for cell in cells) == 4, scaling  # 2 configurations x 2 world sizes
+    import pandas as pd
+
+    csv = pd.read_csv(rep.summary_csv)
+    assert len(csv) == 4 and not csv.drop(columns=["config_id"]).duplicated().any(), csv.to_string()
+    from shardbench.suite.report import plots
+
+    lines = plots.series(analysis.analyze(recs), "tokens_per_s")  # a plotted line: one point per world size
+    assert sum(len(points) for points in lines.values()) == 4, lines
+    assert all(len({p[0] for p in points}) == len(points) for points in lines.values()), lines
+
+
+def test_powersgd_loss_groups_at_two_world_sizes_have_two_labels():
+    """PowerSGD's loss groups are per world size (its error depends on the ranks): their two lines
+    read the same without the ranks."""
+    recs = [record("ddp", world, 1000.0, repeat=r, settings={"ddp_comm_hook": "powersgd"}, ddp_comm_hook="powersgd",
+                   config_id=f"psgd{world}", run_id=f"ddp-w{world}-psgd{world}-r{r}")
+            for world in (1, 2) for r in range(2)]
+    labels = [g.label for g in analysis.analyze(recs).loss_groups]
+    assert len(labels) == 2 and len(set(labels)) == 2, labels
+    assert labels[0].endswith(" ranks") and labels[1].endswith(" ranks"), labels
