@@ -25,7 +25,7 @@ from shardbench.trainer.fielddocs import field_docs  # noqa: E402
 
 DOC = REPO / "docs" / "knobs.md"
 _BOUNDS = (("min", ">= {}"), ("above", "> {}"), ("max", "<= {}"), ("below", "< {}"))
-_ROLES = ("recorded_only", "same_loss", "per_world", "changes_loss", "chart")
+_ROLES = ("recorded_only", "same_loss", "per_world", "changes_loss", "chart", "layout")
 
 
 def _type(name: str) -> str:
@@ -50,7 +50,8 @@ def markdown() -> str:
              "`same_loss` (runs differing only here must share a loss curve), `per_world` (follows the "
              "world size at a fixed global batch), `changes_loss` (changes the loss curve by design: the loss "
              "check reports each value's difference from the default as measured), `chart` (a first-class "
-             "chart value `run.<camelCase>`).", ""]
+             "chart value `run.<camelCase>`), `layout` (part of the run's layout beside the strategy: verdicts "
+             "compare across it).", ""]
     for section, group in knobs.by_section().items():
         lines += [f"## {section}", "", "| flag | type | default | bounds | roles | meaning |",
                   "| --- | --- | --- | --- | --- | --- |"]

@@ -44,7 +44,8 @@ of the run."""
 def knob(default: Any = MISSING, *, section: str, min: float | None = None, above: float | None = None,
          max: float | None = None, below: float | None = None, recorded_only: bool = False,
          same_loss: bool = False, per_world: bool = False, chart: bool = False, column: str | None = None,
-         changes_loss: bool = False) -> Any:
+         changes_loss: bool = False, record: str | None = None, chart_key: str | None = None,
+         layout: bool = False) -> Any:
     """A field with its metadata; trainer/knobs.py derives every other part from it.
 
     section: one of SECTIONS. min/above, max/below: inclusive and exclusive bounds that
@@ -57,12 +58,17 @@ def knob(default: Any = MISSING, *, section: str, min: float | None = None, abov
     chart value `run.<camelCase>` (else a cluster run gets it through run.extraArgs). column: the
     CSV column that already holds it under another name. changes_loss: runs that differ only here
     follow different loss curves by design (float8, a compressing gradient hook): the loss check
-    compares each value's runs with the default's and reports the difference as measured."""
+    compares each value's runs with the default's and reports the difference as measured.
+    record: where a run's record holds it besides its settings, dotted ("model.n_layer"; default:
+    `column`, else its name at the top). chart_key: a chart value outside `run:` that carries it
+    ("checkpoint.every"). layout: part of the run's layout beside the strategy (mesh degrees,
+    pipeline, where state lives): verdicts compare across it, as across strategies."""
     if section not in SECTIONS:
         raise TypeError(f"knob(section={section!r}): use one of {', '.join(SECTIONS)}")
     meta = {"section": section, "min": min, "above": above, "max": max, "below": below,
             "recorded_only": recorded_only, "same_loss": same_loss, "per_world": per_world, "chart": chart,
-            "column": column, "changes_loss": changes_loss}
+            "column": column, "changes_loss": changes_loss, "record": record, "chart_key": chart_key,
+            "layout": layout}
     return field(default=default, metadata=meta)
 
 
@@ -70,15 +76,15 @@ def knob(default: Any = MISSING, *, section: str, min: float | None = None, abov
 class RunConfig:
     strategy: StrategyName = knob(section="parallelism", same_loss=True, chart=True)  # type: ignore[valid-type]
     """Distributed strategy (required)."""
-    model: PresetName = knob("tiny", section="model", chart=True)  # type: ignore[valid-type]
+    model: PresetName = knob("tiny", section="model", chart=True, record="model.preset")  # type: ignore[valid-type]
     """Model preset (trainer/presets.py)."""
-    n_layer: int | None = knob(None, section="model", min=1, max=1024)
+    n_layer: int | None = knob(None, section="model", min=1, max=1024, record="model.n_layer")
     """Override of the preset's layer count."""
-    n_embd: int | None = knob(None, section="model", min=1, max=65536)
+    n_embd: int | None = knob(None, section="model", min=1, max=65536, record="model.n_embd")
     """Override of the preset's width."""
-    n_head: int | None = knob(None, section="model", min=1, max=1024)
+    n_head: int | None = knob(None, section="model", min=1, max=1024, record="model.n_head")
     """Override of the preset's head count."""
-    vocab_size: int | None = knob(None, section="model", min=1, max=2 ** 22)
+    vocab_size: int | None = knob(None, section="model", min=1, max=2 ** 22, record="model.vocab_size")
     """Override of the preset's vocabulary size."""
     tie_embeddings: bool = knob(True, section="model")
     """The output head shares the token embedding's weight (GPT-2); --no-tie-embeddings gives the
@@ -101,13 +107,14 @@ class RunConfig:
     it, else fp32."""
     seed: int = knob(1234, section="batch", min=0, max=2 ** 31 - 1, chart=True)
     """Seeds the initial weights and the synthetic tokens: same seed, same run."""
-    lr: float = knob(1e-4, section="optimizer", above=0)
+    lr: float = knob(1e-4, section="optimizer", above=0, record="optimizer.lr")
     """Peak AdamW learning rate."""
-    weight_decay: float = knob(0.01, section="optimizer", min=0)
+    weight_decay: float = knob(0.01, section="optimizer", min=0, record="optimizer.weight_decay")
     """AdamW weight decay."""
-    grad_clip: float = knob(1.0, section="optimizer", min=0)
+    grad_clip: float = knob(1.0, section="optimizer", min=0, record="optimizer.grad_clip")
     """Global gradient-norm clip; 0 disables it."""
-    lr_warmup_steps: int = knob(5, section="optimizer", min=0, max=10 ** 9)
+    lr_warmup_steps: int = knob(5, section="optimizer", min=0, max=10 ** 9,
+                                record="optimizer.lr_warmup_steps")
     """Linear learning-rate warm-up steps, then cosine decay to 10% at the last step."""
     adam_beta1: float = knob(0.9, section="optimizer", min=0, below=1)
     """AdamW's decay of the first moment (beta1)."""
@@ -123,14 +130,16 @@ class RunConfig:
     """fsdp only: reduce-scatter gradients after every micro-step (torchtitan's default: only
     sharded gradients are held) or only after the last one (unsharded gradients held between
     micro-steps, fewer collectives)."""
-    offload: Literal[OFFLOADS] = knob("none", section="parallelism", same_loss=True, chart=True)  # type: ignore[valid-type]
+    offload: Literal[OFFLOADS] = knob("none", section="parallelism", same_loss=True, chart=True,  # type: ignore[valid-type]
+                                      layout=True)
     """Model state kept in host memory instead of on the device (the layout's state location,
     trainer/contract.py StateLayout): none; optimizer (zero1/2/3: DeepSpeed's offload_optimizer,
     the optimizer steps on the host from an fp32 gradient partition there); params (parameters
     too: zero3's offload_param, fsdp's CPUOffloadPolicy with gradients and optimizer on the host).
     Not ddp. On a CPU run host and device memory are one: nothing moves, and the report compares
     what the device holds as the whole."""
-    zero_hpz_partition_size: int = knob(1, section="parallelism", min=1, max=65536, same_loss=True, chart=True)
+    zero_hpz_partition_size: int = knob(1, section="parallelism", min=1, max=65536, same_loss=True, chart=True,
+                                        layout=True)
     """zero3 only: ZeRO++ hierarchical partitioning (hpZ), a secondary copy of the parameters
     sharded over groups of this many consecutive ranks (one node's GPUs), so backward's
     all-gathers stay inside a group; it must divide the data-parallel ranks. 1: off."""
@@ -153,22 +162,23 @@ class RunConfig:
     threads_per_rank: int = knob(1, section="parallelism", min=1, max=4096, same_loss=True)
     """CPU threads of every rank whatever the world size (1 rank = 1 core, like 1 GPU); each rank
     is pinned to cores of its own when the machine has enough."""
-    tp: int = knob(1, section="parallelism", min=1, max=65536, same_loss=True, chart=True)
+    tp: int = knob(1, section="parallelism", min=1, max=65536, same_loss=True, chart=True, layout=True)
     """Tensor-parallel degree: each block's attention heads and MLP columns split over this many
     ranks of one worker (sequence parallel on the norms, vocabulary-parallel embedding and loss);
     ddp and fsdp only. The data-parallel degree is world size / tp."""
-    dp_replicate: int = knob(1, section="parallelism", min=1, max=65536, same_loss=True, chart=True)
+    dp_replicate: int = knob(1, section="parallelism", min=1, max=65536, same_loss=True, chart=True, layout=True)
     """fsdp only: data-parallel replicate degree (HSDP: parameters sharded inside groups of
     world size / (tp x dp-replicate) ranks and replicated across this many groups)."""
-    pp: int = knob(1, section="parallelism", min=1, max=65536, same_loss=True, chart=True)
+    pp: int = knob(1, section="parallelism", min=1, max=65536, same_loss=True, chart=True, layout=True)
     """Pipeline-parallel degree: the blocks split into stages over this many ranks
     (torch.distributed.pipelining), the micro-batches of --grad-accum streamed through them; ddp
     and fsdp only, needs --no-tie-embeddings. The data-parallel degree is world size / (pp x tp)."""
-    pp_schedule: Literal[PP_SCHEDULES] = knob("1F1B", section="parallelism", same_loss=True)  # type: ignore[valid-type]
+    pp_schedule: Literal[PP_SCHEDULES] = knob("1F1B", section="parallelism", same_loss=True,  # type: ignore[valid-type]
+                                               layout=True)
     """--pp's schedule: GPipe and 1F1B run one stage per rank; Interleaved1F1B, LoopedBFS and
     InterleavedZeroBubble loop over --pp-stages-per-rank stages each; ZBVZeroBubble and DualPipeV
     hold two stages per rank in a V."""
-    pp_stages_per_rank: int | None = knob(None, section="parallelism", min=1, max=1024, same_loss=True)
+    pp_stages_per_rank: int | None = knob(None, section="parallelism", min=1, max=1024, same_loss=True, layout=True)
     """Virtual pipeline stages per rank (--pp x this = stages, at most the layers); default: 1
     for GPipe and 1F1B, 2 for the others (the V schedules need exactly 2)."""
     activation_checkpointing: bool = knob(False, section="model", same_loss=True)
@@ -214,9 +224,11 @@ class RunConfig:
     """Print a progress line every N steps on rank 0."""
     checkpoint_dir: str | None = knob(None, section="checkpoint", recorded_only=True)
     """Directory of the run's checkpoints (step-NNNNNNNN/ each); also where --resume auto looks."""
-    checkpoint_every: int = knob(0, section="checkpoint", min=0, max=10 ** 9, same_loss=True)
+    checkpoint_every: int = knob(0, section="checkpoint", min=0, max=10 ** 9, same_loss=True,
+                                 chart_key="checkpoint.every")
     """Save a checkpoint every N optimizer steps (0: never); needs --checkpoint-dir."""
-    keep_checkpoints: int = knob(2, section="checkpoint", min=1, max=1000, same_loss=True)
+    keep_checkpoints: int = knob(2, section="checkpoint", min=1, max=1000, same_loss=True,
+                                 chart_key="checkpoint.keep")
     """Newest checkpoints kept; older ones are deleted after each save."""
     async_checkpoint: bool = knob(False, section="checkpoint", same_loss=True)
     """ddp and fsdp only: save in the background (torch.distributed.checkpoint async_save)."""

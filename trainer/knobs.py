@@ -95,6 +95,26 @@ def changes_loss(cls: type = RunConfig) -> dict[str, Any]:
     return {f.name: default(f.name, cls) for f in measured(cls) if _meta(f, "changes_loss")}
 
 
+def layout(cls: type = RunConfig) -> frozenset[str]:
+    """Measured fields that are part of the run's layout beside the strategy (`layout=True`: mesh
+    degrees, pipeline, where state lives; suite/analyze/groups.py LAYOUT_KNOBS)."""
+    return frozenset(f.name for f in measured(cls) if _meta(f, "layout"))
+
+
+def record_path(f: Field) -> tuple[str, ...]:
+    """Where a record holds the field besides its settings (`record=`, else `column=`, else its
+    name at the top): what the trainer says it ran (suite/analyze/groups.py reads it)."""
+    return tuple((_meta(f, "record") or column(f)).split("."))
+
+
+def chart_keys(cls: type = RunConfig, under: str = "") -> dict[str, str]:
+    """Field name -> its chart value outside `run:` (`chart_key=`), those under `under.` only
+    and without that prefix (chart_keys(under="checkpoint") == {"checkpoint_every": "every", ...})."""
+    prefix = f"{under}." if under else ""
+    return {f.name: key.removeprefix(prefix) for f in knob_fields(cls)
+            if (key := _meta(f, "chart_key")) and key.startswith(prefix)}
+
+
 def chart_fields(cls: type = RunConfig) -> list[Field]:
     """First-class chart values, in RunConfig's order (the order of their flags)."""
     return [f for f in knob_fields(cls) if _meta(f, "chart")]

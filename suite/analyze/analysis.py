@@ -34,9 +34,14 @@ from shardbench.suite.analyze.columns import fmt_bytes
 from shardbench.suite.analyze.losscheck import LossGroup
 from shardbench.suite.analyze.stats import Estimate, estimate, exact, finite, ratio
 from shardbench.suite.analyze.verdicts import MIN_REPEATS, NOISE_CV_LIMIT, Verdict, decide, noise_flag  # noqa: F401
+from shardbench.trainer import knobs
 
 CONFIG_KEYS = ["config_id", "strategy", "world_size", "model", "seq_len", "micro_batch", "grad_accum",
                "precision", "gpu_shape", "device", "launcher"]
+"""Not knob-derived on purpose: record columns, not knobs (config_id, world_size, gpu_shape are
+the record's; the rest as resolved). config_id alone tells configurations apart; the others are
+the columns every summary.csv row and Results line shows whatever was swept. Every other knob
+reaches summary.csv as a column when it differs (report/markdown.py summary_frame, sweep)."""
 # Groupings are "all measured settings equal except ..." (suite/analyze/groups.py): no list of columns.
 SPEEDUP_EXCEPT = groups.VERDICT_EXCEPT | groups.BASE_EXCEPT | {"resolved_global_batch"}
 
@@ -151,7 +156,7 @@ class MeasuredConfig:
         suite/analyze/groups.py layout_name)."""
         strategy = self.__dict__.get("key", {}).get("strategy")
         settings = self.__dict__.get("settings") or {}
-        if all(settings.get(k) in (None, 1, "none") for k in groups.LAYOUT_KNOBS):  # the preset as it is
+        if all(settings.get(k) in (None, knobs.default(k)) for k in groups.LAYOUT_KNOBS):  # the preset as it is
             return strategy
         return groups.layout_name({**settings, "strategy": strategy, "world_size": self.key.get("world_size")})
 

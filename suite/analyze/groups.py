@@ -32,11 +32,11 @@ from shardbench.trainer.config import RunConfig, build_parser, measured_fields
 
 LAYOUT = frozenset({"world_size", "nodes"})
 """The run's shape (measured_fields adds them; not knobs)."""
-LAYOUT_KNOBS = frozenset({"tp", "dp_replicate", "pp", "offload", "zero_hpz_partition_size"})
-"""The mesh degrees beside the strategy (trainer/parallel/layout.py): part of the layout."""
-PIPELINE_KNOBS = frozenset({"pp", "pp_schedule", "pp_stages_per_rank"})
-"""The pipeline's degree, schedule and stages per rank (trainer/parallel/pp.py): part of the layout."""
-VERDICT_EXCEPT = frozenset({"strategy", "launcher", "grad_accum"}) | LAYOUT_KNOBS | PIPELINE_KNOBS
+LAYOUT_KNOBS = knobs.layout()
+"""The knobs declared `layout=True` (trainer/config.py): the mesh degrees beside the strategy
+(trainer/parallel/layout.py), the pipeline's degree, schedule and stages per rank
+(trainer/parallel/pp.py) and where state lives: part of the layout."""
+VERDICT_EXCEPT = frozenset({"strategy", "launcher", "grad_accum"}) | LAYOUT_KNOBS
 """What a verdict compares: the layout (strategy and its mesh degrees), the launcher that comes
 with the strategy, and grad-accum, which at one global batch (resolved_global_batch, compared)
 and micro-batch (compared) follows the data-parallel degree, i.e. the layout (tp 2 of 4 ranks
@@ -70,11 +70,10 @@ def mesh_name(s: dict[str, Any]) -> str:
 LOSS_EXCEPT = LAYOUT | knobs.same_loss()
 BASE_EXCEPT = LAYOUT | knobs.per_world()
 
-# Where a record keeps a RunConfig field under another name.
-_RECORD_PATH = {"model": ("model", "preset"), "n_layer": ("model", "n_layer"), "n_embd": ("model", "n_embd"),
-                "n_head": ("model", "n_head"), "vocab_size": ("model", "vocab_size"), "lr": ("optimizer", "lr"),
-                "weight_decay": ("optimizer", "weight_decay"), "grad_clip": ("optimizer", "grad_clip"),
-                "lr_warmup_steps": ("optimizer", "lr_warmup_steps"), "shape": ("gpu_shape",)}
+# Where a record keeps a RunConfig field under another name (`knob(record=)` / `column=`).
+_RECORD_PATH = {f.name: path for f in knobs.knob_fields() if (path := knobs.record_path(f)) != (f.name,)}
+
+
 @functools.lru_cache(maxsize=1)
 def _parser():
     return build_parser()

@@ -213,6 +213,8 @@ def _sides(rows: list[Any], tol: float, gtol: float) -> list[list[Any]]:
 
 
 _IN_LABEL = {"model", "seq_len", "precision", "resolved_global_batch", "steps", "lr", "seed"}
+"""Not knob-derived on purpose: the settings _label's fixed text below already prints (so a
+varying one is not shown twice); every other varying setting is appended by name."""
 
 
 def _label(first: Any, varying: list[str], settings: dict[str, Any]) -> str:

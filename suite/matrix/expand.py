@@ -260,10 +260,10 @@ def _option_combinations(m: MatrixSpec) -> list[tuple[tuple[str, Any], ...]]:
     return [tuple(zip(names, combo)) for combo in itertools.product(*values)]
 
 
-LAYOUT_KEYS = ("tp", "dp_replicate", "pp", "pp_schedule", "pp_stages_per_rank", "tie_embeddings", "offload",
-               "zero_hpz_partition_size")
-"""What a `layouts:` entry may name beside the strategy: the mesh degrees, the pipeline's schedule
-and stages per rank, and the head's tie (a pipeline needs it untied)."""
+LAYOUT_KEYS = (*sorted(knobs.layout()), "tie_embeddings")
+"""What a `layouts:` entry may name beside the strategy: the layout knobs (`knob(layout=True)`: the
+mesh degrees, the pipeline's schedule and stages per rank, where state lives) and the head's tie
+(a model knob, not the layout's, that a pipeline needs untied)."""
 
 
 def _listed_layout(m: MatrixSpec, strategy: str, knob_pairs) -> bool:

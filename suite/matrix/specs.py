@@ -103,10 +103,11 @@ class Shape:
     """The values file's `run:` defaults, as matrix keys (model, seq_lens, precision, device...)."""
 
 
-# values/<shape>.yaml `run:` keys -> the matrix keys they give defaults for.
-SHAPE_RUN_KEYS = {"model": "model", "seqLen": "seq_lens", "microBatch": "micro_batch",
-                  "precision": "precision", "device": "device", "steps": "steps",
-                  "warmupSteps": "warmup_steps"}
+SHAPE_RUN_KEYS = {knobs.camel(f.name): "seq_lens" if f.name == "seq_len" else f.name
+                  for f in knobs.chart_fields() if f.name in KNOB_KEYS or f.name == "seq_len"}
+"""values/<shape>.yaml `run:` keys -> the matrix keys they give defaults for: every chart value
+(`knob(chart=True)`) a matrix may set, seqLen as the seq_lens axis (the shipped values files set
+model, seqLen, microBatch, precision, device, steps, warmupSteps)."""
 
 STANDARD_ARGS = (*[f.name for f in knobs.chart_fields()], "run_id", "shape", "peak_tflops", "usd_per_gpu_hour",
                  "output_dir")

@@ -19,8 +19,12 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 HELM = REPO / ".tools" / "helm3" / "helm"
-FIELD = '''    throwaway_knob: int = knob(3, section="optimizer", min=1, max=9, chart=True)
+FIELD = '''    throwaway_knob: int = knob(3, section="optimizer", min=1, max=9, chart=True, record="optimizer.throwaway_knob")
     """A knob that exists only in tests/suite/test_knob_flow.py's copy of the checkout."""
+    throwaway_degree: int = knob(1, section="parallelism", min=1, layout=True)
+    """A layout knob that exists only there."""
+    throwaway_every: int = knob(0, section="checkpoint", min=0, chart_key="checkpoint.throwawayEvery")
+    """A knob a chart value outside run: carries, only there."""
 '''
 ANCHOR = '    """Seeds the initial weights and the synthetic tokens: same seed, same run."""\n'
 
@@ -89,6 +93,43 @@ def test_a_new_field_is_a_flag_a_matrix_axis_and_a_chart_value(copy):
     assert trainer.returncode == 2 and "--throwaway-knob must be at most 9, got 10" in trainer.stderr
     helps = py(copy, "", "-m", "shardbench.suite.cli", "run", "--help")
     assert "trainer knobs: optimizer" in helps.stdout and "--throwaway-knob" in helps.stdout
+
+
+def test_every_knob_name_set_of_the_suite_derives_it(copy, tmp_path):
+    """Issue 27 item 4: the suite's sets of knob names (values files' run keys, where a record
+    holds a knob, the layout knobs verdicts compare across, a `layouts:` entry's keys, the chart's
+    checkpoint values) follow the declaration's metadata, so a new knob needs no second edit."""
+    values = tmp_path / "values"
+    values.mkdir()
+    shutil.copy(copy / "values" / "cpu.yaml", values)  # a matrix's default shape
+    (values / "tiny.yaml").write_text("shape: {gpusPerNode: 8}\nrun: {throwawayKnob: 5, seqLen: 32}\n")
+    proc = py(copy, f"""
+        import os
+        os.environ["SHARDBENCH_VALUES_DIR"] = {str(values)!r}
+        from shardbench.suite.matrix import expand as matrix
+        from shardbench.suite.analyze import groups
+        from shardbench.suite.analyze.analysis import MeasuredConfig
+        from shardbench.suite.backends.kube import values
+        assert matrix.SHAPE_RUN_KEYS["throwawayKnob"] == "throwaway_knob"
+        assert matrix.load_shape("tiny").run == {{"throwaway_knob": 5, "seq_lens": [32]}}
+        assert groups._RECORD_PATH["throwaway_knob"] == ("optimizer", "throwaway_knob")
+        assert groups.settings({{"optimizer": {{"throwaway_knob": 6}}}})["throwaway_knob"] == 6
+        assert "throwaway_degree" in groups.LAYOUT_KNOBS and "throwaway_degree" in groups.VERDICT_EXCEPT
+        assert "throwaway_knob" not in groups.VERDICT_EXCEPT
+        c = MeasuredConfig({{"strategy": "ddp", "world_size": 2}}, ["r"], settings={{"throwaway_degree": 1}})
+        assert c.strategy == "ddp"  # at its default: the preset's own name
+        assert "throwaway_degree" in matrix.LAYOUT_KEYS
+        (spec,), errors = matrix.expand(matrix.matrix_from_dict({{"strategies": ["ddp"], "world_sizes": [1],
+            "layouts": [{{"strategy": "ddp", "throwaway_degree": 2}}], "throwaway_degree": [1, 2]}}))
+        assert errors == [] and spec.config.throwaway_degree == 2, errors
+        assert values.CHART_CHECKPOINT_KNOBS["throwaway_every"] == "throwawayEvery"
+        (spec,), errors = matrix.expand(matrix.matrix_from_dict({{"strategies": ["ddp"], "world_sizes": [1],
+                                                                  "checkpoint_every": 2, "throwaway_every": 4}}))
+        out = values.run_overrides(spec)
+        assert out["checkpoint"] == {{"enabled": True, "every": 2, "throwawayEvery": 4}}, out
+        assert "--throwaway-every" not in out["run"]["extraArgs"], out
+    """)
+    assert proc.returncode == 0, proc.stderr
 
 
 def test_the_knob_docs_generator_picks_it_up(copy):

@@ -7,12 +7,13 @@ from typing import Any
 
 import yaml
 
-from shardbench.trainer.knobs import chart_run_values
+from shardbench.trainer.knobs import chart_keys, chart_run_values
 from shardbench.suite.matrix.expand import RunSpec, values_dir
 
 
-CHART_CHECKPOINT_KNOBS = {"checkpoint_every": "every", "keep_checkpoints": "keep"}
-"""Trainer knobs the chart's checkpoint values carry (it passes them with --checkpoint-dir)."""
+CHART_CHECKPOINT_KNOBS = chart_keys(under="checkpoint")
+"""Trainer knobs the chart's checkpoint values carry (it passes them with --checkpoint-dir): their
+`knob(chart_key="checkpoint.<key>")`, knob -> key."""
 
 
 def release_name(run_id: str, suite: str = "") -> str:
