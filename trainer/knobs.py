@@ -141,22 +141,29 @@ def is_numeric(cls: type, name: str) -> bool:
 
 def csv_columns(have: set[str], cls: type = RunConfig) -> list[tuple[str, str, Callable[[dict], Any]]]:
     """(column, description, reader) for every measured knob the CSV does not have yet: read from
-    the record's `settings`, else (older records) a top-level field or `optimizer` entry."""
+    the record's `settings`, else (older records) where the record holds it (`record_path`)."""
     docs = field_docs(cls)
     out = []
     for f in measured(cls):
         name = column(f)
         if name not in have:
-            out.append((name, docs.get(f.name, "").split(". ")[0], _reader(f.name)))
+            out.append((name, docs.get(f.name, "").split(". ")[0], _reader(f)))
     return out
 
 
-def _reader(name: str) -> Callable[[dict], Any]:
+def _reader(f: Field) -> Callable[[dict], Any]:
+    name, path = f.name, record_path(f)
+
     def get(record: dict) -> Any:
-        for where in (record.get("settings"), record, record.get("optimizer")):
-            if isinstance(where, dict) and name in where:
-                return where[name]
-        return None
+        given = record.get("settings")
+        if isinstance(given, dict) and name in given:
+            return given[name]
+        value: Any = record
+        for key in path:  # an older record: where the trainer wrote it (`record=`)
+            if not isinstance(value, dict) or key not in value:
+                return None
+            value = value[key]
+        return value
     return get
 
 

@@ -39,7 +39,13 @@ UNREADABLE = "unreadable"
 MAX_RESULT_BYTES = 64 * 1024 ** 2
 
 
+def _knob(name: str) -> Callable[[dict], Any]:
+    """A knob's value where the record holds what the trainer ran (`knob(record=)`)."""
+    return _get(*knobs.record_path(next(f for f in knobs.knob_fields() if f.name == name)))
+
+
 # (column, description, how to read it from a record). The order is the CSV's.
+
 COLUMNS: list[tuple[str, str, Callable[[dict], Any]]] = [
     ("run_id", "run id (readable prefix; schema 2 adds a short hash)", _get("run_id")),
     ("config_id", "configuration: runs that differ only by repeat share it", _config_id),
@@ -57,12 +63,12 @@ COLUMNS: list[tuple[str, str, Callable[[dict], Any]]] = [
     ("device_name", "GPU or CPU model", _get("device_name")),
     ("gpu_shape", "values file name of the hardware shape", _get("gpu_shape")),
     ("comm_backend", "gloo or nccl", _get("comm_backend")),
-    ("model", "model preset", _get("model", "preset")),
+    ("model", "model preset", _knob("model")),
     ("model_key", "every model dimension (runs that must share a loss curve share it)", _model_key),
-    ("n_layer", "transformer blocks", _get("model", "n_layer")),
-    ("n_embd", "model width", _get("model", "n_embd")),
-    ("n_head", "attention heads", _get("model", "n_head")),
-    ("vocab_size", "vocabulary size", _get("model", "vocab_size")),
+    ("n_layer", "transformer blocks", _knob("n_layer")),
+    ("n_embd", "model width", _knob("n_embd")),
+    ("n_head", "attention heads", _knob("n_head")),
+    ("vocab_size", "vocabulary size", _knob("vocab_size")),
     ("n_params", "trainable parameters", _get("n_params")),
     ("precision", "fp32, bf16 or fp16 (as run)", _get("precision")),
     ("grad_reduce_dtype", "dtype gradients were reduced in", _get("grad_reduce_dtype")),
@@ -78,7 +84,7 @@ COLUMNS: list[tuple[str, str, Callable[[dict], Any]]] = [
     ("steps", "optimizer steps run, warm-up included", _get("steps")),
     ("warmup_steps", "steps excluded from every metric", _get("warmup_steps")),
     ("measured_steps", "steps the metrics are over", _get("measured_steps")),
-    ("lr", "peak learning rate", _get("optimizer", "lr")),
+    ("lr", "peak learning rate", _knob("lr")),
     ("seed", "seed of weights and tokens", _get("seed")),
     ("tokens_per_s", "global training throughput over the measured steps, tokens/s", _get("tokens_per_s")),
     ("tokens_per_s_per_device", "tokens_per_s / world_size", _get("tokens_per_s_per_device")),

@@ -114,6 +114,9 @@ def test_every_knob_name_set_of_the_suite_derives_it(copy, tmp_path):
         assert matrix.load_shape("tiny").run == {{"throwaway_knob": 5, "seq_lens": [32]}}
         assert groups._RECORD_PATH["throwaway_knob"] == ("optimizer", "throwaway_knob")
         assert groups.settings({{"optimizer": {{"throwaway_knob": 6}}}})["throwaway_knob"] == 6
+        from shardbench.trainer import knobs
+        (read,) = [r for name, _, r in knobs.csv_columns(set()) if name == "throwaway_knob"]
+        assert read({{"optimizer": {{"throwaway_knob": 6}}}}) == 6  # an older record's CSV column
         assert "throwaway_degree" in groups.LAYOUT_KNOBS and "throwaway_degree" in groups.VERDICT_EXCEPT
         assert "throwaway_knob" not in groups.VERDICT_EXCEPT
         c = MeasuredConfig({{"strategy": "ddp", "world_size": 2}}, ["r"], settings={{"throwaway_degree": 1}})
