@@ -65,7 +65,7 @@ def _checks(reports, kind):
     return [c for r in reports for c in r["results"][kind]]
 
 
-@pytest.mark.slow  # checkov scans every render: ~4 s idle
+@pytest.mark.slow  # the checkov scans: ~5 s idle, paid by the first of these
 @pytest.mark.parametrize("framework", ["helm", "kubernetes"])
 def test_checkov_finds_nothing(checkov_reports, framework):
     failed = _checks(checkov_reports[framework], "failed_checks")
@@ -73,7 +73,7 @@ def test_checkov_finds_nothing(checkov_reports, framework):
     assert _checks(checkov_reports[framework], "passed_checks")
 
 
-@pytest.mark.slow  # checkov scans every render: ~4 s idle
+@pytest.mark.slow  # the checkov scans: ~5 s idle, paid by the first of these
 @pytest.mark.parametrize("framework", ["helm", "kubernetes"])
 def test_every_skip_is_written_in_the_chart_with_a_reason(checkov_reports, framework):
     for check in _checks(checkov_reports[framework], "skipped_checks"):
@@ -81,12 +81,14 @@ def test_every_skip_is_written_in_the_chart_with_a_reason(checkov_reports, frame
         assert len(reason) > 15, f"{check['check_id']} on {check['resource']} skipped without a reason"
 
 
+@pytest.mark.slow  # the checkov scans
 def test_the_mpijob_pods_were_scanned(checkov_reports):
     resources = {c["resource"] for c in _checks(checkov_reports["kubernetes"], "passed_checks")}
     for role in ("launcher", "worker"):
         assert any(r.startswith("Pod.") and r.endswith(f"-{role}") for r in resources), sorted(resources)
 
 
+@pytest.mark.slow  # the checkov scans
 def test_the_helm_scan_rendered_every_kind(checkov_reports):
     resources = {c["resource"].split(".")[0]
                  for c in _checks(checkov_reports["helm"], "passed_checks") + _checks(checkov_reports["helm"], "skipped_checks")}
