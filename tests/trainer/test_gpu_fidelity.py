@@ -255,14 +255,13 @@ PEAK = textwrap.dedent("""
 
 
 def _peak_cases():
-    """Every row of the contract's table (a new row is checked too); ddp is the fast subset's
-    case, the rest are slow (two processes each, 5-9 s idle)."""
+    """Every row of the contract's table (a new row is checked too)."""
     from shardbench.trainer.contract import STRATEGIES
 
-    fast = {"ddp"}
-    return [s if s in fast else pytest.param(s, marks=pytest.mark.slow) for s in STRATEGIES]
+    return list(STRATEGIES)
 
 
+@pytest.mark.slow  # two processes per case, 5-9 s idle each
 @pytest.mark.parametrize("strategy", _peak_cases())
 def test_counting_adds_nothing_to_the_tensor_peak(strategy):
     """The tensor peak of the memory step with the counter's CUDA branch counting equals the
