@@ -72,6 +72,14 @@ def knob(default: Any = MISSING, *, section: str, min: float | None = None, abov
     return field(default=default, metadata=meta)
 
 
+def model_config_of(c: Any) -> ModelConfig:
+    """The model of anything holding MODEL_FIELDS (a RunConfig, the planner's PlanInput): its
+    preset with every dimension it sets."""
+    base = PRESETS[c.model]
+    overrides = {k: getattr(c, k) for k in MODEL_FIELDS[1:]}
+    return ModelConfig(**{**base.__dict__, **{k: v for k, v in overrides.items() if v is not None}})
+
+
 @dataclass
 class RunConfig:
     strategy: StrategyName = knob(section="parallelism", same_loss=True, chart=True)  # type: ignore[valid-type]
@@ -250,9 +258,7 @@ class RunConfig:
     """The command line this config came from (recorded; not a flag)."""
 
     def model_config(self) -> ModelConfig:
-        base = PRESETS[self.model]
-        overrides = {k: getattr(self, k) for k in MODEL_FIELDS[1:]}
-        return ModelConfig(**{**base.__dict__, **{k: v for k, v in overrides.items() if v is not None}})
+        return model_config_of(self)
 
     def effective_seq_len(self) -> int:
         return self.seq_len or PRESETS[self.model].default_seq_len
