@@ -3,61 +3,54 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from shardbench.trainer.config import model_config_of
 from shardbench.trainer.contract import STRATEGIES, StrategyInfo
-from shardbench.trainer.knobs import default
 from shardbench.trainer.presets import PRESETS, ModelConfig
 
 
 @dataclass(frozen=True)
 class PlanInput:
-    """A run's RunConfig fields the planner reads, each defaulting to RunConfig's own default
-    (trainer/config.py: `default(name)`), except those a caller resolves first: world_size (not a
-    knob), grad_accum (from --global-batch), precision and device (from auto). Each field is a
-    RunConfig field of that name (tests/trainer/test_plan_input_fields.py checks it)."""
-
     strategy: str
     world_size: int = 1
-    model: str = default("model")
-    n_layer: int | None = default("n_layer")
-    n_embd: int | None = default("n_embd")
-    n_head: int | None = default("n_head")
-    vocab_size: int | None = default("vocab_size")
-    seq_len: int | None = default("seq_len")
-    micro_batch: int = default("micro_batch")
+    model: str = "tiny"
+    n_layer: int | None = None
+    n_embd: int | None = None
+    n_head: int | None = None
+    vocab_size: int | None = None
+    seq_len: int | None = None
+    micro_batch: int = 4
     grad_accum: int = 1
     precision: str = "fp32"
     """fp32, bf16 or fp16 (auto resolved by the caller: bf16 on a GPU, fp32 on a CPU)."""
-    grad_reduce_dtype: str = default("grad_reduce_dtype")
-    fsdp_grad_sync: str = default("fsdp_grad_sync")
-    activation_checkpointing: bool = default("activation_checkpointing")
+    grad_reduce_dtype: str = "fp32"
+    fsdp_grad_sync: str = "every_micro_step"
+    activation_checkpointing: bool = False
     device: str = "cpu"
     """cpu or cuda: which AdamW runs (foreach on CPU, fused on GPU) and whether an allocator
     overhead is added."""
-    offload: str = default("offload")
+    offload: str = "none"
     """--offload: which model state lives in host memory (contract.StateLayout.offloaded)."""
-    zero_hpz_partition_size: int = default("zero_hpz_partition_size")
+    zero_hpz_partition_size: int = 1
     """--zero-hpz-partition-size: ZeRO++ hpZ's secondary partition (zero3)."""
-    weight_decay: float = default("weight_decay")
-    bucket_mib: float = default("bucket_mib")
+    weight_decay: float = 0.01
+    bucket_mib: float = 25.0
     """--bucket-mib: DDP's bucket cap and DeepSpeed's bucket sizes (trainer/ds_knobs.py)."""
-    reshard_after_forward: bool = default("reshard_after_forward")
+    reshard_after_forward: bool = True
     """--reshard-after-forward: ZeRO-3 frees gathered parameters after each block's forward."""
-    tp: int = default("tp")
+    tp: int = 1
     """--tp: tensor-parallel degree (trainer/parallel/)."""
-    dp_replicate: int = default("dp_replicate")
+    dp_replicate: int = 1
     """--dp-replicate: HSDP's replicate degree."""
-    pp: int = default("pp")
+    pp: int = 1
     """--pp: pipeline-parallel degree (trainer/plan/pipeline.py)."""
-    pp_schedule: str = default("pp_schedule")
+    pp_schedule: str = "1F1B"
     """--pp-schedule: which of torch's schedules (its action order and bubble)."""
-    pp_stages_per_rank: int | None = default("pp_stages_per_rank")
+    pp_stages_per_rank: int | None = None
     """--pp-stages-per-rank (None: the schedule's default)."""
-    tie_embeddings: bool = default("tie_embeddings")
+    tie_embeddings: bool = True
     """--tie-embeddings: untied, the head is one more parameter (Params.of); not modelled with tp > 1."""
-    float8: str = default("float8")
+    float8: str = "off"
     """--float8: not modelled beyond off (float8 matmuls, their casts, FSDP's float8 all-gather)."""
-    ddp_comm_hook: str = default("ddp_comm_hook")
+    ddp_comm_hook: str = "none"
     """--ddp-comm-hook: bf16 is ddp's bf16 reduction (grad_reduce_dtype bf16); powersgd is not modelled."""
 
     def __post_init__(self) -> None:
@@ -73,15 +66,15 @@ class PlanInput:
         from shardbench.trainer.plan.layout import NotModelled, layout
 
         row = STRATEGIES.get(self.strategy)
-        shards_stages = row is not None and row.engine == "fsdp" and self.world_size > self.pp
+        shards_stages = row is not None and row.engine == "fsdp" and self.dp_replicate > 1
         if self.pp > 1 and (self.tp > 1 or self.precision != "fp32" or self.activation_checkpointing or shards_stages):
             raise NotModelled(f"pipeline parallel (--pp {self.pp}) with "
-                              + ("tensor parallel" if self.tp > 1 else "fsdp over dp_shard > 1"
+                              + ("tensor parallel" if self.tp > 1 else "HSDP (--dp-replicate)"
                                  if self.precision == "fp32" and not self.activation_checkpointing else
                                  "activation checkpointing" if self.activation_checkpointing else self.precision)
-                              + ": the planner models pipelines of ddp or fsdp stages (one data-parallel shard) "
-                              "in fp32 without recompute (the stages' TP/FSDP collectives per micro-batch are "
-                              "not measured)")
+                              + ": the planner models pipelines of ddp or fsdp stages "
+                              "in fp32 without recompute (TP's and HSDP's collectives under a schedule are not "
+                              "measured)")
         if not self.tie_embeddings and self.tp > 1:
             raise NotModelled("an untied head (--no-tie-embeddings) with tensor parallel (--tp): the planner's TP "
                               "plan is the tied model's")
@@ -99,7 +92,10 @@ class PlanInput:
         return info
 
     def model_config(self) -> ModelConfig:
-        return model_config_of(self)  # RunConfig's own (one place builds a model from the knobs)
+        base = PRESETS[self.model]
+        over = {k: getattr(self, k) for k in ("n_layer", "n_embd", "n_head", "vocab_size")}
+        return ModelConfig(**{**base.__dict__, **{k: v for k, v in over.items() if v is not None},
+                              "tie_embeddings": self.tie_embeddings})
 
     def effective_seq_len(self) -> int:
         return self.seq_len or PRESETS[self.model].default_seq_len

@@ -65,7 +65,7 @@ def wrapped(inp: PlanInput) -> bool:
 
 def shard_degree(inp: PlanInput) -> int:
     """FSDP's dp_shard (trainer.parallel.layout.Layout.of)."""
-    return max(1, inp.world_size // inp.tp // inp.dp_replicate)
+    return max(1, inp.world_size // inp.tp // inp.pp // inp.dp_replicate)
 
 
 def _add(out: dict, dim: str, op: str, calls: float, nbytes: float) -> None:

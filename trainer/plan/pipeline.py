@@ -28,6 +28,7 @@ tensors) and the schedule's bubble.
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import Any
 
 from shardbench.trainer.parallel.layout import (PP_LOOPED, PP_V, pp_layer_bounds, pp_stage_ids,
@@ -74,8 +75,24 @@ def rank_params(inp: PlanInput, pp_rank: int) -> Params:
 
 def model_state(inp: PlanInput, pp_rank: int) -> dict[str, int]:
     """fp32 weights, gradients and AdamW's moments of the rank's stages (replicated over dp)."""
-    n = rank_params(inp, pp_rank).total
+    n = local_numel(inp, pp_rank)
     return {"params": 4 * n, "grads": 4 * n, "optimizer": 8 * n, "master": 0}
+
+
+def shards(inp: PlanInput) -> bool:
+    """FSDP2 shards each stage over dp_shard = the data-parallel ranks (HSDP under pp: not modelled)."""
+    from shardbench.trainer.contract import STRATEGIES
+
+    return STRATEGIES[inp.strategy].engine == "fsdp" and dp_degree(inp) > 1
+
+
+def local_numel(inp: PlanInput, pp_rank: int) -> int:
+    """Elements of the rank's stages it holds: all of them, or FSDP2's padded shard of each
+    parameter (its gradients are reduce-scattered to the same shard at the step's last micro-batch)."""
+    from shardbench.trainer.plan import formulas
+
+    params = rank_params(inp, pp_rank)
+    return formulas.fsdp_shard_numel(params, dp_degree(inp)) if shards(inp) else params.total
 
 
 def activation_bytes(inp: PlanInput) -> int:
@@ -113,7 +130,9 @@ def comm_by_dim(inp: PlanInput) -> dict[str, dict[str, dict[str, float]]]:
     out: dict[str, dict[str, dict[str, float]]] = {"pp": p2p(inp, 0)}
     out["pp"]["all_reduce"] = {"calls": 1.0, "bytes": float(NORM_BYTES)}
     dp = dp_degree(inp)
-    if dp > 1:
+    if shards(inp):  # FSDP2's gathers and reduce-scatters under the schedule, counted on the fake run
+        out["dp_shard"] = {**stage_run(inp, 0)[1], "all_reduce": {"calls": 1.0, "bytes": float(NORM_BYTES)}}
+    elif dp > 1:
         params = rank_params(inp, 0)
         rb = formulas.reduce_bytes(inp)
         calls = ddp_buckets(params, int(inp.bucket_mib * 2 ** 20), rb)
@@ -175,39 +194,79 @@ def _fake_pipeline_group(pp: int, pp_rank: int, act_shape: tuple[int, ...]):
 
 
 def activation_peak(inp: PlanInput, pp_rank: int) -> int:
-    """Most live tensor bytes of `pp_rank`'s step less AdamW's moments: its stages under torch's
-    own schedule (trainer/parallel/pp.py's Pipeline) on a fake pipeline group and fake tensors,
-    the parameters tracked, gradients made by the step's first backward (the trainer's zero_grad
-    sets them to None), received buffers, each micro-batch's saved activations until its backward,
-    the last stage's kept outputs. One step runs first (torch's stage set-up), the second is
-    measured."""
-    import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
+    return stage_run(inp, pp_rank)[0]
 
+
+@functools.lru_cache(maxsize=64)
+def stage_run(inp: PlanInput, pp_rank: int) -> tuple[int, dict[str, dict[str, float]]]:
+    """(most live tensor bytes of `pp_rank`'s step less AdamW's moments, its data-parallel
+    collectives per step): its stages under torch's own schedule (trainer/parallel/pp.py's
+    Pipeline) on a fake (pp, dp_shard) group and fake tensors, FSDP2 on each stage over dp_shard as
+    FSDPStrategy.wrap does it, the parameters tracked, gradients made by the step's first backward
+    (the trainer's zero_grad sets them to None), received buffers, each micro-batch's saved
+    activations until its backward, the last stage's kept outputs. One step runs first (torch's
+    stage set-up), the second is measured."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
+
+    from shardbench.trainer.comm import COUNTER
     from shardbench.trainer.model import TinyGPT
     from shardbench.trainer.parallel.pp import Pipeline
     from shardbench.trainer.plan.live import LiveTensors
 
     cfg, T, b = inp.model_config(), inp.effective_seq_len(), inp.micro_batch
-    total = n_stages(inp)
+    total, dp = n_stages(inp), dp_degree(inp)
     bounds = pp_layer_bounds(cfg.n_layer, total)
     ids = stage_ids(inp, pp_rank)
-    with _fake_pipeline_group(inp.pp, pp_rank, (b, T, cfg.n_embd)) as group, \
-            FakeTensorMode(allow_non_fake_inputs=True):
-        model = TinyGPT(cfg)
-        mods: list[torch.nn.Module] = [model.stage(*bounds[s], embed=s == 0, head=s == total - 1) for s in ids]
-        pipe = Pipeline(mods, ids, total, group, inp.pp_schedule, inp.grad_accum, torch.device("cpu"))
-        batches = [(torch.zeros((b, T), dtype=torch.long), torch.zeros((b, T), dtype=torch.long))
-                   for _ in range(inp.grad_accum)]
-        pipe.step(batches)
-        params = [p for m in mods for p in m.parameters()]
-        for p in params:
-            p.grad = None
-        tracker = LiveTensors()
-        tracker.track(params)
-        with tracker:
+    COUNTER.install()
+    with _fake_pipeline_group(inp.pp * dp, pp_rank * dp, (b, T, cfg.n_embd)) as group:
+        mesh = None
+        if dp > 1:  # the pipeline group is the mesh's pp dimension
+            from torch.distributed.device_mesh import init_device_mesh
+
+            with unset_fake_temporarily():  # a mesh's rank table is a real tensor
+                mesh = init_device_mesh("cpu", (inp.pp, dp), mesh_dim_names=("pp", "dp_shard"))
+            group = mesh.get_group("pp")
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            model = TinyGPT(cfg)
+            mods: list[torch.nn.Module] = [model.stage(*bounds[s], embed=s == 0, head=s == total - 1) for s in ids]
+            if mesh is not None and shards(inp):
+                _shard(inp, mods, mesh["dp_shard"])
+            pipe = Pipeline(mods, ids, total, group, inp.pp_schedule, inp.grad_accum, torch.device("cpu"))
+            batches = [(torch.zeros((b, T), dtype=torch.long), torch.zeros((b, T), dtype=torch.long))
+                       for _ in range(inp.grad_accum)]
             pipe.step(batches)
-        return int(tracker.peak) - 4 * sum(p.numel() for p in params)
+            params = [p for m in mods for p in m.parameters()]
+            for p in params:
+                p.grad = None
+            tracker = LiveTensors()
+            tracker.track(params)
+            COUNTER.reset()
+            COUNTER.active = True
+            try:
+                with tracker:
+                    pipe.step(batches)
+            finally:
+                COUNTER.active = False
+            comm = {op: {"calls": v["calls"], "bytes": v["bytes"]} for op, v in COUNTER.per_step(1).items()
+                    if op in ("all_gather", "reduce_scatter")}
+            COUNTER.reset()
+            return int(tracker.peak) - 4 * local_numel(inp, pp_rank), comm
+
+
+def _shard(inp: PlanInput, mods, mesh) -> None:
+    """FSDP2 on each stage as FSDPStrategy.wrap does it (fp32: no parameter cast)."""
+    import torch
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    from shardbench.trainer.strategies.base import REDUCE_DTYPES
+    from shardbench.trainer.strategies.fsdp import reshard_after_forward_plan
+
+    mp = MixedPrecisionPolicy(param_dtype=None, reduce_dtype=REDUCE_DTYPES.get(inp.grad_reduce_dtype, torch.float32))
+    for m in mods:
+        for block, reshard in zip(m.blocks, reshard_after_forward_plan(len(m.blocks), inp.reshard_after_forward)):
+            fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
+        fully_shard(m, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
 
 
 def optimizer_peak(inp: PlanInput, pp_rank: int) -> int:
