@@ -3,54 +3,61 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from shardbench.trainer.config import model_config_of
 from shardbench.trainer.contract import STRATEGIES, StrategyInfo
+from shardbench.trainer.knobs import default
 from shardbench.trainer.presets import PRESETS, ModelConfig
 
 
 @dataclass(frozen=True)
 class PlanInput:
+    """A run's RunConfig fields the planner reads, each defaulting to RunConfig's own default
+    (trainer/config.py: `default(name)`), except those a caller resolves first: world_size (not a
+    knob), grad_accum (from --global-batch), precision and device (from auto). Each field is a
+    RunConfig field of that name (tests/trainer/test_plan_input_fields.py checks it)."""
+
     strategy: str
     world_size: int = 1
-    model: str = "tiny"
-    n_layer: int | None = None
-    n_embd: int | None = None
-    n_head: int | None = None
-    vocab_size: int | None = None
-    seq_len: int | None = None
-    micro_batch: int = 4
+    model: str = default("model")
+    n_layer: int | None = default("n_layer")
+    n_embd: int | None = default("n_embd")
+    n_head: int | None = default("n_head")
+    vocab_size: int | None = default("vocab_size")
+    seq_len: int | None = default("seq_len")
+    micro_batch: int = default("micro_batch")
     grad_accum: int = 1
     precision: str = "fp32"
     """fp32, bf16 or fp16 (auto resolved by the caller: bf16 on a GPU, fp32 on a CPU)."""
-    grad_reduce_dtype: str = "fp32"
-    fsdp_grad_sync: str = "every_micro_step"
-    activation_checkpointing: bool = False
+    grad_reduce_dtype: str = default("grad_reduce_dtype")
+    fsdp_grad_sync: str = default("fsdp_grad_sync")
+    activation_checkpointing: bool = default("activation_checkpointing")
     device: str = "cpu"
     """cpu or cuda: which AdamW runs (foreach on CPU, fused on GPU) and whether an allocator
     overhead is added."""
-    offload: str = "none"
+    offload: str = default("offload")
     """--offload: which model state lives in host memory (contract.StateLayout.offloaded)."""
-    zero_hpz_partition_size: int = 1
+    zero_hpz_partition_size: int = default("zero_hpz_partition_size")
     """--zero-hpz-partition-size: ZeRO++ hpZ's secondary partition (zero3)."""
-    weight_decay: float = 0.01
-    bucket_mib: float = 25.0
+    weight_decay: float = default("weight_decay")
+    bucket_mib: float = default("bucket_mib")
     """--bucket-mib: DDP's bucket cap and DeepSpeed's bucket sizes (trainer/ds_knobs.py)."""
-    reshard_after_forward: bool = True
+    reshard_after_forward: bool = default("reshard_after_forward")
     """--reshard-after-forward: ZeRO-3 frees gathered parameters after each block's forward."""
-    tp: int = 1
+    tp: int = default("tp")
     """--tp: tensor-parallel degree (trainer/parallel/)."""
-    dp_replicate: int = 1
+    dp_replicate: int = default("dp_replicate")
     """--dp-replicate: HSDP's replicate degree."""
-    pp: int = 1
+    pp: int = default("pp")
     """--pp: pipeline-parallel degree (trainer/plan/pipeline.py)."""
-    pp_schedule: str = "1F1B"
+    pp_schedule: str = default("pp_schedule")
     """--pp-schedule: which of torch's schedules (its action order and bubble)."""
-    pp_stages_per_rank: int | None = None
+    pp_stages_per_rank: int | None = default("pp_stages_per_rank")
     """--pp-stages-per-rank (None: the schedule's default)."""
-    tie_embeddings: bool = True
+    tie_embeddings: bool = default("tie_embeddings")
     """--tie-embeddings: untied, the head is one more parameter (Params.of); not modelled with tp > 1."""
-    float8: str = "off"
+    float8: str = default("float8")
     """--float8: not modelled beyond off (float8 matmuls, their casts, FSDP's float8 all-gather)."""
-    ddp_comm_hook: str = "none"
+    ddp_comm_hook: str = default("ddp_comm_hook")
     """--ddp-comm-hook: bf16 is ddp's bf16 reduction (grad_reduce_dtype bf16); powersgd is not modelled."""
 
     def __post_init__(self) -> None:
@@ -92,10 +99,7 @@ class PlanInput:
         return info
 
     def model_config(self) -> ModelConfig:
-        base = PRESETS[self.model]
-        over = {k: getattr(self, k) for k in ("n_layer", "n_embd", "n_head", "vocab_size")}
-        return ModelConfig(**{**base.__dict__, **{k: v for k, v in over.items() if v is not None},
-                              "tie_embeddings": self.tie_embeddings})
+        return model_config_of(self)  # RunConfig's own (one place builds a model from the knobs)
 
     def effective_seq_len(self) -> int:
         return self.seq_len or PRESETS[self.model].default_seq_len
