@@ -221,6 +221,7 @@ def predict(inp: PlanInput, device_memory_bytes: int | None = None, links: dict 
     if by_dim is not None:  # collectives and what is divided, per mesh dimension
         out["comm_per_step_by_dim"] = by_dim
         out["memory_by_dim"] = mesh.sharded_by_dim(inp)
+    if mesh.is_mesh(inp):
         out["assumptions"].append(  # type: ignore[attr-defined]
             "mesh layout: tp innermost (a TP group on one node's intra-node link), data-parallel dimensions "
             "on the inter-node link once they span nodes; TP's activation collectives exposed (not overlapped)")
