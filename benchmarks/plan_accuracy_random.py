@@ -53,7 +53,7 @@ def current(path: Path, strategy: str) -> bool:
 
 def draw(rng: random.Random, i: int) -> tuple[str, str, int, list[str]]:
     """One configuration: (name, strategy, world size, trainer flags)."""
-    from shardbench.trainer.plan.layout import unmodelled
+    from shardbench.trainer.plan.planned_layout import unmodelled
 
     strategies = [s for s, info in STRATEGIES.items() if unmodelled(info) is None]
     strategy = strategies[i % len(strategies)]

@@ -248,7 +248,7 @@ def extrapolation(strategies: list[str]) -> list[str]:
 def _predict_all(inputs, mem, links, cal) -> tuple[list[dict], list[dict]]:
     """(predictions, {"input", "not_modelled": why} for each layout the planner has no model of).
     `cal`: one calibration for all, or a callable input -> calibration."""
-    from shardbench.trainer.plan.layout import NotModelled
+    from shardbench.trainer.plan.planned_layout import NotModelled
     from shardbench.trainer.plan.predict import predict
 
     preds, refused = [], []

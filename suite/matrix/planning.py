@@ -52,7 +52,7 @@ def predict_specs(specs, timeout_s: float = 600) -> tuple[dict[str, dict], str |
     """({run id: prediction}, why none were made). One subprocess plans every distinct input."""
     from shardbench.suite.cli.plan_cmd import shape_context
 
-    from shardbench.trainer.plan.layout import NotModelled
+    from shardbench.trainer.plan.planned_layout import NotModelled
 
     jobs, keys, refused = {}, {}, {}
     try:

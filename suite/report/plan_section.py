@@ -141,5 +141,5 @@ def mesh_markdown(records: list[dict]) -> str:
     cols = ["run", "mesh dimension (degree)", "divides", "op", "calls pred / meas", "MiB pred / meas", "err"]
     lines = ["| " + " | ".join(cols) + " |", "| " + " | ".join("---" for _ in cols) + " |"]
     return ("\n\nCollectives and memory per mesh dimension (tensor parallel's activation collectives on tp, "
-            "data parallel's gradient ones on dp_shard / dp_replicate; trainer/plan/mesh.py):\n\n"
+            "data parallel's gradient ones on dp_shard / dp_replicate; trainer/plan/mesh_forms.py):\n\n"
             + "\n".join(lines + ["| " + " | ".join(row) + " |" for row in table]))

@@ -18,10 +18,6 @@ PACKAGES = ("trainer", "suite", "tui")
 SOURCE_DIRS = (*PACKAGES, "tests", "scripts", "benchmarks")
 SHARED_NAMES = {"__init__.py", "__main__.py", "conftest.py"}
 """File names every package or test folder may have: package markers and pytest's per-folder file."""
-PENDING = {"layout.py": ["trainer/parallel/layout.py", "trainer/plan/layout.py"],
-           "mesh.py": ["trainer/parallel/mesh.py", "trainer/plan/mesh.py"]}
-"""Repeats left while other work in trainer/plan was open when suite/ was split (issue 27): the
-planner's files get names of their own next; the test fails once they have (then empty this)."""
 
 
 def test_no_module_file_name_repeats():
@@ -33,7 +29,7 @@ def test_no_module_file_name_repeats():
             if path.name not in SHARED_NAMES and "__pycache__" not in path.parts:
                 where.setdefault(path.name, []).append(path.relative_to(REPO).as_posix())
     repeated = {name: paths for name, paths in where.items() if len(paths) > 1}
-    assert repeated == PENDING, {name: paths for name, paths in repeated.items() if PENDING.get(name) != paths}
+    assert repeated == {}, repeated
 
 
 def test_suite_is_one_subpackage_per_concern():

@@ -175,7 +175,7 @@ def test_a_matrix_plans_its_mesh_degrees():
 def test_plan_section_shows_collectives_and_memory_per_mesh_dimension():
     """An fsdp+tp 2x2 run: per dimension and op, predicted / counted calls and MiB with the
     error, and what the dimension divides; its calibrated step time keeps the per-dimension links."""
-    from shardbench.trainer.plan import mesh
+    from shardbench.trainer.plan import mesh_forms as mesh
     from shardbench.trainer.plan.inputs import PlanInput
 
     inp = PlanInput("fsdp", world_size=4, tp=2, seq_len=64, micro_batch=2, grad_accum=2)

@@ -130,10 +130,10 @@ def test_layout_trains_to_one_process_loss_and_grad_norm(tmp_path, one_process, 
 
 def check_comm_by_dim(r: dict, name: str, layout: dict) -> None:
     """Rank 0's collectives per mesh dimension add up to its per-op counts and equal, call for
-    call and byte for byte, the layout's closed form (trainer/plan/mesh.py comm_by_dim): TP's
+    call and byte for byte, the layout's closed form (trainer/plan/mesh_forms.py comm_by_dim): TP's
     activation all-gathers, reduce-scatters and all-reduces on tp, the data-parallel gradient
     ones on dp_shard / dp_replicate."""
-    from shardbench.trainer.plan import mesh
+    from shardbench.trainer.plan import mesh_forms as mesh
     from shardbench.trainer.plan.inputs import PlanInput
 
     by_dim, per_op = r["comm_per_step_by_dim"], r["comm_per_step"]

@@ -323,7 +323,7 @@ def test_the_parameter_table_is_the_untied_models():
 
 def test_the_planner_says_not_modelled_for_pipelines_with_tp_and_untied_tp_in_one_line():
     from shardbench.trainer.plan.inputs import PlanInput
-    from shardbench.trainer.plan.layout import NotModelled
+    from shardbench.trainer.plan.planned_layout import NotModelled
 
     for inp, words in ((PlanInput(strategy="ddp", world_size=4, pp=2, tp=2, tie_embeddings=False),
                         "pipeline parallel (--pp 2) with tensor parallel: the planner models pipelines of ddp"),

@@ -18,7 +18,7 @@ import pytest
 
 from shardbench.trainer import contract
 from shardbench.trainer.plan.inputs import Params, PlanInput
-from shardbench.trainer.plan.layout import NotModelled
+from shardbench.trainer.plan.planned_layout import NotModelled
 
 REPO = Path(__file__).resolve().parents[2]
 OFFLOAD_ROW = '''

@@ -105,7 +105,7 @@ def check_plan_against(record: dict, name: str) -> None:
     pipeline.PEAK_ERROR says for the schedule (+ 3 points). Layouts the planner does not
     model (pp with tp) must say so in one line."""
     from shardbench.trainer.plan.accuracy import errors
-    from shardbench.trainer.plan.layout import NotModelled
+    from shardbench.trainer.plan.planned_layout import NotModelled
     from shardbench.trainer.plan.predict import predict
 
     inp = PlanInput.from_record(record)

@@ -13,7 +13,7 @@ import sys
 
 def main() -> int:
     from shardbench.trainer.plan.inputs import PlanInput
-    from shardbench.trainer.plan.layout import NotModelled
+    from shardbench.trainer.plan.planned_layout import NotModelled
     from shardbench.trainer.plan.predict import predict
 
     out = {}

@@ -11,7 +11,7 @@ import math
 
 from shardbench.trainer import ds_knobs
 from shardbench.trainer.plan.inputs import Params, PlanInput
-from shardbench.trainer.plan.layout import deepspeed, sharded, stage
+from shardbench.trainer.plan.planned_layout import deepspeed, sharded, stage
 
 DDP_BUCKET = 25 << 20             # DDP's bucket_cap_mb default, 25 MiB (--bucket-mib's default)
 

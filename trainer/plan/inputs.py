@@ -66,11 +66,11 @@ class PlanInput:
 
     @property
     def layout(self) -> StrategyInfo:
-        """The strategy's layout (trainer/plan/layout.py): NotModelled when the planner has none.
+        """The strategy's layout (trainer/plan/planned_layout.py): NotModelled when the planner has none.
         Mesh layouts (trainer/parallel/) are traced on a fake mesh with closed-form collectives
-        (trainer/plan/mesh.py), in fp32 without activation checkpointing (the activation
+        (trainer/plan/mesh_forms.py), in fp32 without activation checkpointing (the activation
         collectives' dtype and recompute are not modelled)."""
-        from shardbench.trainer.plan.layout import NotModelled, layout
+        from shardbench.trainer.plan.planned_layout import NotModelled, layout
 
         row = STRATEGIES.get(self.strategy)
         shards_stages = row is not None and row.engine == "fsdp" and self.dp_replicate > 1

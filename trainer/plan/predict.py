@@ -6,10 +6,10 @@ from __future__ import annotations
 import functools
 from dataclasses import replace
 
-from shardbench.trainer.plan import formulas, mesh
+from shardbench.trainer.plan import formulas, mesh_forms as mesh
 from shardbench.trainer.plan import offload
 from shardbench.trainer.plan.inputs import Params, PlanInput
-from shardbench.trainer.plan.layout import deepspeed, layout, sharded, stage
+from shardbench.trainer.plan.planned_layout import deepspeed, layout, sharded, stage
 
 # GPU only: what the caching allocator reserves beyond the tensors (fragmentation, rounding to
 # 512 B / 2 MiB blocks, the CUDA context is not counted). An assumption, stated in every plan.

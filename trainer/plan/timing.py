@@ -75,7 +75,7 @@ def overlap(inp: PlanInput) -> tuple[set[str], str]:
     """(ops that overlap with backward, why), by layout: parameters sharded, their gathers are
     prefetched and reduce-scatters overlap backward; replicated, the reductions overlap backward
     (DeepSpeed's overlap_comm; its parameter all-gather after the step is exposed)."""
-    from shardbench.trainer.plan.layout import deepspeed, sharded
+    from shardbench.trainer.plan.planned_layout import deepspeed, sharded
 
     lay = inp.layout
     if sharded(lay, "params"):
@@ -121,7 +121,7 @@ def mesh_groups(inp: PlanInput) -> dict[str, tuple[int, int]]:
     innermost (a TP group is tp neighbouring ranks, one node when tp divides the GPUs per node),
     dp_shard strides over tp, dp_replicate over the rest. The span picks the link (`link`)."""
     from shardbench.trainer.contract import STRATEGIES
-    from shardbench.trainer.plan import mesh
+    from shardbench.trainer.plan import mesh_forms as mesh
 
     dp = inp.world_size // (inp.tp * inp.pp)
     R, S = (inp.dp_replicate, mesh.shard_degree(inp)) if STRATEGIES[inp.strategy].engine == "fsdp" else (dp, 1)

@@ -131,7 +131,7 @@ class _Step:
     def _ddp_wrapped(self) -> bool:
         """DDP + TP: DDP's buckets hold the local gradients (traced as the ddp engine's)."""
         from shardbench.trainer.contract import STRATEGIES
-        from shardbench.trainer.plan import mesh
+        from shardbench.trainer.plan import mesh_forms as mesh
 
         return STRATEGIES[self.inp.strategy].engine == "ddp" and mesh.wrapped(self.inp)
 
@@ -144,7 +144,7 @@ class _Step:
         from shardbench.trainer.contract import STRATEGIES
         from shardbench.trainer.parallel import tp
         from shardbench.trainer.parallel.layout import DIMS
-        from shardbench.trainer.plan import mesh as closed
+        from shardbench.trainer.plan import mesh_forms as closed
 
         inp = self.inp
         R, S = (inp.dp_replicate, closed.shard_degree(inp)) if STRATEGIES[inp.strategy].engine == "fsdp" else (
@@ -282,9 +282,9 @@ def _unfaked(fn):
 def engine_for(inp: PlanInput) -> str:
     """What to trace for the layout: DeepSpeed's model (cast to the run's precision), FSDP2 or
     DDP across the world, or the plain model (one torch rank)."""
-    from shardbench.trainer.plan.layout import deepspeed, sharded
+    from shardbench.trainer.plan.planned_layout import deepspeed, sharded
 
-    from shardbench.trainer.plan import mesh
+    from shardbench.trainer.plan import mesh_forms as mesh
 
     lay = inp.layout
     if deepspeed(lay):
