@@ -68,8 +68,8 @@ class PlanInput:
     def layout(self) -> StrategyInfo:
         """The strategy's layout (trainer/plan/planned_layout.py): NotModelled when the planner has none.
         Mesh layouts (trainer/parallel/) are traced on a fake mesh with closed-form collectives
-        (trainer/plan/mesh_forms.py), in fp32 without activation checkpointing (the activation
-        collectives' dtype and recompute are not modelled)."""
+        (trainer/plan/mesh_forms.py), in fp32 or bf16, with or without activation checkpointing
+        (TP in fp16 is not: it needs a GPU to be measured)."""
         from shardbench.trainer.plan.planned_layout import NotModelled, layout
 
         row = STRATEGIES.get(self.strategy)
@@ -92,10 +92,9 @@ class PlanInput:
             raise NotModelled("PowerSGD (--ddp-comm-hook powersgd): the planner does not model its low-rank "
                               "all-reduces")
         info = layout(self.strategy, self.offload)
-        if self.tp > 1 and (self.precision != "fp32" or self.activation_checkpointing):
-            raise NotModelled(f"tensor parallel (--tp {self.tp}) with "
-                              f"{'activation checkpointing' if self.activation_checkpointing else self.precision}: "
-                              "the planner models TP in fp32 without recompute")
+        if self.tp > 1 and self.precision == "fp16":
+            raise NotModelled(f"tensor parallel (--tp {self.tp}) with fp16: not measured (fp16 needs a GPU; its loss "
+                              "scaler's checks of DTensor gradients are unchecked); bf16 has the same element size")
         return info
 
     def model_config(self) -> ModelConfig:

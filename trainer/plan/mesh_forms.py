@@ -6,7 +6,8 @@ the gathered output, the reduce-scatter input). tests/trainer/test_layouts.py ho
 layout's counted calls and bytes per dimension to these, exactly, at 2 and 4 ranks.
 
 Tensor parallel (trainer/parallel/tp.py), per micro-step of b rows of T tokens, width d, L
-blocks, e bytes per activation element (fp32: 4):
+blocks, e bytes per activation element (fp32: 4; `tp_element_bytes`: in bf16 the row-parallel
+outputs and their gradients are 2 bytes, and every activation is under FSDP2's mixed precision):
 - forward: each block gathers the sequence-sharded residual twice (before attention and the
   MLP: all-gather b.T.d) and reduce-scatters the two row-parallel outputs (b.T.d); the token
   embedding reduce-scatters b.T.d, the position table T.d; the head gathers b.T.d; the
@@ -21,6 +22,9 @@ blocks, e bytes per activation element (fp32: 4):
   DTensor gradients back to their parameter's placement, once per micro-step. The gradient norm:
   one float64 all-reduce per mesh dimension of each distinct set of dimensions the gradients are
   sharded on (tensor_parallel.mesh_total_norm; local_total_norm for DDP + TP: one on tp).
+- activation checkpointing: each block's forward is run again in backward only up to its last
+  saved tensor (torch.utils.checkpoint's early stop): 2 more all-gathers and 1 reduce-scatter per
+  block per micro-step.
 Data parallel over the TP-local shapes: FSDP2 (formulas.fsdp_comm) on dp_shard, nothing at a
 shard degree of 1; HSDP all-reduces each unit's gradient shard on dp_replicate at every
 gradient sync; DDP + TP all-reduces the local gradients in its buckets on dp_replicate once per
@@ -75,20 +79,40 @@ def _add(out: dict, dim: str, op: str, calls: float, nbytes: float) -> None:
         cell["bytes"] += nbytes
 
 
+def tp_element_bytes(inp: PlanInput) -> tuple[int, int]:
+    """(bytes of an element of TP's activations and their gradients, bytes of the row-parallel
+    outputs' element): fp32 4 and 4. In bf16/fp16 FSDP2's mixed-precision policy (fsdp over more
+    than one data-parallel rank) runs every op in the low dtype, 2 and 2; autocast (tp alone,
+    ddp + tp, fsdp + tp at one data-parallel rank) keeps the LayerNorms' and embeddings' outputs
+    fp32 and only the matmuls' outputs low, 4 and 2 (measured on real runs, issue 28)."""
+    low = 2 if inp.precision in ("bf16", "fp16") else 4
+    from shardbench.trainer.contract import STRATEGIES
+
+    policy = STRATEGIES[inp.strategy].engine == "fsdp" and wrapped(inp)
+    return (low if policy else 4), low
+
+
 def tp_comm(inp: PlanInput) -> dict[str, dict[str, float]]:
     """Tensor parallelism's collectives per step on the tp dimension (see the module docstring)."""
     cfg = inp.model_config()
     A, L, d, T, b = inp.grad_accum, cfg.n_layer, cfg.n_embd, inp.effective_seq_len(), inp.micro_batch
-    e = 4  # activation element bytes (fp32; mixed precision is not modelled with tp)
-    x, pos, rows = b * T * d * e, T * d * e, b * T * 4
+    e, o = tp_element_bytes(inp)
+    x, pos, rows, out_x = b * T * d * e, T * d * e, b * T * 4, b * T * d * o
     out: dict[str, dict[str, float]] = {}
-    ag = A * (4 * L + 3), A * ((4 * L + 2) * x + pos)
-    rs = A * (2 * L + 3), A * ((2 * L + 2) * x + pos)
+    # the 2L row-parallel outputs' reduce-scatters (forward) and their gradients' all-gathers
+    # (backward) are in the matmuls' dtype, the rest in the activations'
+    ag = A * (4 * L + 3), A * ((2 * L + 2) * x + 2 * L * out_x + pos)
+    rs = A * (2 * L + 3), A * (2 * x + 2 * L * out_x + pos)
+    if inp.activation_checkpointing:
+        # each block's forward again in backward, up to its last saved tensor (torch.utils.checkpoint
+        # stops early): the two LayerNorm gathers and the attention output's reduce-scatter
+        ag = ag[0] + A * 2 * L, ag[1] + A * 2 * L * x
+        rs = rs[0] + A * L, rs[1] + A * L * out_x
     ar_calls, ar_bytes = A * (4 * L + LOSS_REDUCTIONS), A * (4 * L * x + LOSS_REDUCTIONS * rows)
     norms = layernorm_params(Params.of(cfg))
     per_norm = A if wrapped(inp) else 4
     ar_calls += per_norm * len(norms)
-    ar_bytes += per_norm * 4 * sum(Params.numel(s) for _, s in norms)
+    ar_bytes += per_norm * e * sum(Params.numel(s) for _, s in norms)
     ar_calls, ar_bytes = ar_calls + 1, ar_bytes + NORM_BYTES  # the gradient norm's sum over tp
     for op, (calls, nbytes) in (("all_gather", ag), ("reduce_scatter", rs), ("all_reduce", (ar_calls, ar_bytes))):
         out[op] = {"calls": float(calls), "bytes": float(nbytes)}
