@@ -84,6 +84,41 @@ def test_ddp_stages_over_data_parallel_ranks_all_reduce_their_buckets():
     assert dp["bytes"] == 4 * params.total and dp["calls"] == pipeline.ddp_buckets(params, 2 ** 19, 4) > 1
 
 
+def test_bf16_send_recv_is_fp32_under_autocast_and_bf16_on_fsdp_stages():
+    """Counted on real runs (4 micro-batches of (micro, 64, 128)): pp 2 ddp bf16 (autocast: the
+    residual stream stays fp32) 4 sends of 65,536 B at micro-batch 2; pp 2 x fsdp 2 bf16 (FSDP2's
+    policy: every op bf16) 4 sends of 16,384 B at micro-batch 1."""
+    assert pipeline.p2p(inp_of("1F1B", precision="bf16"), 0)["send"] == {"calls": 4.0, "bytes": 262144.0}
+    sharded = inp_of("1F1B", strategy="fsdp", world_size=4, micro_batch=1, precision="bf16")
+    assert pipeline.p2p(sharded, 0)["send"] == {"calls": 4.0, "bytes": 65536.0}
+
+
+@pytest.mark.parametrize("over, words", [(dict(tp=2, world_size=4), "tensor parallel"),
+                                         (dict(strategy="fsdp", dp_replicate=2, world_size=4), "HSDP"),
+                                         (dict(precision="fp16"), "fp16")])
+def test_pipelines_with_tp_hsdp_or_fp16_are_one_not_modelled_line(over, words):
+    from shardbench.trainer.plan.planned_layout import NotModelled
+
+    with pytest.raises(NotModelled) as err:
+        inp_of("1F1B", **over).layout
+    assert "\n" not in str(err.value) and words in str(err.value)
+
+
+@pytest.mark.slow
+def test_the_planner_predicts_a_bf16_pipeline_with_recompute(tmp_path):
+    """pp 2 GPipe, ddp stages, bf16 (autocast around the schedule) with activation checkpointing."""
+    from tests.trainer.test_pipeline import COMMON
+
+    args = ["--strategy", "ddp", "--micro-batch", "2", "--pp", "2", "--pp-schedule", "GPipe",
+            "--activation-checkpointing", *COMMON]
+    args[args.index("--steps") + 1] = "2"
+    args[args.index("--precision") + 1] = "bf16"
+    run = run_trainer(args, tmp_path, launcher="torchrun", nproc=2)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.record["precision"] == "bf16" and run.record["activation_checkpointing"]
+    check_plan_against(run.record, "GPipe bf16 recompute")
+
+
 def test_shardbench_plan_with_pp_prints_a_plan_for_each_modelled_schedule():
     for schedule in PP_SCHEDULES:
         out = subprocess.run([sys.executable, "-m", "shardbench.suite.cli.commands", "plan", "--strategy", "ddp",

@@ -74,14 +74,12 @@ class PlanInput:
 
         row = STRATEGIES.get(self.strategy)
         shards_stages = row is not None and row.engine == "fsdp" and self.dp_replicate > 1
-        if self.pp > 1 and (self.tp > 1 or self.precision != "fp32" or self.activation_checkpointing or shards_stages):
+        if self.pp > 1 and (self.tp > 1 or shards_stages or self.precision == "fp16"):
             raise NotModelled(f"pipeline parallel (--pp {self.pp}) with "
-                              + ("tensor parallel" if self.tp > 1 else "HSDP (--dp-replicate)"
-                                 if self.precision == "fp32" and not self.activation_checkpointing else
-                                 "activation checkpointing" if self.activation_checkpointing else self.precision)
-                              + ": the planner models pipelines of ddp or fsdp stages "
-                              "in fp32 without recompute (TP's and HSDP's collectives under a schedule are not "
-                              "measured)")
+                              + ("tensor parallel" if self.tp > 1 else "fp16" if self.precision == "fp16"
+                                 else "HSDP (--dp-replicate)")
+                              + ": the planner models pipelines of ddp or fsdp stages in fp32 or bf16 (TP's and "
+                              "HSDP's collectives under a schedule are not measured)")
         if not self.tie_embeddings and self.tp > 1:
             raise NotModelled("an untied head (--no-tie-embeddings) with tensor parallel (--tp): the planner's TP "
                               "plan is the tied model's")

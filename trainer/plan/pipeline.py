@@ -96,8 +96,11 @@ def local_numel(inp: PlanInput, pp_rank: int) -> int:
 
 
 def activation_bytes(inp: PlanInput) -> int:
-    """One micro-batch's activation between stages: (micro, T, d) in fp32."""
-    return inp.micro_batch * inp.effective_seq_len() * inp.model_config().n_embd * 4
+    """One micro-batch's activation between stages: (micro, T, d), fp32, or bf16 where FSDP2's
+    mixed-precision policy runs every op in it (stages sharded over dp_shard > 1; autocast's
+    residual stream stays fp32)."""
+    low = inp.precision in ("bf16", "fp16") and shards(inp)
+    return inp.micro_batch * inp.effective_seq_len() * inp.model_config().n_embd * (2 if low else 4)
 
 
 def p2p(inp: PlanInput, pp_rank: int) -> dict[str, dict[str, float]]:
@@ -228,14 +231,16 @@ def stage_run(inp: PlanInput, pp_rank: int) -> tuple[int, dict[str, dict[str, fl
                 mesh = init_device_mesh("cpu", (inp.pp, dp), mesh_dim_names=("pp", "dp_shard"))
             group = mesh.get_group("pp")
         with FakeTensorMode(allow_non_fake_inputs=True):
-            model = TinyGPT(cfg)
+            model = TinyGPT(cfg, activation_checkpointing=inp.activation_checkpointing)
             mods: list[torch.nn.Module] = [model.stage(*bounds[s], embed=s == 0, head=s == total - 1) for s in ids]
             if mesh is not None and shards(inp):
                 _shard(inp, mods, mesh["dp_shard"])
             pipe = Pipeline(mods, ids, total, group, inp.pp_schedule, inp.grad_accum, torch.device("cpu"))
             batches = [(torch.zeros((b, T), dtype=torch.long), torch.zeros((b, T), dtype=torch.long))
                        for _ in range(inp.grad_accum)]
-            pipe.step(batches)
+            amp = _autocast(inp)
+            with amp():
+                pipe.step(batches)
             params = [p for m in mods for p in m.parameters()]
             for p in params:
                 p.grad = None
@@ -244,7 +249,7 @@ def stage_run(inp: PlanInput, pp_rank: int) -> tuple[int, dict[str, dict[str, fl
             COUNTER.reset()
             COUNTER.active = True
             try:
-                with tracker:
+                with tracker, amp():
                     pipe.step(batches)
             finally:
                 COUNTER.active = False
@@ -254,15 +259,34 @@ def stage_run(inp: PlanInput, pp_rank: int) -> tuple[int, dict[str, dict[str, fl
             return int(tracker.peak) - 4 * local_numel(inp, pp_rank), comm
 
 
+def _low_dtype(inp: PlanInput):
+    import torch
+
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(inp.precision)
+
+
+def _autocast(inp: PlanInput):
+    """The trainer's pipeline_step context: autocast in bf16 unless FSDP2's policy casts (sharded stages)."""
+    import contextlib
+
+    import torch
+
+    dtype = _low_dtype(inp)
+    if dtype is None or shards(inp):
+        return contextlib.nullcontext
+    return lambda: torch.autocast(device_type="cpu", dtype=dtype)
+
+
 def _shard(inp: PlanInput, mods, mesh) -> None:
-    """FSDP2 on each stage as FSDPStrategy.wrap does it (fp32: no parameter cast)."""
+    """FSDP2 on each stage as FSDPStrategy.wrap does it (parameters all-gathered in the run's precision)."""
     import torch
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     from shardbench.trainer.strategies.base import REDUCE_DTYPES
     from shardbench.trainer.strategies.fsdp import reshard_after_forward_plan
 
-    mp = MixedPrecisionPolicy(param_dtype=None, reduce_dtype=REDUCE_DTYPES.get(inp.grad_reduce_dtype, torch.float32))
+    mp = MixedPrecisionPolicy(param_dtype=_low_dtype(inp),
+                              reduce_dtype=REDUCE_DTYPES.get(inp.grad_reduce_dtype, torch.float32))
     for m in mods:
         for block, reshard in zip(m.blocks, reshard_after_forward_plan(len(m.blocks), inp.reshard_after_forward)):
             fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
