@@ -72,14 +72,11 @@ class PlanInput:
         (TP in fp16 is not: it needs a GPU to be measured)."""
         from shardbench.trainer.plan.planned_layout import NotModelled, layout
 
-        row = STRATEGIES.get(self.strategy)
-        shards_stages = row is not None and row.engine == "fsdp" and self.dp_replicate > 1
-        if self.pp > 1 and (self.tp > 1 or shards_stages or self.precision == "fp16"):
+        if self.pp > 1 and (self.tp > 1 or self.precision == "fp16"):
             raise NotModelled(f"pipeline parallel (--pp {self.pp}) with "
-                              + ("tensor parallel" if self.tp > 1 else "fp16" if self.precision == "fp16"
-                                 else "HSDP (--dp-replicate)")
-                              + ": the planner models pipelines of ddp or fsdp stages in fp32 or bf16 (TP's and "
-                              "HSDP's collectives under a schedule are not measured)")
+                              + ("tensor parallel" if self.tp > 1 else "fp16")
+                              + ": the planner models pipelines of ddp, fsdp or HSDP stages in fp32 or bf16 (TP's "
+                              "collectives under a schedule are not measured)")
         if not self.tie_embeddings and self.tp > 1:
             raise NotModelled("an untied head (--no-tie-embeddings) with tensor parallel (--tp): the planner's TP "
                               "plan is the tied model's")

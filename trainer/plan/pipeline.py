@@ -56,6 +56,18 @@ def dp_degree(inp: PlanInput) -> int:
     return max(1, inp.world_size // (inp.pp * inp.tp))
 
 
+def replicas(inp: PlanInput) -> int:
+    """HSDP's dp_replicate over fsdp stages (ddp stages: every data-parallel rank replicates)."""
+    from shardbench.trainer.contract import STRATEGIES
+
+    return inp.dp_replicate if STRATEGIES[inp.strategy].engine == "fsdp" else 1
+
+
+def shard_degree(inp: PlanInput) -> int:
+    """dp_shard: the data-parallel ranks FSDP2 shards each stage over (HSDP: less the replicas)."""
+    return max(1, dp_degree(inp) // replicas(inp))
+
+
 def stage_params(inp: PlanInput, stage: int) -> Params:
     """The parameters of pipeline stage `stage` (TinyGPT.stage: blocks, embeddings first, head last)."""
     cfg = inp.model_config()
@@ -80,7 +92,8 @@ def model_state(inp: PlanInput, pp_rank: int) -> dict[str, int]:
 
 
 def shards(inp: PlanInput) -> bool:
-    """FSDP2 shards each stage over dp_shard = the data-parallel ranks (HSDP under pp: not modelled)."""
+    """FSDP2 wraps each stage: fsdp over more than one data-parallel rank (HSDP: shards over dp_shard,
+    replicates over dp_replicate)."""
     from shardbench.trainer.contract import STRATEGIES
 
     return STRATEGIES[inp.strategy].engine == "fsdp" and dp_degree(inp) > 1
@@ -92,7 +105,7 @@ def local_numel(inp: PlanInput, pp_rank: int) -> int:
     from shardbench.trainer.plan import formulas
 
     params = rank_params(inp, pp_rank)
-    return formulas.fsdp_shard_numel(params, dp_degree(inp)) if shards(inp) else params.total
+    return formulas.fsdp_shard_numel(params, shard_degree(inp)) if shards(inp) else params.total
 
 
 def activation_bytes(inp: PlanInput) -> int:
@@ -133,8 +146,11 @@ def comm_by_dim(inp: PlanInput) -> dict[str, dict[str, dict[str, float]]]:
     out: dict[str, dict[str, dict[str, float]]] = {"pp": p2p(inp, 0)}
     out["pp"]["all_reduce"] = {"calls": 1.0, "bytes": float(NORM_BYTES)}
     dp = dp_degree(inp)
-    if shards(inp):  # FSDP2's gathers and reduce-scatters under the schedule, counted on the fake run
-        out["dp_shard"] = {**stage_run(inp, 0)[1], "all_reduce": {"calls": 1.0, "bytes": float(NORM_BYTES)}}
+    if shards(inp):  # FSDP2's collectives under the schedule, counted on the fake run, by mesh dimension
+        by_dim = stage_run(inp, 0)[1]
+        out["dp_shard"] = {**by_dim.get("dp_shard", {}), "all_reduce": {"calls": 1.0, "bytes": float(NORM_BYTES)}}
+        if by_dim.get("dp_replicate"):
+            out["dp_replicate"] = by_dim["dp_replicate"]
     elif dp > 1:
         params = rank_params(inp, 0)
         rb = formulas.reduce_bytes(inp)
@@ -201,7 +217,7 @@ def activation_peak(inp: PlanInput, pp_rank: int) -> int:
 
 
 @functools.lru_cache(maxsize=64)
-def stage_run(inp: PlanInput, pp_rank: int) -> tuple[int, dict[str, dict[str, float]]]:
+def stage_run(inp: PlanInput, pp_rank: int) -> tuple[int, dict[str, dict[str, dict[str, float]]]]:
     """(most live tensor bytes of `pp_rank`'s step less AdamW's moments, its data-parallel
     collectives per step): its stages under torch's own schedule (trainer/parallel/pp.py's
     Pipeline) on a fake (pp, dp_shard) group and fake tensors, FSDP2 on each stage over dp_shard as
@@ -228,13 +244,16 @@ def stage_run(inp: PlanInput, pp_rank: int) -> tuple[int, dict[str, dict[str, fl
             from torch.distributed.device_mesh import init_device_mesh
 
             with unset_fake_temporarily():  # a mesh's rank table is a real tensor
-                mesh = init_device_mesh("cpu", (inp.pp, dp), mesh_dim_names=("pp", "dp_shard"))
+                mesh = init_device_mesh("cpu", (inp.pp, replicas(inp), shard_degree(inp)),
+                                        mesh_dim_names=("pp", "dp_replicate", "dp_shard"))
+                dp_mesh = mesh["dp_replicate", "dp_shard"] if replicas(inp) > 1 else mesh["dp_shard"]
             group = mesh.get_group("pp")
+            COUNTER.name_dims({d: mesh.get_group(d) for d in ("dp_replicate", "dp_shard")})
         with FakeTensorMode(allow_non_fake_inputs=True):
             model = TinyGPT(cfg, activation_checkpointing=inp.activation_checkpointing)
             mods: list[torch.nn.Module] = [model.stage(*bounds[s], embed=s == 0, head=s == total - 1) for s in ids]
             if mesh is not None and shards(inp):
-                _shard(inp, mods, mesh["dp_shard"])
+                _shard(inp, mods, dp_mesh)
             pipe = Pipeline(mods, ids, total, group, inp.pp_schedule, inp.grad_accum, torch.device("cpu"))
             batches = [(torch.zeros((b, T), dtype=torch.long), torch.zeros((b, T), dtype=torch.long))
                        for _ in range(inp.grad_accum)]
@@ -253,9 +272,9 @@ def stage_run(inp: PlanInput, pp_rank: int) -> tuple[int, dict[str, dict[str, fl
                     pipe.step(batches)
             finally:
                 COUNTER.active = False
-            comm = {op: {"calls": v["calls"], "bytes": v["bytes"]} for op, v in COUNTER.per_step(1).items()
-                    if op in ("all_gather", "reduce_scatter")}
+            comm = {dim: ops for dim, ops in COUNTER.per_dim_step(1).items() if dim in ("dp_replicate", "dp_shard")}
             COUNTER.reset()
+            COUNTER._dims.clear()  # the fake groups die with the fake process group
             return int(tracker.peak) - 4 * local_numel(inp, pp_rank), comm
 
 
