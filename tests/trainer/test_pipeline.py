@@ -325,8 +325,8 @@ def test_the_planner_says_not_modelled_for_pipelines_with_tp_and_untied_tp_in_on
     from shardbench.trainer.plan.inputs import PlanInput
     from shardbench.trainer.plan.planned_layout import NotModelled
 
-    for inp, words in ((PlanInput(strategy="ddp", world_size=4, pp=2, tp=2, tie_embeddings=False),
-                        "pipeline parallel (--pp 2) with tensor parallel: the planner models pipelines of ddp"),
+    for inp, words in ((PlanInput(strategy="ddp", world_size=8, pp=2, tp=2, tie_embeddings=False),
+                        "pipeline parallel (--pp 2) with tensor parallel over data-parallel ranks"),
                        (PlanInput(strategy="fsdp", world_size=2, tp=2, tie_embeddings=False),
                         "an untied head (--no-tie-embeddings) with tensor parallel (--tp)")):
         with pytest.raises(NotModelled, match=None) as said:

@@ -50,7 +50,7 @@ def tp_local(params: Params, tp: int) -> Params:
     out = []
     for name, shape in params.shapes:
         leaf, kind = name.split(".")[-2:]
-        if name.startswith(("wte.", "wpe.")) or leaf in ("q", "k", "v", "fc"):
+        if name.startswith(("wte.", "wpe.", "lm_head.")) or leaf in ("q", "k", "v", "fc"):  # untied head: colwise
             shape = (shape[0] // tp, *shape[1:])
         elif leaf == "proj" and kind == "weight":
             shape = (shape[0], shape[1] // tp)

@@ -85,10 +85,29 @@ def rank_params(inp: PlanInput, pp_rank: int) -> Params:
     return Params([x for s in stage_ids(inp, pp_rank) for x in stage_params(inp, s).shapes])
 
 
+def tp_rank_params(inp: PlanInput, pp_rank: int) -> Params:
+    """The rank's parameters as its tp shard holds them (mesh_forms.tp_local; the untied head colwise)."""
+    from shardbench.trainer.plan.mesh_forms import tp_local
+
+    return tp_local(rank_params(inp, pp_rank), inp.tp)
+
+
+def whole_grads_extra(inp: PlanInput, pp_rank: int) -> int:
+    """Elements of gradient beyond the parameters' shards: under tp with no data-parallel wrapper
+    the embeddings' gradients come back Replicate (whole) though their parameters are Shard(0)
+    (measured on pp 2 x tp 2: rank 0's gradients = its parameters + half of wte and of wpe)."""
+    if inp.tp == 1:
+        return 0
+    full, local = rank_params(inp, pp_rank), tp_rank_params(inp, pp_rank)
+    emb = ("wte.", "wpe.")
+    return sum(Params.numel(s) for n, s in full.shapes if n.startswith(emb)) - \
+        sum(Params.numel(s) for n, s in local.shapes if n.startswith(emb))
+
+
 def model_state(inp: PlanInput, pp_rank: int) -> dict[str, int]:
     """fp32 weights, gradients and AdamW's moments of the rank's stages (replicated over dp)."""
     n = local_numel(inp, pp_rank)
-    return {"params": 4 * n, "grads": 4 * n, "optimizer": 8 * n, "master": 0}
+    return {"params": 4 * n, "grads": 4 * (n + whole_grads_extra(inp, pp_rank)), "optimizer": 8 * n, "master": 0}
 
 
 def shards(inp: PlanInput) -> bool:
@@ -104,7 +123,7 @@ def local_numel(inp: PlanInput, pp_rank: int) -> int:
     parameter (its gradients are reduce-scattered to the same shard at the step's last micro-batch)."""
     from shardbench.trainer.plan import formulas
 
-    params = rank_params(inp, pp_rank)
+    params = tp_rank_params(inp, pp_rank)
     return formulas.fsdp_shard_numel(params, shard_degree(inp)) if shards(inp) else params.total
 
 
@@ -113,7 +132,8 @@ def activation_bytes(inp: PlanInput) -> int:
     mixed-precision policy runs every op in it (stages sharded over dp_shard > 1; autocast's
     residual stream stays fp32)."""
     low = inp.precision in ("bf16", "fp16") and shards(inp)
-    return inp.micro_batch * inp.effective_seq_len() * inp.model_config().n_embd * (2 if low else 4)
+    # under tp the block output sent is the sequence-sharded local tensor
+    return inp.micro_batch * inp.effective_seq_len() // inp.tp * inp.model_config().n_embd * (2 if low else 4)
 
 
 def p2p(inp: PlanInput, pp_rank: int) -> dict[str, dict[str, float]]:
@@ -146,6 +166,17 @@ def comm_by_dim(inp: PlanInput) -> dict[str, dict[str, dict[str, float]]]:
     out: dict[str, dict[str, dict[str, float]]] = {"pp": p2p(inp, 0)}
     out["pp"]["all_reduce"] = {"calls": 1.0, "bytes": float(NORM_BYTES)}
     dp = dp_degree(inp)
+    if inp.tp > 1:  # TP's activation collectives under the schedule, from the fake run; the
+        # LayerNorms' Partial gradients all-reduced 4 times per step (the norm's and AdamW's
+        # redistributions, as mesh_forms.tp_comm with no wrapper) and the norm's 8 B
+        from shardbench.trainer.plan.mesh_forms import layernorm_params
+
+        tp_ops = {op: dict(v) for op, v in stage_run(inp, 0)[1].get("tp", {}).items()}
+        norms = layernorm_params(rank_params(inp, 0))
+        ar = tp_ops.setdefault("all_reduce", {"calls": 0.0, "bytes": 0.0})
+        ar["calls"] += 4 * len(norms) + 1
+        ar["bytes"] += 4 * 4 * sum(Params.numel(s) for _, s in norms) + NORM_BYTES
+        out["tp"] = tp_ops
     if shards(inp):  # FSDP2's collectives under the schedule, counted on the fake run, by mesh dimension
         by_dim = stage_run(inp, 0)[1]
         out["dp_shard"] = {**by_dim.get("dp_shard", {}), "all_reduce": {"calls": 1.0, "bytes": float(NORM_BYTES)}}
@@ -218,6 +249,36 @@ def activation_peak(inp: PlanInput, pp_rank: int) -> int:
 
 @functools.lru_cache(maxsize=64)
 def stage_run(inp: PlanInput, pp_rank: int) -> tuple[int, dict[str, dict[str, dict[str, float]]]]:
+    """`_stage_run`; with tp > 1 in a forked child: DTensor keeps redistribution plans of a mesh
+    (equal to the next fake mesh of the same shape) that name the destroyed fake groups, so a second
+    TP run in one process fails to resolve them."""
+    if inp.tp == 1:
+        return _stage_run(inp, pp_rank)
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    parent, child = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_stage_run_to, args=(child, inp, pp_rank))
+    proc.start()
+    child.close()
+    try:
+        ok, result = parent.recv()
+    except EOFError:
+        ok, result = False, f"the forked stage run exited with {proc.exitcode}"
+    proc.join()
+    if not ok:
+        raise RuntimeError(result)
+    return result
+
+
+def _stage_run_to(conn, inp: PlanInput, pp_rank: int) -> None:
+    try:
+        conn.send((True, _stage_run(inp, pp_rank)))
+    except Exception as err:  # the parent raises it
+        conn.send((False, f"{type(err).__name__}: {err}"))
+
+
+def _stage_run(inp: PlanInput, pp_rank: int) -> tuple[int, dict[str, dict[str, dict[str, float]]]]:
     """(most live tensor bytes of `pp_rank`'s step less AdamW's moments, its data-parallel
     collectives per step): its stages under torch's own schedule (trainer/parallel/pp.py's
     Pipeline) on a fake (pp, dp_shard) group and fake tensors, FSDP2 on each stage over dp_shard as
@@ -238,26 +299,34 @@ def stage_run(inp: PlanInput, pp_rank: int) -> tuple[int, dict[str, dict[str, di
     bounds = pp_layer_bounds(cfg.n_layer, total)
     ids = stage_ids(inp, pp_rank)
     COUNTER.install()
-    with _fake_pipeline_group(inp.pp * dp, pp_rank * dp, (b, T, cfg.n_embd)) as group:
+    tp = inp.tp
+    # a stage's output under TP is the sequence-sharded local block output
+    with _fake_pipeline_group(inp.pp * dp * tp, pp_rank * dp * tp, (b, T // tp, cfg.n_embd)) as group:
         mesh = None
-        if dp > 1:  # the pipeline group is the mesh's pp dimension
+        if dp * tp > 1:  # the pipeline group is the mesh's pp dimension
             from torch.distributed.device_mesh import init_device_mesh
 
             with unset_fake_temporarily():  # a mesh's rank table is a real tensor
-                mesh = init_device_mesh("cpu", (inp.pp, replicas(inp), shard_degree(inp)),
-                                        mesh_dim_names=("pp", "dp_replicate", "dp_shard"))
+                mesh = init_device_mesh("cpu", (inp.pp, replicas(inp), shard_degree(inp), tp),
+                                        mesh_dim_names=("pp", "dp_replicate", "dp_shard", "tp"))
                 dp_mesh = mesh["dp_replicate", "dp_shard"] if replicas(inp) > 1 else mesh["dp_shard"]
+                tp_mesh = mesh["tp"]
             group = mesh.get_group("pp")
-            COUNTER.name_dims({d: mesh.get_group(d) for d in ("dp_replicate", "dp_shard")})
+            COUNTER.name_dims({d: mesh.get_group(d) for d in ("dp_replicate", "dp_shard", "tp")})
         with FakeTensorMode(allow_non_fake_inputs=True):
             model = TinyGPT(cfg, activation_checkpointing=inp.activation_checkpointing)
             mods: list[torch.nn.Module] = [model.stage(*bounds[s], embed=s == 0, head=s == total - 1) for s in ids]
+            if tp > 1:
+                from shardbench.trainer.parallel import tp as tp_plan
+
+                for m in mods:
+                    tp_plan.apply_tp(m, tp_mesh)
             if mesh is not None and shards(inp):
                 _shard(inp, mods, dp_mesh)
             pipe = Pipeline(mods, ids, total, group, inp.pp_schedule, inp.grad_accum, torch.device("cpu"))
             batches = [(torch.zeros((b, T), dtype=torch.long), torch.zeros((b, T), dtype=torch.long))
                        for _ in range(inp.grad_accum)]
-            amp = _autocast(inp)
+            amp = _context(inp)
             with amp():
                 pipe.step(batches)
             params = [p for m in mods for p in m.parameters()]
@@ -272,7 +341,8 @@ def stage_run(inp: PlanInput, pp_rank: int) -> tuple[int, dict[str, dict[str, di
                     pipe.step(batches)
             finally:
                 COUNTER.active = False
-            comm = {dim: ops for dim, ops in COUNTER.per_dim_step(1).items() if dim in ("dp_replicate", "dp_shard")}
+            comm = {dim: ops for dim, ops in COUNTER.per_dim_step(1).items()
+                    if dim in ("dp_replicate", "dp_shard", "tp")}
             COUNTER.reset()
             COUNTER._dims.clear()  # the fake groups die with the fake process group
             return int(tracker.peak) - 4 * local_numel(inp, pp_rank), comm
@@ -294,6 +364,23 @@ def _autocast(inp: PlanInput):
     if dtype is None or shards(inp):
         return contextlib.nullcontext
     return lambda: torch.autocast(device_type="cpu", dtype=dtype)
+
+
+def _context(inp: PlanInput):
+    """autocast (see _autocast), and TP's loss on vocabulary-sharded logits (the trainer's loss_context)."""
+    import contextlib
+
+    amp = _autocast(inp)
+    if inp.tp == 1:
+        return amp
+
+    @contextlib.contextmanager
+    def both():
+        from shardbench.trainer.parallel import tp as tp_plan
+
+        with tp_plan.loss_parallel(), amp():
+            yield
+    return both
 
 
 def _shard(inp: PlanInput, mods, mesh) -> None:
@@ -339,7 +426,8 @@ def optimizer_peak(inp: PlanInput, pp_rank: int) -> int:
         with tracker:
             torch.nn.utils.clip_grad_norm_(list(mods.parameters()), 1.0)
             opt.step()
-        return int(tracker.peak)
+        # under tp the rank steps its shards: the temporaries scale with its share of the elements
+        return int(tracker.peak) * tp_rank_params(inp, pp_rank).total // rank_params(inp, pp_rank).total
 
 
 def memory(inp: PlanInput) -> tuple[dict[str, int], int, list[dict]]:
