@@ -27,7 +27,7 @@ from shardbench.trainer.strategies import ddp
 def sum_hook(group, bucket):  # the bug: all-reduce without dividing by the world size
     return dist.all_reduce(bucket.buffer(), group=group, async_op=True).get_future().then(lambda f: f.value()[0])
 
-ddp.DDPStrategy.comm_hook = lambda self: sum_hook
+ddp.DDPStrategy.comm_hook = lambda self, group: (group, sum_hook)  # (state, hook), as DDP registers it
 from shardbench.trainer.cli import main
 sys.exit(main())
 '''
