@@ -173,7 +173,7 @@ def test_a_suite_killed_outright_takes_its_ranks_with_it(tmp_path, strategy, lau
     spec = one_spec(strategy, 2, launcher)
     run_dir = run_dir_for(tmp_path, spec)
     code = ("import pickle, sys, threading; from shardbench.suite.backends.local import LocalBackend; "
-            "from shardbench.suite import events; spec = pickle.loads(bytes.fromhex(sys.argv[1])); "
+            "from shardbench.suite.execute import events; spec = pickle.loads(bytes.fromhex(sys.argv[1])); "
             "LocalBackend().run(spec, sys.argv[2], events.ignore, threading.Event(), 600)")
     suite = subprocess.Popen([sys.executable, "-c", code, pickle.dumps(spec).hex(), str(run_dir)],
                              cwd=Path(__file__).resolve().parents[2])
