@@ -21,6 +21,14 @@ MATRIX = ["--strategies", "ddp", "--world-sizes", "1", "--seq-lens", "32", "--st
           "--timeout-s", "300", "--repeats", "1"]
 
 
+def _default_sigint() -> None:
+    """Ctrl-C's default action in the child, whatever this test inherited: a shell starting a
+    background job (`make test &`, nohup ... &) ignores SIGINT in it, and an ignored signal stays
+    ignored across exec, as a blocked one stays blocked (seen in a CI check: tee outlived its SIGINT)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def _started(results: Path) -> bool:
     return any("SHARDBENCH_PROGRESS" in p.read_text(errors="replace") for p in results.glob("*/log*.txt"))
 
@@ -31,9 +39,10 @@ def test_ctrl_c_under_tee_exits_130_and_keeps_the_record(tmp_path, quiet):
     env = dict(os.environ, PYTHONWARNINGS="ignore::FutureWarning")
     suite = subprocess.Popen([sys.executable, "-m", "shardbench.suite.cli", "run", "--results", str(res), *MATRIX,
                               *(["--quiet"] if quiet else [])], cwd=REPO, env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True,
+                             preexec_fn=_default_sigint)
     tee = subprocess.Popen(["tee", str(tmp_path / "log")], stdin=suite.stdout, stdout=subprocess.DEVNULL,
-                           start_new_session=True)
+                           start_new_session=True, preexec_fn=_default_sigint)
     suite.stdout.close()  # tee is now the pipe's only reader, as in a shell pipeline
     try:
         deadline = time.monotonic() + 120
@@ -41,7 +50,12 @@ def test_ctrl_c_under_tee_exits_130_and_keeps_the_record(tmp_path, quiet):
             time.sleep(0.2)
         assert _started(res), "the run never reached its first step"
         tee.send_signal(signal.SIGINT)  # what Ctrl-C does to the pipeline's every process
-        tee.wait(timeout=10)
+        try:
+            tee.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            status = Path(f"/proc/{tee.pid}/status").read_text()
+            pytest.fail("tee outlived SIGINT: " + " ".join(line for line in status.splitlines()
+                                                            if line.startswith(("State", "Sig"))))
         suite.send_signal(signal.SIGINT)
         code = suite.wait(timeout=90)
     finally:

@@ -75,10 +75,15 @@ def main() -> None:
     events, mark = memory_events(prof)
     r = replay(events, mark["ts"], mark["ts"] + mark["dur"])
     start = t.steps.tensor_start
-    print(json.dumps({"rank": t.dist.rank, "instrument_rise": t.steps.tensor_peak - start,
-                      "allocator_rise": r["peak"] - r["at_start"], "instrument_start": start,
-                      "allocator_start": r["at_start"], "missed_free_bytes": r["missed_at_start"],
-                      "unexplained_bytes": r["at_start"] - r["missed_at_start"] - start}), flush=True)
+    line = json.dumps({"rank": t.dist.rank, "instrument_rise": t.steps.tensor_peak - start,
+                       "allocator_rise": r["peak"] - r["at_start"], "instrument_start": start,
+                       "allocator_start": r["at_start"], "missed_free_bytes": r["missed_at_start"],
+                       "unexplained_bytes": r["at_start"] - r["missed_at_start"] - start})
+    # One write(2) of the whole line: both ranks share torchrun's stdout pipe, and a line under
+    # PIPE_BUF written at once is never interleaved with the other rank's (seen in CI: two ranks'
+    # objects on one line).
+    sys.stdout.flush()
+    os.write(1, (line + "\n").encode())
     if t.distributed:
         torch.distributed.barrier()
 

@@ -31,9 +31,20 @@ def _ranks(strategy: str) -> list[dict]:
            "--seq-len", "64", "--micro-batch", "2", "--steps", "3", "--warmup-steps", "1", "--precision", "fp32"]
     proc = subprocess.run(cmd, cwd=REPO, env=cpu_env(), capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    ranks = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith('{"rank"')]
+    ranks = _rank_objects(proc.stdout)
     assert len(ranks) == 2
     return ranks
+
+
+def _rank_objects(text: str) -> list[dict]:
+    """Every `{"rank": ...}` object in the output, wherever a line holds it (a launcher may prefix
+    or join lines)."""
+    decoder, found, at = json.JSONDecoder(), [], text.find('{"rank"')
+    while at >= 0:
+        obj, end = decoder.raw_decode(text, at)
+        found.append(obj)
+        at = text.find('{"rank"', end)
+    return found
 
 
 def _complete(ranks: list[dict]) -> list[dict]:
