@@ -13,6 +13,7 @@ from typing import Any
 
 from shardbench.suite.analyze import groups, stats
 from shardbench.suite.analyze.stats import Estimate
+from shardbench.trainer import knobs
 from shardbench.trainer.config import RunConfig
 
 NOT_AXES = groups.VERDICT_EXCEPT | groups.LAYOUT | frozenset({"seq_len", "resolved_global_batch"})
@@ -36,9 +37,13 @@ class AxisComparison:
     p: float | None
 
 
+_KNOBS = frozenset(f.name for f in fields(RunConfig))
+
+
 def _default(name: str) -> Any:
-    f = next((f for f in fields(RunConfig) if f.name == name), None)
-    return None if f is None or f.default is MISSING else f.default
+    """The knob's declared default (trainer.knobs.default); None for a setting that is no knob."""
+    value = knobs.default(name) if name in _KNOBS else None
+    return None if value is MISSING else value
 
 
 def _dump(v: Any) -> str:
