@@ -221,6 +221,20 @@ def test_cpu_step_time_takes_gloos_measured_links_and_the_shared_machine():
     assert gpu["compute_s"] == pytest.approx(one["compute_s"])
 
 
+def test_a_measured_zero_latency_stays_zero():
+    """A pre-flight on a loaded host can measure alpha 0 (its smallest message no slower than the
+    bandwidth term): the model keeps 0 and says so, where `alpha_us or 10` put the assumed 10 us
+    back (the CI run of stop 37 failed on exactly this)."""
+    from shardbench.trainer.plan.timing import link, step_time
+
+    measured = {"intra_node_GBps": 1.0, "gpus_per_node": 8, "alpha_us": 0.0}
+    assert link(measured, 2)[1] == 0.0 and link(measured, 16)[1] == 0.0
+    assert link({"gpus_per_node": 8}, 2)[1] == pytest.approx(10e-6)   # none measured: assumed
+    step = step_time(PlanInput("ddp", world_size=2), {"all_reduce": {"calls": 4.0, "bytes": 1e6}}, measured, None)
+    assert step["alpha_us"] == 0.0
+    assert step["comm_s"] == pytest.approx(1e6 * 1.0 / 1e9)
+
+
 def test_deepspeed_buckets_are_sized_as_allocated():
     """ZeRO-1/2 allocate their two reduce buckets in the model's dtype, ZeRO-3 its one in the
     communication dtype, each sized so that it holds --bucket-mib (trainer/ds_knobs.py): 25 in

@@ -104,9 +104,16 @@ def link(links: dict, world: int) -> tuple[float, float, str]:
     per_node = int(links.get("gpus_per_node") or 1) or 1
     if world <= per_node:
         bw = float(links.get("intra_node_GBps") or 100) * 1e9
-        return bw, float(links.get("alpha_us") or 10) * 1e-6, "intra-node"
+        return bw, alpha_seconds(links), "intra-node"
     bw = float(links.get("inter_node_GBps") or 25) * 1e9 / per_node
-    return bw, float(links.get("alpha_us") or 10) * 1e-6 * 2, "inter-node (per GPU share)"
+    return bw, alpha_seconds(links) * 2, "inter-node (per GPU share)"
+
+
+def alpha_seconds(links: dict) -> float:
+    """The latency per collective call: a measured 0 (a pre-flight whose smallest message took no
+    longer than its bandwidth term) is a measurement and stays 0; only an absent one is assumed 10 us."""
+    alpha_us = links.get("alpha_us")
+    return (10.0 if alpha_us is None else float(alpha_us)) * 1e-6
 
 
 def shared_slowdown(inp: PlanInput, links: dict) -> float:
