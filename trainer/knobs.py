@@ -107,6 +107,12 @@ def record_path(f: Field) -> tuple[str, ...]:
     return tuple((_meta(f, "record") or column(f)).split("."))
 
 
+def in_record(record: dict, name: str, cls: type = RunConfig) -> Any:
+    """Knob `name` of the run that made a result record: as given in its settings, else (an
+    older record) where the trainer wrote it (`record_path`); None where neither holds it."""
+    return _reader(next(f for f in fields(cls) if f.name == name))(record)
+
+
 def chart_keys(cls: type = RunConfig, under: str = "") -> dict[str, str]:
     """Field name -> its chart value outside `run:` (`chart_key=`), those under `under.` only
     and without that prefix (chart_keys(under="checkpoint") == {"checkpoint_every": "every", ...})."""
@@ -184,5 +190,5 @@ def chart_run_values(cfg: Any) -> dict[str, Any]:
 
 __all__ = ["SUITE_SET", "base_type", "by_section", "camel", "chart_fields", "chart_run_values", "column",
            "command_line",
-           "csv_columns", "default", "is_numeric", "knob_fields", "measured", "per_world", "same_loss",
+           "csv_columns", "default", "in_record", "is_numeric", "knob_fields", "measured", "per_world", "same_loss",
            "section", "settings"]

@@ -12,22 +12,21 @@ from typing import Any
 from shardbench.trainer.plan.inputs import PlanInput
 
 REPO = Path(__file__).resolve().parents[2]
-_FIELDS = set(PlanInput.__dataclass_fields__)
 
 
 def plan_input(spec) -> PlanInput:
     """A run spec as the planner's input (auto device and precision resolved as the trainer
     does: a shape with GPUs means cuda and bf16, else cpu and fp32)."""
-    # every knob the planner has a field for, first-class chart values (tp, dp_replicate) included
-    derived = {"strategy", "world_size", "model", "seq_len", "micro_batch", "grad_accum", "precision", "device"}
-    options = {k: getattr(spec.config, k) for k in _FIELDS - derived if hasattr(spec.config, k)}
-    device = spec.device
-    if device == "auto":
-        device = "cuda" if spec.peak_tflops else "cpu"
-    precision = spec.precision if spec.precision != "auto" else ("bf16" if device == "cuda" else "fp32")
-    return PlanInput(strategy=spec.strategy, world_size=spec.world_size, model=spec.model, seq_len=spec.seq_len,
-                     micro_batch=spec.micro_batch, grad_accum=spec.grad_accum, precision=precision, device=device,
-                     **options)
+    device, precision = resolved_device(spec.config)
+    return PlanInput.of(spec.config, world_size=spec.world_size, seq_len=spec.seq_len, grad_accum=spec.grad_accum,
+                        precision=precision, device=device)
+
+
+def resolved_device(cfg) -> tuple[str, str]:
+    """(device, precision) of a RunConfig with `auto` resolved as the trainer does."""
+    device = cfg.device if cfg.device != "auto" else ("cuda" if cfg.peak_tflops else "cpu")
+    precision = cfg.precision if cfg.precision != "auto" else ("bf16" if device == "cuda" else "fp32")
+    return device, precision
 
 
 def peak_bytes_per_rank(cfg, world_size: int) -> int:
@@ -36,12 +35,9 @@ def peak_bytes_per_rank(cfg, world_size: int) -> int:
     (suite/tune/tuner.py). Planned in this process."""
     from shardbench.trainer.plan.predict import predict
 
-    device = cfg.device if cfg.device != "auto" else ("cuda" if cfg.peak_tflops else "cpu")
-    precision = cfg.precision if cfg.precision != "auto" else ("bf16" if device == "cuda" else "fp32")
-    derived = {"strategy", "world_size", "seq_len", "grad_accum", "device", "precision"}
-    knobs = {k: getattr(cfg, k) for k in _FIELDS - derived if hasattr(cfg, k)}
-    inp = PlanInput(strategy=cfg.strategy, world_size=world_size, seq_len=cfg.effective_seq_len(),
-                    grad_accum=cfg.effective_grad_accum(world_size), device=device, precision=precision, **knobs)
+    device, precision = resolved_device(cfg)
+    inp = PlanInput.of(cfg, world_size=world_size, seq_len=cfg.effective_seq_len(),
+                       grad_accum=cfg.effective_grad_accum(world_size), device=device, precision=precision)
     plan = predict(inp)
     if device == "cpu":  # host and device memory are one: offload frees nothing there
         return int(plan["peak_bytes"])

@@ -1,10 +1,12 @@
 """What a plan is made for (torch-free): one run's shape, and the facts the formulas need."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
 
 from shardbench.trainer.config import model_config_of
-from shardbench.trainer.contract import STRATEGIES, StrategyInfo
+from shardbench.trainer.contract import StrategyInfo
+from shardbench.trainer import knobs
 from shardbench.trainer.knobs import default
 from shardbench.trainer.presets import PRESETS, ModelConfig
 
@@ -111,40 +113,29 @@ class PlanInput:
         return asdict(self)
 
     @classmethod
+    def of(cls, config: Any, **resolved: Any) -> "PlanInput":
+        """The plan input of anything holding RunConfig's fields (a RunConfig, a matrix's run
+        spec): each field of the plan from the field of that name, then `resolved` (what the
+        caller resolved first: world_size, grad_accum, seq_len, precision and device)."""
+        given = {f.name: getattr(config, f.name) for f in fields(cls) if hasattr(config, f.name)}
+        return cls(**{**given, **resolved})
+
+    @classmethod
     def from_record(cls, r: dict) -> "PlanInput":
-        """The plan input of a result record (what the run actually was)."""
-        m = r.get("model") or {}
-        base = PRESETS.get(m.get("preset") or "tiny", PRESETS["tiny"])
-        over = {k: m.get(k) for k in ("n_layer", "n_embd", "n_head", "vocab_size")
-                if m.get(k) is not None and m.get(k) != getattr(base, k)}
-        return cls(strategy=r["strategy"], world_size=int(r.get("world_size") or 1),
-                   model=m.get("preset") or "tiny", seq_len=r.get("seq_len") or None,
-                   micro_batch=int(r.get("micro_batch") or 1), grad_accum=int(r.get("grad_accum") or 1),
-                   precision=r.get("precision") or "fp32", grad_reduce_dtype=r.get("grad_reduce_dtype") or "fp32",
-                   fsdp_grad_sync=r.get("fsdp_grad_sync") or "every_micro_step",
-                   activation_checkpointing=bool(r.get("activation_checkpointing")),
-                   device=r.get("device") or "cpu",
-                   weight_decay=float((r.get("optimizer") or {}).get("weight_decay", 0.01)),
-                   bucket_mib=float(r.get("bucket_mib") or 25.0),
-                   reshard_after_forward=r.get("reshard_after_forward") is not False,
-                   tp=int((r.get("layout") or {}).get("tp") or 1),
-                   pp=int((r.get("layout") or {}).get("pp") or 1),
-                   pp_schedule=str((r.get("pipeline") or {}).get("schedule") or "1F1B"),
-                   pp_stages_per_rank=(r.get("pipeline") or {}).get("stages_per_rank"),
-                   tie_embeddings=(r.get("model") or {}).get("tie_embeddings", True) is not False,
-                   float8=str(r.get("float8") or "off"), ddp_comm_hook=str(r.get("ddp_comm_hook") or "none"),
-                   dp_replicate=int((r.get("layout") or {}).get("dp_replicate") or 1)
-                   if _replicates_shards(r.get("strategy")) else 1,
-                   offload=str((r.get("settings") or {}).get("offload") or "none"),
-                   zero_hpz_partition_size=int((r.get("settings") or {}).get("zero_hpz_partition_size") or 1),
-                   **over)
+        """The plan input of a result record: each knob as the run was given it (its settings,
+        through trainer/knobs.py in_record, as plan_input reads a run spec before the run), and
+        what the trainer resolved (RESOLVED) from the record's top level."""
+        given = {f.name: value for f in fields(cls)
+                 if f.name in _KNOBS and (value := knobs.in_record(r, f.name)) is not None}
+        resolved = {name: r[name] for name in RESOLVED if r.get(name) is not None}
+        return cls(**{**given, **resolved})
 
 
-def _replicates_shards(strategy: str | None) -> bool:
-    """Whether the record's layout degree dp_replicate is HSDP's replicate degree (a sharding
-    torch engine); DDP's record puts every data-parallel rank there."""
-    info = STRATEGIES.get(strategy or "")
-    return info is not None and info.engine == "fsdp"
+RESOLVED = ("strategy", "world_size", "grad_accum", "seq_len", "precision", "device")
+"""Fields a caller resolves before planning (world_size is not a knob, grad_accum comes from
+--global-batch, seq_len from the preset, precision and device from auto): a record holds them at
+its top level."""
+_KNOBS = frozenset(f.name for f in knobs.knob_fields())
 
 
 @dataclass
