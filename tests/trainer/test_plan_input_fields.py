@@ -35,7 +35,7 @@ def test_the_plan_builds_the_model_as_the_run_does():
 def _random_config(rng) -> tuple[RunConfig, int]:
     """A RunConfig with every planner knob drawn at random (choices from the field's type, numbers
     within its bounds), and a world size its degrees divide."""
-    from typing import Literal, get_args
+    from typing import Literal, get_args, get_origin
 
     tp, pp, rep = rng.choice([(1, 1, 1), (2, 1, 1), (1, 2, 1), (2, 2, 1), (1, 1, 2)])
     world = tp * pp * rep * rng.choice([1, 2])
@@ -44,7 +44,7 @@ def _random_config(rng) -> tuple[RunConfig, int]:
         if f.name in RESOLVED or f.name in values or f.name == "strategy":
             continue
         kind = knobs.base_type(RunConfig, f.name)
-        if typing_origin(kind) is Literal:
+        if get_origin(kind) is Literal:
             values[f.name] = rng.choice(get_args(kind))
         elif kind is bool:
             values[f.name] = rng.random() < 0.5
@@ -52,14 +52,10 @@ def _random_config(rng) -> tuple[RunConfig, int]:
             values[f.name] = rng.choice([None, 1, 2, 4]) if f.default is None else rng.choice([1, 2, 4])
         elif kind is float:
             values[f.name] = round(rng.uniform(0.0, 0.3), 4)
-    values.update(n_embd=64, n_head=rng.choice([2, 4]), vocab_size=rng.choice([None, 512]), seq_len=rng.choice([None, 32]))
+    values.update(n_embd=64, n_head=rng.choice([2, 4]), vocab_size=rng.choice([None, 512]),
+                  seq_len=rng.choice([None, 32]))
     strategy = rng.choice(["ddp", "fsdp"] if tp * pp * rep > 1 else sorted(STRATEGIES))
     return RunConfig(strategy=strategy, **values), world
-
-
-def typing_origin(kind):
-    import typing
-    return typing.get_origin(kind)
 
 
 def test_a_records_plan_input_is_the_runs_for_random_configurations():
@@ -71,7 +67,6 @@ def test_a_records_plan_input_is_the_runs_for_random_configurations():
 
     import torch
 
-    from shardbench.trainer.contract import STRATEGIES  # noqa: F401 - used by _random_config
     from shardbench.trainer.dist_env import DistEnv
     from shardbench.trainer.run_record import base_record
 
