@@ -25,10 +25,11 @@ lint: setup
 	$(VENV)/bin/ruff check
 	$(VENV)/bin/mypy
 
-# pytest in two sessions: the fast subset (single-process tests) on two xdist workers, then the
-# slow one (multi-rank runs pinned one rank per core, fault tests waiting on detection) alone.
+# pytest in two sessions, each on two xdist workers: the fast subset (single-process tests), then
+# the slow one (multi-rank runs, fault tests waiting on detection) with each file on one worker
+# (--dist loadfile: a module's fixture of real runs runs once, not once per worker).
 # Both always run; the target fails when either did.
 test: tools lint
 	PYTHONWARNINGS=ignore::FutureWarning $(PY) -m pytest -q -n 2 -m "not slow"; fast=$$?; \
-	PYTHONWARNINGS=ignore::FutureWarning $(PY) -m pytest -q -m slow; slow=$$?; \
+	PYTHONWARNINGS=ignore::FutureWarning $(PY) -m pytest -q -n 2 --dist loadfile -m slow; slow=$$?; \
 	test $$fast -eq 0 && test $$slow -eq 0

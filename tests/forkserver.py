@@ -1,16 +1,18 @@
-"""One-rank trainer runs without paying torch's and DeepSpeed's import each time.
+"""Trainer runs without paying torch's and DeepSpeed's import in each process.
 
-A one-process `python -m shardbench.trainer` spends most of its wall time importing (torch,
-DeepSpeed, the trainer: 4-8 s of a 10 s run on this 2-core machine). A fork server imports them
-once per pytest session (per xdist worker), in a process that has run no torch op and started no
-thread, and forks a child per run: the child sets the run's environment and working directory,
-points fds 0/1/2 at /dev/null and two files, and calls `shardbench.trainer.cli.main(argv)`,
-which ends with os._exit as a real run does. So each run is still its own process (its own
-process group, signals, affinity, threads and exit), only its imports are inherited.
+A `python -m shardbench.trainer` spends most of its wall time importing (torch, DeepSpeed, the
+trainer: 4-8 s of a 10 s run on this 2-core machine), and torchrun adds its own interpreter. A
+fork server imports them once per pytest session (per xdist worker), in a process that has run no
+torch op and started no thread, and forks a child per rank: the child sets the run's environment
+and working directory, points fds 0/1/2 at /dev/null and two files, and calls
+`shardbench.trainer.cli.main(argv)`, which ends with os._exit as a real run does. So each rank is
+still its own process (its own process group, signals, affinity, threads and exit), only its
+imports are inherited. The ranks of a multi-rank run get the environment torchrun gives its
+workers and share the first rank's process group; no torchrun process runs.
 
-Not for: runs under a launcher (torchrun/mpirun/deepspeed start their own ranks), runs whose
-start-up is what a test measures (the record's time_to_first_step_s starts at the fork), and an
-environment that changes what the imports saw (`_IMPORT_ENV`): those fall back to a subprocess.
+Not for: runs under mpirun or the DeepSpeed launcher, runs whose launcher or start-up is what a
+test checks (the record's time_to_first_step_s starts at the fork), and an environment that
+changes what the imports saw (`_IMPORT_ENV`): those run as subprocesses.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import json
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -53,39 +56,72 @@ import importlib.util
 MAIN = importlib.util.find_spec("shardbench.trainer.__main__").origin
 sys.stdout.flush()
 print(json.dumps({"ready": os.getpid()}), file=proto_out, flush=True)
+import signal, time
+def start(req, rank_req, group):
+    # Fork one rank; in the child: its group, fds, environment and cli.main (never returns).
+    pid = os.fork()
+    if pid:
+        try:
+            os.setpgid(pid, group or pid)  # also here: the child may not have run yet
+        except OSError:
+            pass
+        return pid
+    code = 1
+    try:
+        os.setpgid(0, group)  # its own group (the first rank's), as a subprocess the test kills on a timeout
+        proto_out.close()
+        os.chdir(req["cwd"])
+        os.environ.clear()
+        os.environ.update(rank_req["env"])
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        for fd, path in ((1, rank_req["stdout"]), (2, rank_req["stderr"])):
+            out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.dup2(out, fd)
+            os.close(out)
+        sys.argv = [MAIN, *req["argv"]]
+        code = cli.main(req["argv"])
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        os._exit(code)
+def reap(pids, group):
+    # Exit codes by rank. As torchrun's agent does, a rank that fails gets the others stopped:
+    # SIGTERM after FAIL_GRACE_S (they may be finishing their own failure), SIGKILL 10 s later.
+    codes, failed_at = {}, None
+    while len(codes) < len(pids):
+        for pid in [p for p in pids if p not in codes]:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                codes[pid] = os.waitstatus_to_exitcode(status)
+                if codes[pid] != 0 and failed_at is None:
+                    failed_at = time.monotonic()
+        if failed_at is not None:
+            late = time.monotonic() - failed_at
+            for limit, sig in ((FAIL_GRACE_S + 10, signal.SIGKILL), (FAIL_GRACE_S, signal.SIGTERM)):
+                if late > limit:
+                    try:
+                        os.killpg(group, sig)
+                    except ProcessLookupError:
+                        pass
+                    break
+        time.sleep(0.02)
+    return [codes[p] for p in pids]
+FAIL_GRACE_S = 10.0
 for line in proto_in:
     req = json.loads(line)
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            os.setpgid(0, 0)  # its own group, as a subprocess the test kills on a timeout
-            proto_out.close()
-            os.chdir(req["cwd"])
-            os.environ.clear()
-            os.environ.update(req["env"])
-            null = os.open(os.devnull, os.O_RDONLY)
-            os.dup2(null, 0)
-            for fd, path in ((1, req["stdout"]), (2, req["stderr"])):
-                out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-                os.dup2(out, fd)
-                os.close(out)
-            sys.argv = [MAIN, *req["argv"]]
-            code = cli.main(req["argv"])
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        except BaseException:
-            traceback.print_exc()
-        finally:
-            for stream in (sys.stdout, sys.stderr):
-                try:
-                    stream.flush()
-                except Exception:
-                    pass
-            os._exit(code)
-    print(json.dumps({"pid": pid}), file=proto_out, flush=True)
-    _, status = os.waitpid(pid, 0)
-    print(json.dumps({"rc": os.waitstatus_to_exitcode(status)}), file=proto_out, flush=True)
+    pids = []
+    for rank_req in req["ranks"]:
+        pids.append(start(req, rank_req, pids[0] if pids else 0))
+    print(json.dumps({"pid": pids[0]}), file=proto_out, flush=True)
+    print(json.dumps({"rcs": reap(pids, pids[0])}), file=proto_out, flush=True)
 """ % (PRELOAD,)
 
 _IMPORT_ENV = ("PYTHONPATH", "PYTHONWARNINGS", "PYTHONHASHSEED", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS",
@@ -106,26 +142,31 @@ class ForkServer:
     def fits(self, env: dict[str, str]) -> bool:
         return all(env.get(k) == self.env.get(k) for k in _IMPORT_ENV)
 
-    def run(self, argv: list[str], env: dict[str, str], cwd: Path, timeout: float) -> tuple[int, str, str]:
-        """(exit code, stdout, stderr) of one trainer run; subprocess.TimeoutExpired after killing
-        it when it outlives `timeout`, as subprocess.run does."""
+    def run(self, argv: list[str], env: dict[str, str], cwd: Path, timeout: float,
+            nproc: int = 1) -> tuple[int, str, str]:
+        """(exit code, stdout, stderr) of one trainer run of `nproc` ranks (each rank's output in
+        rank order); subprocess.TimeoutExpired after killing every rank when it outlives
+        `timeout`, as subprocess.run does. More than one rank: each gets the environment torchrun
+        gives its workers (rank, local rank, sizes, rendezvous address) and the first failure
+        stops the others as torchrun's agent does; the exit code is the first failed rank's."""
         with self._lock:
-            out, err = Path(self._tmp.name) / "stdout", Path(self._tmp.name) / "stderr"
-            req = {"argv": argv, "env": env, "cwd": str(cwd), "stdout": str(out), "stderr": str(err)}
-            self._proc.stdin.write(json.dumps(req) + "\n")  # type: ignore[union-attr]
+            tmp = Path(self._tmp.name)
+            port = free_port()
+            ranks = [{"env": rank_env(env, rank, nproc, port), "stdout": str(tmp / f"stdout-{rank}"),
+                      "stderr": str(tmp / f"stderr-{rank}")} for rank in range(nproc)]
+            self._proc.stdin.write(json.dumps({"argv": argv, "cwd": str(cwd), "ranks": ranks}) + "\n")  # type: ignore[union-attr]
             self._proc.stdin.flush()  # type: ignore[union-attr]
-            pid = json.loads(self._read(30.0))["pid"]
+            group = json.loads(self._read(30.0))["pid"]
             try:
-                rc = json.loads(self._read(timeout))["rc"]
+                codes = json.loads(self._read(timeout))["rcs"]
             except TimeoutError:
                 try:
-                    os.killpg(pid, signal.SIGKILL)
+                    os.killpg(group, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
                 self._read(30.0)
-                raise subprocess.TimeoutExpired(["shardbench.trainer", *argv], timeout,
-                                                out.read_text(errors="replace"), err.read_text(errors="replace"))
-            return rc, out.read_text(errors="replace"), err.read_text(errors="replace")
+                raise subprocess.TimeoutExpired(["shardbench.trainer", *argv], timeout, *outputs(ranks))
+            return (next((c for c in codes if c != 0), 0), *outputs(ranks))
 
     def _read(self, timeout: float) -> str:
         """One protocol line, read from the fd itself (a buffered reader could hold the next
@@ -147,6 +188,27 @@ class ForkServer:
             self._proc.kill()
             self._proc.wait()
         self._tmp.cleanup()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rank_env(env: dict[str, str], rank: int, nproc: int, port: int) -> dict[str, str]:
+    """A rank's environment: the run's, plus what torchrun sets for a worker when nproc > 1."""
+    if nproc == 1:
+        return env
+    return {**env, "RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0", "ROLE_RANK": str(rank),
+            "WORLD_SIZE": str(nproc), "LOCAL_WORLD_SIZE": str(nproc), "ROLE_WORLD_SIZE": str(nproc),
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+
+
+def outputs(ranks: list[dict]) -> tuple[str, str]:
+    """(stdout, stderr): every rank's, in rank order."""
+    return tuple("".join(Path(r[name]).read_text(errors="replace") if Path(r[name]).exists() else ""
+                         for r in ranks) for name in ("stdout", "stderr"))  # type: ignore[return-value]
 
 
 _SERVER: ForkServer | None = None

@@ -48,12 +48,14 @@ class SharedRun(Run):
 
 
 def shared_run(args: list[str], launcher: str | None = None, nproc: int = 1, master_env: bool = True,
-               timeout: float = 300) -> SharedRun:
-    """The trainer run of this exact command line, run once per test session."""
+               timeout: float = 300, fork: bool = True) -> SharedRun:
+    """The trainer run of this exact command line, run once per test session (forked from the fork
+    server or not: tests/trainer/conftest.py run_trainer)."""
     if _root is None:
         raise RuntimeError("tests/conftest.py sets the shared-run root at session start")
     env = {k: v for k, v in sorted(os.environ.items()) if k.startswith(_ENV_PREFIXES)}
-    key = json.dumps({"args": args, "launcher": launcher, "nproc": nproc, "master_env": master_env, "env": env})
+    key = json.dumps({"args": args, "launcher": launcher, "nproc": nproc, "master_env": master_env, "fork": fork,
+                      "env": env})
     where = _root / hashlib.sha256(key.encode()).hexdigest()[:16]
     where.mkdir(exist_ok=True)
     with open(where / ".lock", "w") as lock:
@@ -64,7 +66,8 @@ def shared_run(args: list[str], launcher: str | None = None, nproc: int = 1, mas
         else:
             (where / "key.json").write_text(key)
             real = [a.replace(SHARED, str(where)) for a in args]
-            run = run_trainer(real, where, launcher=launcher, nproc=nproc, timeout=timeout, master_env=master_env)
+            run = run_trainer(real, where, launcher=launcher, nproc=nproc, timeout=timeout, master_env=master_env,
+                              fork=fork)
             saved = {"returncode": run.returncode, "stdout": run.stdout, "stderr": run.stderr}
             tmp = done.with_suffix(".tmp")
             tmp.write_text(json.dumps(saved))

@@ -208,7 +208,7 @@ def test_every_rank_sees_the_rendered_env(emulation_ready, tmp_path, launcher):
 
 # Longer than ssh's own patience (the operator's `-o ConnectionAttempts=10`, about 10 s), so a
 # launcher that did not wait would fail its first ssh.
-LATE_S = 20
+LATE_S = 8
 
 
 def test_launcher_waits_for_a_late_worker(emulation_ready, tmp_path):

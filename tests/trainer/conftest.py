@@ -40,6 +40,8 @@ class Run:
     returncode: int
     stdout: str
     stderr: str
+    forked: bool = False
+    """Forked from the session's fork server (tests/forkserver.py), not a fresh interpreter."""
 
     @property
     def record(self) -> dict:
@@ -62,18 +64,19 @@ def command(args: list[str], launcher: str | None, nproc: int, tmp: Path) -> lis
 def run_trainer(args: list[str], tmp: Path, launcher: str | None = None, nproc: int = 1,
                 timeout: float = 300, master_env: bool = True, fork: bool = True) -> Run:
     """Run the trainer to the end. mpirun ranks get MASTER_ADDR/PORT from the environment unless
-    master_env is False: then rank 0 must share its address through mpi4py. A one-process run is
-    forked from the session's fork server (tests/forkserver.py: torch and DeepSpeed imported
-    once) unless fork is False: pass that where the run's start-up itself is under test."""
+    master_env is False: then rank 0 must share its address through mpi4py. A one-process run,
+    and a torchrun run's ranks, are forked from the session's fork server (tests/forkserver.py:
+    torch and DeepSpeed imported once; the ranks get torchrun's environment, no torchrun runs)
+    unless fork is False: pass that where the start-up or the launcher itself is under test."""
     env = cpu_env()
     if launcher == "mpirun" and master_env:
         env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    if launcher is None and fork:
+    if fork and (launcher is None or launcher == "torchrun"):
         from tests import forkserver
 
         server = forkserver.server(env)
         if server is not None and server.fits(env):
-            return Run(*server.run(args, env, REPO, timeout))
+            return Run(*server.run(args, env, REPO, timeout, nproc), forked=True)
     proc = subprocess.run(command(args, launcher, nproc, tmp), cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=timeout)
     return Run(proc.returncode, proc.stdout, proc.stderr)

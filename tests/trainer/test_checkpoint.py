@@ -14,12 +14,11 @@ import pytest
 
 from tests.trainer.conftest import run_trainer
 from shardbench.trainer import checkpoint
-from shardbench.trainer.contract import STRATEGIES as STRATEGY_TABLE, default_launcher
+from shardbench.trainer.contract import STRATEGIES as STRATEGY_TABLE
 
 pytestmark = pytest.mark.slow  # multi-process runs
 
 STRATEGIES = list(STRATEGY_TABLE)  # a new row of the contract's table runs here too
-LAUNCHER = {**{s: default_launcher(s) for s in STRATEGIES}, "zero3": "mpirun"}
 STEPS, EVERY = 8, 3
 COMMON = ["--model", "tiny", "--seq-len", "32", "--global-batch", "8", "--steps", str(STEPS),
           "--warmup-steps", "1", "--precision", "fp32", "--seed", "11", "--lr", "1e-3",
@@ -31,7 +30,9 @@ NO_SAVES = ("--resume-allow", "checkpointing")
 
 def train(strategy: str, world: int, tmp: Path, *extra: str):
     args = ["--strategy", strategy, "--micro-batch", str(4 // world), *COMMON, *extra]
-    run = run_trainer(args, tmp, launcher=LAUNCHER[strategy] if world > 1 else None, nproc=world)
+    # Ranks forked with torchrun's environment (tests/forkserver.py): checkpointing is under test
+    # here, not the launchers (test_strategies runs each strategy under its own).
+    run = run_trainer(args, tmp, launcher="torchrun" if world > 1 else None, nproc=world)
     assert run.returncode == 0, run.stderr[-3000:]
     return run.record
 

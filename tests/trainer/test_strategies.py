@@ -31,9 +31,10 @@ def reference(strategy: str, world: int):
     and test_measurement compare against the same runs instead of training their own."""
     if world == 1:
         return shared_run(["--strategy", strategy, "--micro-batch", "4", *COMMON])
-    # zero3 under mpirun finds its rendezvous through mpi4py (no MASTER_ADDR given).
+    # zero3 under mpirun finds its rendezvous through mpi4py (no MASTER_ADDR given). The launchers
+    # are under test here: real ones (fork=False), not ranks forked with torchrun's environment.
     return shared_run(["--strategy", strategy, "--micro-batch", "2", *COMMON], launcher=LAUNCHER_AT_2[strategy],
-                      nproc=2, master_env=strategy != "zero3")
+                      nproc=2, master_env=strategy != "zero3", fork=False)
 
 
 @pytest.fixture(scope="module")
