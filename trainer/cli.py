@@ -22,7 +22,7 @@ from shardbench.trainer import contract, rules
 from shardbench.trainer.fsprobe import probe_writable
 from shardbench.trainer.config import ConfigError, RunConfig, parse_args
 from shardbench.trainer.dist_env import detect
-from shardbench.trainer.lifeline import announce_rank0, hold_for_rank0, tie_to_launcher
+from shardbench.trainer.lifeline import announce_rank0, close_peer_connections, hold_for_rank0, tie_to_launcher
 from shardbench.trainer.record import START_STAMP, emit, write_atomic
 from shardbench.trainer.streams import tolerate_closed_readers
 
@@ -120,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         _report(record, cfg, denv.rank)  # the record first: nothing printed may come before it
         print(f"rank {denv.rank}: {record.status}: {record.error}", file=sys.stderr, flush=True)
         if denv.rank != 0:
+            close_peer_connections()  # rank 0 may wait in a collective for this rank: free it to report
             hold_for_rank0(cfg.output_dir, process_start)  # mpirun ends rank 0 once this rank exits
         _release_signals()
         _end_metrics(metrics, record, cfg, hold=not isinstance(exc, Terminated))  # stopped: no lingering

@@ -35,7 +35,8 @@ LAUNCHER_WORDS = ("mpirun", "mpiexec", "prterun", "prted", "orterun", "orted", "
 RANK0_MARKER = ".rank0-reporting"
 """In the trainer's output dir: `host pid starttime` of the rank 0 that is writing result.json."""
 RANK0_START_S = 1.0
-"""How long a failed non-zero rank waits for rank 0 to start reporting."""
+"""How long a failed non-zero rank waits for rank 0 to start reporting (its connections to rank 0
+already shut: close_peer_connections)."""
 RANK0_HOLD_S = 10.0
 """At most this long a failed non-zero rank waits for rank 0's record (a stuck rank 0 costs this)."""
 HARD_EXIT_GRACE_S = 30.0
@@ -141,6 +142,35 @@ def _rank0_busy(output_dir: str, since: float) -> bool | None:
     fields = _stat(int(pid)) if pid.isdigit() else None
     return (host == socket.gethostname() and fields is not None and len(fields) > 19
             and fields[19] == ident and fields[0] not in ("T", "t", "Z", "X"))
+
+
+def close_peer_connections() -> int:
+    """A failing non-zero rank, before it holds: shut down its connected TCP sockets (gloo's pairs
+    to the other ranks, the rendezvous store). Rank 0 may be blocked in a collective this rank
+    will never join, and its SIGTERM handler cannot run until that call returns: with the
+    connections shut, the call fails at once and rank 0 reports; without, it returned only when
+    this rank exited, which is when prterun SIGKILLs rank 0 (its record lost in 4 of 14 SIGTERMs
+    to mpirun on a loaded host). Unix sockets (PMIx, the launcher's) are left alone. Returns how
+    many were shut."""
+    import socket
+
+    shut = 0
+    for name in os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else []:
+        try:
+            if not os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
+                continue
+            sock = socket.socket(fileno=os.dup(int(name)))  # family and type read from the fd
+        except (OSError, ValueError):
+            continue
+        with sock:  # closes the duplicate only; shutdown() acts on the connection itself
+            try:
+                if sock.family in (socket.AF_INET, socket.AF_INET6) and sock.type == socket.SOCK_STREAM:
+                    sock.getpeername()  # connected (a listening socket, e.g. the metrics port, is kept)
+                    sock.shutdown(socket.SHUT_RDWR)
+                    shut += 1
+            except OSError:
+                pass
+    return shut
 
 
 def hold_for_rank0(output_dir: str | None, since: float, limit_s: float = RANK0_HOLD_S) -> None:

@@ -183,3 +183,48 @@ def test_sigterm_to_the_launcher_gives_a_failed_record_and_no_orphans(tmp_path, 
     # Rank 0 reports SIGTERM, or the broken collective when the other rank stopped first.
     assert record["status"] == "failed" and record["error"]
     assert record["measured_steps"] >= 2 and record["tokens_per_s"] > 0
+
+
+BLOCKED_RANK0 = r"""
+import os, sys, time, torch, torch.distributed as dist
+from datetime import timedelta
+from shardbench.trainer.lifeline import close_peer_connections
+rank, port, flag, close = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4] == "close"
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                        timeout=timedelta(seconds=120))
+dist.all_reduce(torch.ones(4))  # both in step
+if rank == 0:
+    try:
+        dist.all_reduce(torch.ones(4))  # rank 1 never joins this one
+    except RuntimeError as exc:
+        open(flag, "w").write(str(exc)[:200])
+    os._exit(0)
+if close:
+    print("shut", close_peer_connections(), flush=True)
+deadline = time.time() + 8  # alive, as a holding rank is, until rank 0 is free (or 8 s)
+while time.time() < deadline and not os.path.exists(flag):
+    time.sleep(0.05)
+print("rank 0 freed while rank 1 lived" if os.path.exists(flag) else "rank 0 still blocked", flush=True)
+os._exit(0)
+"""
+
+
+def test_a_failing_rank_frees_rank_0_from_the_collective_it_will_never_join(tmp_path):
+    """The record lost to a SIGTERM to mpirun on a loaded host (4 of 14 times, 6 CPU burners):
+    rank 0 sat in a collective rank 1 would never join, so its SIGTERM handler could not run until
+    rank 1 exited, and that is when prterun SIGKILLs it. trainer/lifeline.py
+    close_peer_connections (called by a failing non-zero rank before it holds for rank 0) shuts
+    rank 1's TCP connections: rank 0's collective fails while rank 1 still lives. Without the
+    call (the old path) rank 0 stays blocked as long as rank 1 lives."""
+    def run(close: bool) -> str:
+        flag, port = tmp_path / f"freed-{close}", str(free_port())
+        procs = [subprocess.Popen([sys.executable, "-c", BLOCKED_RANK0, str(rank), port, str(flag),
+                                   "close" if close else "keep"], cwd=REPO, env=cpu_env(), stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
+        outs = [p.communicate(timeout=120) for p in procs]
+        return outs[1][0] + outs[1][1][-2000:] + outs[0][1][-2000:]
+
+    freed = run(close=True)
+    assert "rank 0 freed while rank 1 lived" in freed and "shut 0" not in freed, freed
+    kept = run(close=False)
+    assert "rank 0 still blocked" in kept, kept
