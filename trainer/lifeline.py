@@ -16,9 +16,10 @@ soon as one rank exits after a SIGTERM (its sleep before SIGKILL ends on SIGCHLD
 before rank 0 has renamed its result.json. So rank 0, as it starts reporting a failure, leaves a
 marker (`announce_rank0`: host, pid, start time) in its output dir, and every other rank that
 fails holds its exit (`hold_for_rank0`) while that rank 0 lives on this host, runs (not stopped)
-and has not written its record, for at most RANK0_HOLD_S. A rank 0 that has not started reporting
-within RANK0_START_S is not waited for: it may be blocked in a collective that only this rank's
-exit (its closed sockets) ends.
+and has not written its record, for at most RANK0_HOLD_S. Before holding, that rank shuts its TCP
+connections (`close_peer_connections`), so a rank 0 blocked in a collective this rank will never
+join is freed at once instead of at this rank's exit. A rank 0 that has not started reporting
+within RANK0_START_S is not waited for.
 """
 from __future__ import annotations
 
