@@ -95,7 +95,7 @@ def start(req, rank_req, group):
 def reap(pids, group):
     # Exit codes by rank. As torchrun's agent does, a rank that fails gets the others stopped:
     # SIGTERM after FAIL_GRACE_S (they may be finishing their own failure), SIGKILL 10 s later.
-    codes, failed_at = {}, None
+    codes, failed_at, sent = {}, None, set()
     while len(codes) < len(pids):
         for pid in [p for p in pids if p not in codes]:
             done, status = os.waitpid(pid, os.WNOHANG)
@@ -103,15 +103,14 @@ def reap(pids, group):
                 codes[pid] = os.waitstatus_to_exitcode(status)
                 if codes[pid] != 0 and failed_at is None:
                     failed_at = time.monotonic()
-        if failed_at is not None:
-            late = time.monotonic() - failed_at
-            for limit, sig in ((FAIL_GRACE_S + 10, signal.SIGKILL), (FAIL_GRACE_S, signal.SIGTERM)):
-                if late > limit:
-                    try:
-                        os.killpg(group, sig)
-                    except ProcessLookupError:
-                        pass
-                    break
+        late = 0.0 if failed_at is None else time.monotonic() - failed_at
+        for limit, sig in ((FAIL_GRACE_S, signal.SIGTERM), (FAIL_GRACE_S + 10, signal.SIGKILL)):
+            if late > limit and sig not in sent:  # each once, as torchrun's agent sends them
+                sent.add(sig)
+                try:
+                    os.killpg(group, sig)
+                except ProcessLookupError:
+                    pass
         time.sleep(0.02)
     return [codes[p] for p in pids]
 FAIL_GRACE_S = 10.0

@@ -43,9 +43,14 @@ def measured(cls: type = RunConfig) -> list[Field]:
     return [f for f in knob_fields(cls) if not _meta(f, "recorded_only")]
 
 
+def field_of(name: str, cls: type = RunConfig) -> Field:
+    """RunConfig's field of that name."""
+    return next(f for f in fields(cls) if f.name == name)
+
+
 def default(name: str, cls: type = RunConfig) -> Any:
     """RunConfig's default of a field (MISSING for strategy): the one place it is written."""
-    f = next(f for f in fields(cls) if f.name == name)
+    f = field_of(name, cls)
     return f.default_factory() if f.default_factory is not MISSING else f.default
 
 
@@ -110,7 +115,7 @@ def record_path(f: Field) -> tuple[str, ...]:
 def in_record(record: dict, name: str, cls: type = RunConfig) -> Any:
     """Knob `name` of the run that made a result record: as given in its settings, else (an
     older record) where the trainer wrote it (`record_path`); None where neither holds it."""
-    return _reader(next(f for f in fields(cls) if f.name == name))(record)
+    return _reader(field_of(name, cls))(record)
 
 
 def chart_keys(cls: type = RunConfig, under: str = "") -> dict[str, str]:
@@ -189,6 +194,5 @@ def chart_run_values(cfg: Any) -> dict[str, Any]:
 
 
 __all__ = ["SUITE_SET", "base_type", "by_section", "camel", "chart_fields", "chart_run_values", "column",
-           "command_line",
-           "csv_columns", "default", "in_record", "is_numeric", "knob_fields", "measured", "per_world", "same_loss",
-           "section", "settings"]
+           "command_line", "csv_columns", "default", "field_of", "in_record", "is_numeric", "knob_fields",
+           "measured", "per_world", "same_loss", "section", "settings"]

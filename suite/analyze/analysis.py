@@ -36,6 +36,19 @@ from shardbench.suite.analyze.stats import Estimate, estimate, exact, finite, ra
 from shardbench.suite.analyze.verdicts import MIN_REPEATS, NOISE_CV_LIMIT, Verdict, decide, noise_flag  # noqa: F401
 from shardbench.trainer import knobs
 
+def splitting_keys(configs: list["MeasuredConfig"], varying: list[str], extra: list[str],
+                   label: Any) -> list[str]:
+    """The keys a line or point shows: `varying`, plus the fewest of `extra` (first without the
+    global batch, then all) that give every configuration its own (label(c, keys), world size).
+    A grad-accum or global-batch sweep shares a label without them: one configuration was dropped."""
+    for more in ([], [k for k in extra if k != "resolved_global_batch"], extra):
+        keys = sorted([*varying, *more])
+        cells = [(label(c, keys), int(c.world_size)) for c in configs]
+        if len(set(cells)) == len(cells):
+            return keys
+    return sorted([*varying, *extra])
+
+
 CONFIG_KEYS = ["config_id", "strategy", "world_size", "model", "seq_len", "micro_batch", "grad_accum",
                "precision", "gpu_shape", "device", "launcher"]
 """Not knob-derived on purpose: record columns, not knobs (config_id, world_size, gpu_shape are

@@ -41,11 +41,10 @@ MAX_RESULT_BYTES = 64 * 1024 ** 2
 
 def _knob(name: str) -> Callable[[dict], Any]:
     """A knob's value where the record holds what the trainer ran (`knob(record=)`)."""
-    return _get(*knobs.record_path(next(f for f in knobs.knob_fields() if f.name == name)))
+    return _get(*knobs.record_path(knobs.field_of(name)))
 
 
 # (column, description, how to read it from a record). The order is the CSV's.
-
 COLUMNS: list[tuple[str, str, Callable[[dict], Any]]] = [
     ("run_id", "run id (readable prefix; schema 2 adds a short hash)", _get("run_id")),
     ("config_id", "configuration: runs that differ only by repeat share it", _config_id),

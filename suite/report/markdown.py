@@ -280,12 +280,7 @@ def _line_keys(configs: list[MeasuredConfig]) -> list[str]:
     would share a cell without them (a grad-accum or global-batch sweep: one was dropped)."""
     varying = sweep(configs, groups.BASE_EXCEPT | {"resolved_global_batch"}, by_preset=True)
     extra = [k for k in sweep(configs, frozenset(), by_preset=True) if k not in varying and k not in groups.LAYOUT]
-    for more in ([], [k for k in extra if k != "resolved_global_batch"], extra):
-        keys = sorted([*varying, *more])
-        cells = [(*_line(c, keys), int(c.world_size)) for c in configs]
-        if len(set(cells)) == len(cells):
-            return keys
-    return sorted([*varying, *extra])
+    return an_mod.splitting_keys(configs, varying, extra, _line)
 
 
 def loss_section(an: Analysis) -> str:

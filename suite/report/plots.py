@@ -17,7 +17,7 @@ matplotlib.use("Agg")  # files only: no display on a server or in CI
 import matplotlib.pyplot as plt  # noqa: E402
 
 from shardbench.suite.analyze import groups  # noqa: E402
-from shardbench.suite.analyze.analysis import STATE_PARTS, Analysis, MeasuredConfig  # noqa: E402
+from shardbench.suite.analyze.analysis import STATE_PARTS, Analysis, MeasuredConfig, splitting_keys  # noqa: E402
 from shardbench.suite.analyze.stats import finite  # noqa: E402
 
 
@@ -103,11 +103,7 @@ def _varying(configs: list[MeasuredConfig]) -> list[str]:
     # A grad-accum or global-batch sweep: two points of one line at one world size without them.
     extra = sorted({k for s in by_strategy.values() for k in groups.differences(s, frozenset({"strategy"}))}
                    - set(varying) - groups.LAYOUT)
-    for more in ([], [k for k in extra if k != "resolved_global_batch"], extra):
-        points = [(_label(c, sorted([*varying, *more])), c.world_size) for c in configs]
-        if len(set(points)) == len(points):
-            return sorted([*varying, *more])
-    return sorted([*varying, *extra])
+    return splitting_keys(configs, varying, extra, _label)
 
 
 def _label(c: MeasuredConfig, varying: list[str]) -> str:
