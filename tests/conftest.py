@@ -19,13 +19,16 @@ def sigpipe_stays_ignored():
 
 @pytest.fixture(scope="session", autouse=True)
 def shared_runs_and_fork_server(tmp_path_factory):
-    """Where this session's shared reference runs live (tests/reference_runs.py: one directory
-    for all xdist workers), and the one-rank fork server's end (tests/forkserver.py)."""
+    """Where this session's shared reference runs and kept plans live (tests/reference_runs.py:
+    one directory for all xdist workers), and the one-rank fork server's end (tests/forkserver.py)."""
     import os
 
     from tests import forkserver, reference_runs
 
     base = tmp_path_factory.getbasetemp()
-    reference_runs.set_root((base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared-runs")
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    reference_runs.set_root(shared / "shared-runs")
+    # the planner's kept predictions (suite/matrix/plan_cache.py): the session's, never ~/.cache
+    os.environ.setdefault("SHARDBENCH_CACHE_DIR", str(shared / "cache"))
     yield
     forkserver.close()

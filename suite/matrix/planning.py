@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from shardbench.suite.matrix import plan_cache
 from shardbench.trainer.plan.inputs import PlanInput
 
 REPO = Path(__file__).resolve().parents[2]
@@ -45,28 +46,43 @@ def peak_bytes_per_rank(cfg, world_size: int) -> int:
 
 
 def predict_specs(specs, timeout_s: float = 600) -> tuple[dict[str, dict], str | None]:
-    """({run id: prediction}, why none were made). One subprocess plans every distinct input."""
+    """({run id: prediction}, why none were made). One subprocess plans every distinct input
+    that suite/matrix/plan_cache.py does not already hold."""
     from shardbench.suite.cli.plan_cmd import shape_context
 
     from shardbench.trainer.plan.planned_layout import NotModelled
 
-    jobs, keys, refused = {}, {}, {}
+    jobs, keys, refused, kept = {}, {}, {}, {}
     try:
         for s in specs:
             inp = plan_input(s)
             try:
-                inp.layout  # the strategy's, and the mesh degrees'
+                layout = inp.layout  # the strategy's, and the mesh degrees'
             except NotModelled as exc:  # said in one line by run, the report and benchtui
                 refused[s.run_id] = {"input": inp.to_dict(), "not_modelled": str(exc)}
                 continue
             _, mem, links = shape_context(s.shape) if s.shape else ({}, None, {})
             key = json.dumps([inp.to_dict(), mem, links], sort_keys=True, default=str)
-            jobs[key] = {"key": key, "input": inp.to_dict(), "device_memory_bytes": mem, "links": links}
             keys[s.run_id] = key
+            cached = plan_cache.load(key + repr(layout))  # the layout: a row a plugin added or changed
+            if cached is not None:
+                kept[key] = cached
+            else:
+                jobs[key] = {"key": key, "input": inp.to_dict(), "device_memory_bytes": mem, "links": links,
+                             "layout": repr(layout)}
     except (TypeError, ValueError, OSError) as exc:
         return {}, f"no plan: {exc}"
-    if not jobs:
-        return refused, None
+    out, why = _plan_in_subprocess(jobs, timeout_s) if jobs else ({}, None)
+    if why:
+        return refused, why
+    for key, prediction in out.items():
+        plan_cache.keep(key + jobs[key]["layout"], prediction)
+    out = {**kept, **out}
+    return {**refused, **{rid: out[k] for rid, k in keys.items() if k in out}}, None
+
+
+def _plan_in_subprocess(jobs: dict[str, dict], timeout_s: float) -> tuple[dict[str, dict], str | None]:
+    """({job key: prediction}, why none were made): trainer/plan/batch.py over the jobs."""
     try:
         proc = subprocess.run([sys.executable, "-m", "shardbench.trainer.plan.batch"],
                               input=json.dumps(list(jobs.values())),
@@ -75,8 +91,8 @@ def predict_specs(specs, timeout_s: float = 600) -> tuple[dict[str, dict], str |
     except (OSError, subprocess.SubprocessError, ValueError) as exc:
         return {}, f"no plan: the planner failed ({type(exc).__name__}: {exc})"
     if not out:
-        return refused, f"no plan: the planner exited {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}"
-    return {**refused, **{rid: out[k] for rid, k in keys.items() if k in out}}, None
+        return {}, f"no plan: the planner exited {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}"
+    return out, None
 
 
 def planned(prediction: dict | None) -> bool:
