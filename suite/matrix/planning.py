@@ -52,7 +52,8 @@ def predict_specs(specs, timeout_s: float = 600) -> tuple[dict[str, dict], str |
 
     from shardbench.trainer.plan.planned_layout import NotModelled
 
-    jobs, keys, refused, kept = {}, {}, {}, {}
+    jobs: dict[str, dict] = {}
+    keys, refused, kept, cache_keys = {}, {}, {}, {}
     try:
         for s in specs:
             inp = plan_input(s)
@@ -64,19 +65,19 @@ def predict_specs(specs, timeout_s: float = 600) -> tuple[dict[str, dict], str |
             _, mem, links = shape_context(s.shape) if s.shape else ({}, None, {})
             key = json.dumps([inp.to_dict(), mem, links], sort_keys=True, default=str)
             keys[s.run_id] = key
-            cached = plan_cache.load(key + repr(layout))  # the layout: a row a plugin added or changed
+            cache_keys[key] = key + repr(layout)  # the layout too: a row a plugin added or changed
+            cached = plan_cache.load(cache_keys[key])
             if cached is not None:
                 kept[key] = cached
             else:
-                jobs[key] = {"key": key, "input": inp.to_dict(), "device_memory_bytes": mem, "links": links,
-                             "layout": repr(layout)}
+                jobs[key] = {"key": key, "input": inp.to_dict(), "device_memory_bytes": mem, "links": links}
     except (TypeError, ValueError, OSError) as exc:
         return {}, f"no plan: {exc}"
     out, why = _plan_in_subprocess(jobs, timeout_s) if jobs else ({}, None)
     if why:
         return refused, why
     for key, prediction in out.items():
-        plan_cache.keep(key + jobs[key]["layout"], prediction)
+        plan_cache.keep(cache_keys[key], prediction)
     out = {**kept, **out}
     return {**refused, **{rid: out[k] for rid, k in keys.items() if k in out}}, None
 
