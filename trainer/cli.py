@@ -22,7 +22,8 @@ from shardbench.trainer import contract, rules
 from shardbench.trainer.fsprobe import probe_writable
 from shardbench.trainer.config import ConfigError, RunConfig, parse_args
 from shardbench.trainer.dist_env import detect
-from shardbench.trainer.lifeline import announce_rank0, close_peer_connections, hold_for_rank0, tie_to_launcher
+from shardbench.trainer.lifeline import (announce_rank0, close_peer_connections, failures_before, hold_for_rank0,
+                                         leave_failure_note, tie_to_launcher)
 from shardbench.trainer.record import START_STAMP, emit, write_atomic
 from shardbench.trainer.streams import tolerate_closed_readers
 
@@ -62,6 +63,17 @@ def classify(exc: BaseException) -> str:
     if isinstance(exc, MemoryError) or any(m in text for m in markers):
         return "oom"
     return "failed"
+
+
+def _blame_earlier_failures(record, output_dir: str | None, since: float) -> None:
+    """Rank 0's collective failed because another rank failed first (it shut its connections,
+    trainer/lifeline.py): the record names that rank's failure and status (a SIGTERM, an OOM),
+    then rank 0's own error."""
+    earlier = failures_before(output_dir, since)
+    if earlier:
+        rank, status, line = earlier[0]
+        record.error = f"rank {rank} failed first ({status}): {line}\nthen rank 0: {record.error}"
+        record.status = status if record.status == "failed" else record.status
 
 
 def describe(exc: BaseException) -> str:
@@ -117,9 +129,12 @@ def main(argv: list[str] | None = None) -> int:
         trainer.fill_timings(record)
         record.status = classify(exc)
         record.error = describe(exc)
+        if denv.rank == 0 and not isinstance(exc, Terminated):
+            _blame_earlier_failures(record, cfg.output_dir, process_start)
         _report(record, cfg, denv.rank)  # the record first: nothing printed may come before it
         print(f"rank {denv.rank}: {record.status}: {record.error}", file=sys.stderr, flush=True)
         if denv.rank != 0:
+            leave_failure_note(cfg.output_dir, denv.rank, record.status, record.error.splitlines()[0])
             close_peer_connections()  # rank 0 may wait in a collective for this rank: free it to report
             hold_for_rank0(cfg.output_dir, process_start)  # mpirun ends rank 0 once this rank exits
         _release_signals()

@@ -18,8 +18,9 @@ marker (`announce_rank0`: host, pid, start time) in its output dir, and every ot
 fails holds its exit (`hold_for_rank0`) while that rank 0 lives on this host, runs (not stopped)
 and has not written its record, for at most RANK0_HOLD_S. Before holding, that rank shuts its TCP
 connections (`close_peer_connections`), so a rank 0 blocked in a collective this rank will never
-join is freed at once instead of at this rank's exit. A rank 0 that has not started reporting
-within RANK0_START_S is not waited for.
+join is freed at once instead of at this rank's exit; and first it leaves a note of why it failed
+(`leave_failure_note`), which rank 0's record names as the cause of its own broken collective. A
+rank 0 that has not started reporting within RANK0_START_S is not waited for.
 """
 from __future__ import annotations
 
@@ -40,6 +41,10 @@ RANK0_START_S = 1.0
 already shut: close_peer_connections)."""
 RANK0_HOLD_S = 10.0
 """At most this long a failed non-zero rank waits for rank 0's record (a stuck rank 0 costs this)."""
+FAILURE_NOTE = ".rank{rank}-failed"
+"""In the trainer's output dir: `status: error line` of a failing non-zero rank, written before it
+shuts its connections. Rank 0's collective then fails on a shut connection, and rank 0's record
+names this cause (`failures_before`), not only the broken connection it saw."""
 HARD_EXIT_GRACE_S = 30.0
 """After SIGTERM, seconds the rank may take to report before the watchdog ends it (os._exit)."""
 
@@ -172,6 +177,43 @@ def close_peer_connections() -> int:
             except OSError:
                 pass
     return shut
+
+
+def leave_failure_note(output_dir: str | None, rank: int, status: str, line: str) -> None:
+    """A failing non-zero rank, before close_peer_connections: say why, for rank 0's record."""
+    if not output_dir:
+        return
+    path = os.path.join(output_dir, FAILURE_NOTE.format(rank=rank))
+    try:
+        with open(path + ".tmp", "w") as fh:
+            fh.write(f"{status}: {line}\n")
+        os.replace(path + ".tmp", path)  # whole or absent when rank 0 reads it
+    except OSError:
+        pass
+
+
+def failures_before(output_dir: str | None, since: float) -> list[tuple[int, str, str]]:
+    """Rank 0, failing: (rank, status, error line) of each rank that failed before it and left a
+    note since `since` (this process's start: older notes are an earlier attempt's). The notes
+    are removed once read."""
+    if not output_dir or not os.path.isdir(output_dir):
+        return []
+    found = []
+    for name in sorted(os.listdir(output_dir)):
+        rank = name.removeprefix(".rank").removesuffix("-failed")
+        if not (name.startswith(".rank") and name.endswith("-failed") and rank.isdigit()):
+            continue
+        path = os.path.join(output_dir, name)
+        try:
+            fresh = os.stat(path).st_mtime >= since
+            text = open(path).read().strip()
+            os.unlink(path)
+        except OSError:
+            continue
+        status, _, line = text.partition(": ")
+        if fresh and line:
+            found.append((int(rank), status, line))
+    return found
 
 
 def hold_for_rank0(output_dir: str | None, since: float, limit_s: float = RANK0_HOLD_S) -> None:

@@ -64,6 +64,36 @@ def test_killed_rank_ends_the_others_with_a_failed_record():
     assert record["measured_steps"] >= 2 and record["tokens_per_s"] > 0  # what it measured is kept
 
 
+def test_rank_0s_record_names_the_rank_whose_sigterm_broke_its_collective(tmp_path):
+    """Only rank 1 gets SIGTERM (a launcher passing it on rank by rank, or one pod's): it shuts
+    its connections to free rank 0 (trainer/lifeline.py), and rank 0's collective fails on a
+    closed connection. Its record said only that gloo error, so the suite-death test under load
+    found a failed record without the SIGTERM that ended the run. Rank 1 now leaves a note first:
+    the record names rank 1's SIGTERM, then rank 0's own error, and the note is gone."""
+    port, out_dir = free_port(), tmp_path / "out"
+    ranks = []
+    for rank in (0, 1):
+        env = cpu_env() | {"RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
+                           "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        ranks.append(subprocess.Popen([sys.executable, "-u", "-m", "shardbench.trainer", *LONG_RUN,
+                                       "--output-dir", str(out_dir)], cwd=REPO, env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    try:
+        wait_for_step(ranks[0], 3, time.time() + 120)
+        ranks[1].send_signal(signal.SIGTERM)
+        ranks[0].communicate(timeout=45)
+        ranks[1].communicate(timeout=45)
+    finally:
+        for p in ranks:
+            p.kill()
+    record = json.loads((out_dir / "result.json").read_text())
+    first, then = record["error"].splitlines()[:2]
+    assert record["status"] == "failed"
+    assert first == "rank 1 failed first (failed): Terminated: terminated by signal SIGTERM", record["error"]
+    assert then.startswith("then rank 0: "), record["error"]
+    assert not list(out_dir.glob(".rank*-failed*"))
+
+
 def _rank_pids(launcher_pid: int) -> dict[int, int]:
     """OMPI rank -> pid for processes descended from launcher_pid."""
     found = {}
