@@ -34,4 +34,4 @@ def test_a_stopped_ray_run_keeps_its_measured_steps(tmp_path):
     assert record["measured_steps"] >= 3, record["error"]
     assert len(record["step_time_s"]["all"]) == record["measured_steps"]
     assert len(record["loss_per_step"]) >= 4
-    assert_nothing_left(ray_temp_dir(run_dir))
+    assert_nothing_left(ray_temp_dir(run_dir), run_dir)
