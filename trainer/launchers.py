@@ -183,6 +183,43 @@ def ray_command(plan: LaunchPlan) -> list[str]:
     return cmd + ["--", *plan.trainer_args]
 
 
+def remove_stale_mpi_sessions(base: str | None = None) -> list[str]:
+    """Remove the session dirs a killed prterun left (`<base>/ompi.<pid>`, base: $TMPDIR or /tmp)
+    whose pid no longer runs; returns them. PRRTE names the dir by its own pid and removes it on a
+    clean exit only, so a SIGKILLed mpirun (a cancel, a timeout, a fault) leaves it, and a later
+    prterun that gets the same pid (pids wrap at 32768 in many containers) cannot start:
+    "The PMIx server's listener thread failed to start", exit 213 (one such failure in a test
+    session here; reproduced in tests/suite/test_local_backend.py). Only this user's dirs."""
+    import shutil
+    import tempfile
+
+    base = base or tempfile.gettempdir()
+    removed = []
+    for name in os.listdir(base) if os.path.isdir(base) else []:
+        pid = name.removeprefix("ompi.")
+        path = os.path.join(base, name)
+        if name == pid or not pid.isdigit() or _pid_lives(int(pid)):
+            continue
+        try:
+            if os.stat(path).st_uid != os.getuid():
+                continue
+        except OSError:
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
+def _pid_lives(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 BUILDERS = {"mpirun": mpirun_command, "deepspeed": deepspeed_command, "torchrun": torchrun_command,
             "ray": ray_command}
 

@@ -32,6 +32,8 @@ import threading
 import time
 from pathlib import Path
 
+from shardbench.trainer.launchers import remove_stale_mpi_sessions
+
 SUPERVISED_GRACE_S = 20.0
 """Seconds the supervisor gives the ranks to report after their SIGTERM (they hold for rank 0)."""
 
@@ -147,6 +149,7 @@ def supervise(argv: list[str], grace_s: float = SUPERVISED_GRACE_S) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: stop.set())
+    remove_stale_mpi_sessions()  # an earlier killed mpirun's dir with the pid this launch may get
     try:
         # The launcher dies with this process too (SIGKILL to it, e.g. a kill-launcher fault's).
         child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)

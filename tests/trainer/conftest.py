@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from shardbench.trainer.launchers import LaunchPlan, build_command
+from shardbench.trainer.launchers import LaunchPlan, build_command, remove_stale_mpi_sessions
 from shardbench.trainer.record import END_MARKER, START_MARKER
 
 REPO = Path(__file__).resolve().parents[2]
@@ -77,6 +77,8 @@ def run_trainer(args: list[str], tmp: Path, launcher: str | None = None, nproc: 
         server = forkserver.server(env)
         if server is not None and server.fits(env):
             return Run(*server.run(args, env, REPO, timeout, nproc), forked=True)
+    if launcher in ("mpirun", "deepspeed"):
+        remove_stale_mpi_sessions()  # as the suite does before a launch (trainer/launchers.py)
     proc = subprocess.run(command(args, launcher, nproc, tmp), cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=timeout)
     return Run(proc.returncode, proc.stdout, proc.stderr)
