@@ -32,4 +32,3 @@ def shared_runs_and_fork_server(tmp_path_factory):
     os.environ.setdefault("SHARDBENCH_CACHE_DIR", str(shared / "cache"))
     yield
     forkserver.close()
-
