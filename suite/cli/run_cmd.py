@@ -98,8 +98,8 @@ def _prepare(args: argparse.Namespace, matrix, specs):
     from shardbench.suite.execute.store import ResultsDir, ResultsDirError
 
     _probe_results(ResultsDir(matrix.results))
+    backend = _backend(args, matrix)  # before planning: a bad cluster flag is refused at once, not after 15 s
     predictions = _predict(args, specs)
-    backend = _backend(args, matrix)
     force = selection(args.force, args.rerun_flagged, specs, matrix.results)
     if isinstance(force, str):
         raise _Refused(force)

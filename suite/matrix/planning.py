@@ -53,7 +53,7 @@ def predict_specs(specs, timeout_s: float = 600) -> tuple[dict[str, dict], str |
     from shardbench.trainer.plan.planned_layout import NotModelled
 
     jobs: dict[str, dict] = {}
-    keys, refused, kept, cache_keys = {}, {}, {}, {}
+    keys, refused, kept, cache_keys, shapes = {}, {}, {}, {}, {}
     try:
         for s in specs:
             inp = plan_input(s)
@@ -62,7 +62,9 @@ def predict_specs(specs, timeout_s: float = 600) -> tuple[dict[str, dict], str |
             except NotModelled as exc:  # said in one line by run, the report and benchtui
                 refused[s.run_id] = {"input": inp.to_dict(), "not_modelled": str(exc)}
                 continue
-            _, mem, links = shape_context(s.shape) if s.shape else ({}, None, {})
+            if s.shape not in shapes:  # its values file, read once per shape
+                shapes[s.shape] = shape_context(s.shape) if s.shape else ({}, None, {})
+            _, mem, links = shapes[s.shape]
             key = json.dumps([inp.to_dict(), mem, links], sort_keys=True, default=str)
             keys[s.run_id] = key
             cache_keys[key] = key + repr(layout)  # the layout too: a row a plugin added or changed

@@ -90,7 +90,13 @@ def test_image_flags_parse_and_conflicts_are_one_line():
         assert "\n" not in str(err.value)
 
 
-def test_bad_image_flag_exits_2_with_one_line(capsys, tmp_path):
+def test_bad_image_flag_exits_2_with_one_line(capsys, tmp_path, monkeypatch):
+    """At once: the flag was checked only after the whole default matrix was planned (5-16 s)."""
+    from shardbench.suite.matrix import planning
+
+    def no_planning(specs):
+        raise AssertionError("planned before the flags were checked")
+    monkeypatch.setattr(planning, "predict_specs", no_planning)
     code = shardbench(["run", "--backend", "kubernetes", "--results", str(tmp_path / "r"), "--yes",
                        "--image", "Bad Ref!"])
     err = capsys.readouterr().err.strip().splitlines()
