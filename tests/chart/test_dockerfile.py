@@ -246,6 +246,7 @@ def test_entrypoint_gives_up_on_a_host_that_never_resolves(tmp_path):
     assert "no-such-host.invalid (from" in proc.stderr and "did not resolve within 1s" in proc.stderr
 
 
+@pytest.mark.slow  # over 4 s on an idle machine (the fast subset's rule)
 def test_entrypoint_waits_for_a_late_worker_to_answer_ssh(tmp_path):
     """Under Kueue the launcher may start before the workers (kubeflow/mpi-operator#868): a
     worker that resolves but does not answer ssh yet is waited for, not raced."""

@@ -167,6 +167,7 @@ def check_prediction(r: dict, name: str) -> None:
     print(f"PLAN {name}: state {e['state']:+.3%} peak {e['peak']:+.3%} bytes {e['comm']:+.3%}")
 
 
+@pytest.mark.slow  # over 4 s on an idle machine (the fast subset's rule)
 def test_the_plan_puts_tp_inside_a_node_and_data_parallel_across_nodes():
     """Extrapolation to 2 nodes of 4 GPUs (tiny has 4 heads): the TP group's collectives on the intra-node link,
     HSDP's replica all-reduce on the inter-node one (its shards inside the node), each dimension

@@ -105,6 +105,7 @@ def test_pp_x_tp_stages_hold_tp_shards_whole_embedding_grads_and_sequence_sharde
     assert pipeline.p2p(inp, 0)["send"] == {"calls": 8.0, "bytes": 131072.0}
 
 
+@pytest.mark.slow  # over 4 s on an idle machine (the fast subset's rule)
 def test_pp_x_tp_is_planned_as_a_real_run_counted():
     """The same pp 2 x tp 2 run: rank 0's tp collectives (the fake schedule's activation ones, the
     LayerNorms' 4 all-reduces each, the norm) equal the counted ones; its tensor peak, 53,659,916 B
@@ -156,6 +157,7 @@ def test_the_planner_predicts_a_bf16_pipeline_with_recompute(tmp_path):
     check_plan_against(run.record, "GPipe bf16 recompute")
 
 
+@pytest.mark.slow  # over 4 s on an idle machine (the fast subset's rule)
 def test_shardbench_plan_with_pp_prints_a_plan_for_each_modelled_schedule(capsys):
     from shardbench.suite.cli.commands import main
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from textual.widgets import DataTable
 
 from shardbench.tui.app.app import BenchApp
@@ -18,6 +19,7 @@ from .test_app_pilot import wait_until
 from .test_kube_backend import helm, launcher_log  # noqa: F401 - helm is a fixture (3 and 4)
 
 
+@pytest.mark.slow  # over 4 s on an idle machine (the fast subset's rule)
 async def test_matrix_runs_on_the_emulated_cluster(tmp_path, monkeypatch, fixture_values, helm):
     monkeypatch.setenv("SHARDBENCH_HELM", str(helm))
     async with Emulator() as emu, emu.Server(emu) as server:
