@@ -38,6 +38,10 @@ def mlflow_server(tmp_path_factory):
     proc = subprocess.Popen([tool(MLFLOW), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
                              "--backend-store-uri", f"sqlite:///{tmp / 'mlflow.db'}",
                              "--artifacts-destination", str(tmp / "artifacts")],
+                            # MLflow 3's job runner: 7 more interpreters importing mlflow and
+                            # polling (about half a core here), and a /dev/shm dir left per server.
+                            # shardbench logs runs; it never runs server jobs.
+                            env=dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false"),
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 180  # its imports take most of a minute on a busy 2-core machine
