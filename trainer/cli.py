@@ -73,7 +73,8 @@ def _blame_earlier_failures(record, output_dir: str | None, since: float) -> Non
     if earlier:
         rank, status, line = earlier[0]
         record.error = f"rank {rank} failed first ({status}): {line}\nthen rank 0: {record.error}"
-        record.status = status if record.status == "failed" else record.status
+        if record.status == "failed" and status in contract.STATUSES:  # e.g. rank 1's oom
+            record.status = status
 
 
 def describe(exc: BaseException) -> str:

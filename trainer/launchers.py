@@ -189,7 +189,7 @@ def remove_stale_mpi_sessions(base: str | None = None) -> list[str]:
     clean exit only, so a SIGKILLed mpirun (a cancel, a timeout, a fault) leaves it, and a later
     prterun that gets the same pid (pids wrap at 32768 in many containers) cannot start:
     "The PMIx server's listener thread failed to start", exit 213 (one such failure in a test
-    session here; reproduced in tests/suite/test_local_backend.py). Only this user's dirs."""
+    session here; reproduced in tests/suite/test_mpi_sessions.py). Only this user's dirs."""
     import shutil
     import tempfile
 

@@ -194,26 +194,26 @@ def leave_failure_note(output_dir: str | None, rank: int, status: str, line: str
 
 def failures_before(output_dir: str | None, since: float) -> list[tuple[int, str, str]]:
     """Rank 0, failing: (rank, status, error line) of each rank that failed before it and left a
-    note since `since` (this process's start: older notes are an earlier attempt's). The notes
-    are removed once read."""
+    note since `since` (this process's start: older notes are an earlier attempt's), the earliest
+    note first. The notes are removed once read."""
     if not output_dir or not os.path.isdir(output_dir):
         return []
     found = []
-    for name in sorted(os.listdir(output_dir)):
+    for name in os.listdir(output_dir):
         rank = name.removeprefix(".rank").removesuffix("-failed")
         if not (name.startswith(".rank") and name.endswith("-failed") and rank.isdigit()):
             continue
         path = os.path.join(output_dir, name)
         try:
-            fresh = os.stat(path).st_mtime >= since
+            written = os.stat(path).st_mtime
             text = open(path).read().strip()
             os.unlink(path)
         except OSError:
             continue
         status, _, line = text.partition(": ")
-        if fresh and line:
-            found.append((int(rank), status, line))
-    return found
+        if written >= since and line:
+            found.append((written, int(rank), status, line))
+    return [note[1:] for note in sorted(found)]
 
 
 def hold_for_rank0(output_dir: str | None, since: float, limit_s: float = RANK0_HOLD_S) -> None:
