@@ -98,8 +98,9 @@ def _prepare(args: argparse.Namespace, matrix, specs):
     from shardbench.suite.execute.store import ResultsDir, ResultsDirError
 
     _probe_results(ResultsDir(matrix.results))
-    backend = _backend(args, matrix)  # before planning: a bad cluster flag is refused at once, not after 15 s
+    cluster = _cluster_flags(args)  # before planning: a bad flag is refused at once, not after 15 s
     predictions = _predict(args, specs)
+    backend = _backend(matrix, cluster)  # after: a run predicted not to fit is refused before any cluster is contacted
     force = selection(args.force, args.rerun_flagged, specs, matrix.results)
     if isinstance(force, str):
         raise _Refused(force)
@@ -133,13 +134,17 @@ def _predict(args: argparse.Namespace, specs) -> dict:
     return predictions
 
 
-def _backend(args: argparse.Namespace, matrix):
-    from shardbench.suite.backends import get_backend
-
+def _cluster_flags(args: argparse.Namespace):
+    """The cluster flags (image, namespace, ...), checked; a bad one is a refusal."""
     try:
-        cluster = cluster_options(args)
+        return cluster_options(args)
     except ValueError as exc:
         raise _Refused(str(exc)) from None
+
+
+def _backend(matrix, cluster):
+    from shardbench.suite.backends import get_backend
+
     backend = get_backend(matrix.backend, cluster, matrix.ray_cluster)
     ok, why = backend.availability()
     if not ok:
