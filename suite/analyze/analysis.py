@@ -36,6 +36,7 @@ from shardbench.suite.analyze.stats import Estimate, estimate, exact, finite, ra
 from shardbench.suite.analyze.verdicts import MIN_REPEATS, NOISE_CV_LIMIT, Verdict, decide, noise_flag  # noqa: F401
 from shardbench.trainer import knobs
 
+
 def splitting_keys(configs: list["MeasuredConfig"], varying: list[str], extra: list[str],
                    label: Any) -> list[str]:
     """The keys a line or point shows: `varying`, plus the fewest of `extra` (first without the

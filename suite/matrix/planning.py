@@ -67,6 +67,8 @@ def predict_specs(specs, timeout_s: float = 600) -> tuple[dict[str, dict], str |
             _, mem, links = shapes[s.shape]
             key = json.dumps([inp.to_dict(), mem, links], sort_keys=True, default=str)
             keys[s.run_id] = key
+            if key in cache_keys:  # a repeat, or another run of the same input: planned once
+                continue
             cache_keys[key] = key + repr(layout)  # the layout too: a row a plugin added or changed
             cached = plan_cache.load(cache_keys[key])
             if cached is not None:
