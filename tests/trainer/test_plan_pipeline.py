@@ -4,6 +4,7 @@ tests/trainer/test_pipeline.py, shared: `check_plan_against`, plus two 2-rank ru
 schedules that file does not run), the bubble per schedule, and `shardbench plan --pp`."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -217,3 +218,31 @@ def test_the_planner_predicts_a_pipeline_run(tmp_path, schedule):
     run = run_trainer(args, tmp_path, launcher="torchrun", nproc=2)
     assert run.returncode == 0, run.stderr[-3000:]
     check_plan_against(run.record, schedule)
+
+
+# One process planning TP layouts one after another, as `shardbench plan` over a matrix and benchtui
+# do; each peak equals the one planned alone in a fresh process (these numbers).
+_ONE_PROCESS = """
+import json
+from shardbench.trainer.plan.inputs import PlanInput
+from shardbench.trainer.plan.predict import predict
+mesh = dict(world_size=4, tp=2, micro_batch=1, grad_accum=8, n_layer=4, seq_len=64)
+pp_tp = dict(strategy="ddp", world_size=4, pp=2, tp=2, micro_batch=2, grad_accum=4, tie_embeddings=False,
+             n_layer=4, seq_len=64)
+inputs = [PlanInput(strategy="ddp", **mesh), PlanInput(pp_schedule="GPipe", **pp_tp),
+          PlanInput(pp_schedule="1F1B", **pp_tp), PlanInput(strategy="fsdp", **mesh)]
+print(json.dumps([predict(inp)["tensor_peak_bytes"] for inp in inputs]))
+"""
+
+
+@pytest.mark.slow  # over 4 s on an idle machine (the fast subset's rule)
+def test_tp_layouts_are_planned_one_after_another_in_one_process():
+    """A TP mesh traced, then two pp x tp pipelines, then another TP mesh, in one process: each
+    trace gets its own fake mesh (before the fix, DTensor's caches kept the first mesh, equal to the
+    next one, and the pipeline failed on "Could not resolve the process group registered under the
+    name 11"; pipelines with tp ran in a forked child to dodge it, which inherited the caches)."""
+    env = {**cpu_env(), "SHARDBENCH_CACHE_DIR": "off"}
+    out = subprocess.run([sys.executable, "-c", _ONE_PROCESS], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout.splitlines()[-1]) == [48207132, 57923104, 53655568, 35373084]

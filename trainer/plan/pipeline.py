@@ -212,6 +212,8 @@ def _fake_pipeline_group(pp: int, pp_rank: int, act_shape: tuple[int, ...]):
     import torch.distributed.pipelining.stage as stage
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
+    from shardbench.trainer.plan.trace import forget_dtensor_meshes
+
     if dist.is_initialized():
         raise RuntimeError("a process group exists already: plans are traced in a process of their own")
 
@@ -239,6 +241,7 @@ def _fake_pipeline_group(pp: int, pp_rank: int, act_shape: tuple[int, ...]):
         yield dist.group.WORLD
     finally:
         dist.destroy_process_group()
+        forget_dtensor_meshes()
         for cls, name, fn in saved:
             setattr(cls, name, fn)
 
@@ -249,33 +252,8 @@ def activation_peak(inp: PlanInput, pp_rank: int) -> int:
 
 @functools.lru_cache(maxsize=64)
 def stage_run(inp: PlanInput, pp_rank: int) -> tuple[int, dict[str, dict[str, dict[str, float]]]]:
-    """`_stage_run`; with tp > 1 in a forked child: DTensor keeps redistribution plans of a mesh
-    (equal to the next fake mesh of the same shape) that name the destroyed fake groups, so a second
-    TP run in one process fails to resolve them."""
-    if inp.tp == 1:
-        return _stage_run(inp, pp_rank)
-    import multiprocessing
-
-    ctx = multiprocessing.get_context("fork")
-    parent, child = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_stage_run_to, args=(child, inp, pp_rank))
-    proc.start()
-    child.close()
-    try:
-        ok, result = parent.recv()
-    except EOFError:
-        ok, result = False, f"the forked stage run exited with {proc.exitcode}"
-    proc.join()
-    if not ok:
-        raise RuntimeError(result)
-    return result
-
-
-def _stage_run_to(conn, inp: PlanInput, pp_rank: int) -> None:
-    try:
-        conn.send((True, _stage_run(inp, pp_rank)))
-    except Exception as err:  # the parent raises it
-        conn.send((False, f"{type(err).__name__}: {err}"))
+    """`_stage_run`, kept: a layout's peak and collectives are asked for more than once."""
+    return _stage_run(inp, pp_rank)
 
 
 def _stage_run(inp: PlanInput, pp_rank: int) -> tuple[int, dict[str, dict[str, dict[str, float]]]]:

@@ -70,6 +70,25 @@ def fake_world(world_size: int):
         yield
     finally:
         dist.destroy_process_group()
+        forget_dtensor_meshes()
+
+
+def forget_dtensor_meshes() -> None:
+    """Drop DTensor's process-wide caches once a fake group is destroyed. They hold sharding
+    results, redistribution plans and planners that keep the DeviceMesh of the run; the next fake
+    mesh of the same shape compares equal to it, so a later TP trace in this process would be
+    handed the old mesh and fail on "Could not resolve the process group registered under the
+    name N" (torch's debug helper clears the sharding caches; the other three have no public one)."""
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor._collective_utils import MeshTopoInfo
+    from torch.distributed.tensor._redistribute import _gen_transform_infos, clear_redistribute_planner_cache
+    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+
+    _clear_sharding_prop_cache()
+    DTensor._op_dispatcher.sharding_propagator._propagate_tensor_meta_cached.cache_clear()
+    _gen_transform_infos.cache_clear()
+    clear_redistribute_planner_cache()
+    MeshTopoInfo.build_from_mesh.cache_clear()
 
 
 def _storages_bytes(tensors) -> int:
