@@ -27,6 +27,8 @@ import tempfile
 import threading
 from pathlib import Path
 
+from shardbench.trainer import ports
+
 REPO = Path(__file__).resolve().parents[1]
 
 PRELOAD = ("torch._dynamo",  # AdamW's constructor imports it: 1-10 s of every run here
@@ -190,9 +192,7 @@ class ForkServer:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return ports.free_port("127.0.0.1")
 
 
 def rank_env(env: dict[str, str], rank: int, nproc: int, port: int) -> dict[str, str]:

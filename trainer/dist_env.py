@@ -9,6 +9,8 @@ import os
 import socket
 from dataclasses import dataclass
 
+from shardbench.trainer.ports import free_port
+
 
 @dataclass
 class DistEnv:
@@ -53,12 +55,6 @@ def detect(environ: dict[str, str] | None = None) -> DistEnv:
     return DistEnv(0, 1, 0, 1, "none", addr, port)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
-
-
 def _my_address() -> str:
     """An address other hosts can reach this one on (the pod IP in Kubernetes)."""
     try:
@@ -75,7 +71,7 @@ def resolve_rendezvous(dist: DistEnv) -> DistEnv:
         return dist
     if dist.world_size == 1:
         dist.master_addr = dist.master_addr or "127.0.0.1"
-        dist.master_port = dist.master_port or _free_port()
+        dist.master_port = dist.master_port or free_port()
         return dist
     if dist.launcher != "mpirun":
         raise RuntimeError(f"{dist.launcher} gave no MASTER_ADDR/MASTER_PORT: set them in the environment")
@@ -86,6 +82,6 @@ def resolve_rendezvous(dist: DistEnv) -> DistEnv:
     one_host = len(set(hosts)) == 1
     info = None
     if comm.Get_rank() == 0:
-        info = ("127.0.0.1" if one_host else (dist.master_addr or _my_address()), dist.master_port or _free_port())
+        info = ("127.0.0.1" if one_host else (dist.master_addr or _my_address()), dist.master_port or free_port())
     dist.master_addr, dist.master_port = comm.bcast(info, root=0)
     return dist

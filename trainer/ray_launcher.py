@@ -82,10 +82,9 @@ class RankActor:
         """Rendezvous address and a free port on this actor's node (rank 0's)."""
         import ray
 
-        with socket.socket() as s:
-            s.bind(("", 0))
-            port = s.getsockname()[1]
-        return ("127.0.0.1" if local else ray.util.get_node_ip_address()), port
+        from shardbench.trainer.ports import free_port
+
+        return ("127.0.0.1" if local else ray.util.get_node_ip_address()), free_port()
 
     def run(self, argv: list[str], env: dict[str, str], cwd: str):
         """Yields the child's output lines, then {"exit": code}."""

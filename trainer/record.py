@@ -159,6 +159,9 @@ class FaultRecovery:
     wait (launcher_wait_s), seconds."""
     steps_redone: int = 0
     """Steps computed again because they came after the checkpoint resumed from."""
+    failed_before_fault: list[str] = field(default_factory=list)
+    """The errors of launches that failed before the fault was injected (a port taken, a node
+    lost); the fault then goes into the next launch, whose recovery the fields above measure."""
     total_wall_s: float | None = None
     """Wall time of all attempts together, seconds."""
     goodput_tokens_per_s: float | None = None

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from shardbench.trainer.launchers import LaunchPlan, build_command, nccl_env_names
+from shardbench.trainer.ports import free_port
 from shardbench.suite.execute.collect import failed_record, iter_lines, now_iso, validate
 from shardbench.suite.execute.runlines import LineReader
 from shardbench.suite.execute.events import Emit, RunLogLine, RunStateChanged, guarded
@@ -40,13 +40,6 @@ TRAINER_OUT = "trainer-output"
 def venv_bin() -> str:
     """Directory of this interpreter: where the venv's mpirun, deepspeed and torchrun live."""
     return os.path.dirname(sys.executable)
-
-
-def free_port() -> int:
-    """A TCP port nothing listens on now (the OS picks it), for one run's rendezvous."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def default_search_path() -> str:

@@ -9,10 +9,10 @@ deletes the worker pod that holds the rank and follows the retried launcher
 
 `Recovering` wraps the local backend. For a run with checkpointing or a fault it gives
 the trainer `--checkpoint-dir <run dir>/checkpoints` (the trainer resumes from it with its
-default `--resume auto`), runs every attempt (launch) in `<run dir>/launch-<k>/`, injects the fault into
-the first one from the progress lines (the ranks are found by their command line and their
-launcher's rank variables), waits for the launcher to end, and relaunches up to `max_restarts`
-times. The record of the last attempt holds the whole run's losses and step times (they travel in
+default `--resume auto`), runs every attempt (launch) in `<run dir>/launch-<k>/`, injects the fault
+from the progress lines into the first launch that reaches its step (one that fails before
+passes it on; the ranks are found by their command line and their launcher's rank variables),
+waits for the launcher to end, and relaunches up to `max_restarts` times. The record of the last attempt holds the whole run's losses and step times (they travel in
 the checkpoint); `fault` adds detection time (fault to the first rank's failure report, or to
 the launcher's exit when no rank reports), the launcher's own wait after that report (not part
 of the recovery: torchrun waited 30 s for a stopped rank where prterun did not), restart time
@@ -117,17 +117,20 @@ class Recovering:
         fault = parse_fault(spec.fault)
         start, deadline = time.time(), None if timeout_s is None else time.monotonic() + timeout_s
         attempts: list[tuple[dict, _Attempt, float]] = []
+        pending = fault  # until a launch reaches the fault's step: the fault is the experiment
         for k in range(spec.max_restarts + 1):
             adir = run_dir / f"launch-{k}"
             adir.mkdir(parents=True, exist_ok=True)
             # The launch's own directory, as its ranks' --output-dir holds it, names its processes.
-            watch = _Attempt(spec, fault if k == 0 else None, f"{adir}{os.sep}", emit)
+            watch = _Attempt(spec, pending, f"{adir}{os.sep}", emit)
             left = None if deadline is None else max(1.0, deadline - time.monotonic())
             if k:
                 emit(RunLogLine(spec.run_id, f"[shardbench] relaunch {k} of {spec.max_restarts} with --resume auto"))
                 emit(RunStateChanged(spec.run_id, "running", f"restart {k}"))
             record = self.inner.run(attempt_spec, adir, watch, cancel, left)
             attempts.append((record, watch, time.time()))
+            if watch.injected_at is not None:
+                pending = None
             if record.get("status") == "ok" or cancel.is_set() or (deadline and time.monotonic() >= deadline):
                 break
         _join_logs(run_dir, [watch.notes for _, watch, _ in attempts])
@@ -152,8 +155,10 @@ def merge(spec, attempts: list[tuple[dict, "_Attempt", float]], start: float) ->
     """One record for the whole run: the last attempt's (which holds every step's loss and time
     through its checkpoint), with the fault and its recovery."""
     record = dict(attempts[-1][0])
-    first, watch0, ended0 = attempts[0]
-    info = FaultRecovery(fault=spec.fault, attempts=len(attempts), injected_at_step=watch0.injected_step)
+    hit = next((k for k, (_, watch, _) in enumerate(attempts) if watch.injected_at is not None), 0)
+    _, watch0, ended0 = attempts[hit]
+    info = FaultRecovery(fault=spec.fault, attempts=len(attempts), injected_at_step=watch0.injected_step,
+                         failed_before_fault=[a[0].get("error") or str(a[0].get("status")) for a in attempts[:hit]])
     if watch0.injected_at is not None:
         # Detected when a rank says so; what the launcher then takes to exit is its own wait
         # (torchrun's SIGTERM grace), kept apart: the fault table charged it to the strategy.
@@ -162,8 +167,8 @@ def merge(spec, attempts: list[tuple[dict, "_Attempt", float]], start: float) ->
         info.detection_s = detected - watch0.injected_at
         info.detected_by = getattr(watch0, "failed_line", None) if failed_at is not None else "launcher exit"
         info.launcher_wait_s = ended0 - detected
-        if len(attempts) > 1 and attempts[1][1].first_step_at is not None:
-            info.restart_s = attempts[1][1].first_step_at - ended0
+        if len(attempts) > hit + 1 and attempts[hit + 1][1].first_step_at is not None:
+            info.restart_s = attempts[hit + 1][1].first_step_at - ended0
             info.recovery_s = info.detection_s + info.restart_s
     resumed = [(a[0].get("checkpoint") or {}).get("resumed_from_step") or 0 for a in attempts[1:]]
     info.steps_redone = sum(max(0, prev[1].last_step - r) for prev, r in zip(attempts, resumed))

@@ -33,11 +33,9 @@ METRICS_SETS = ("metrics.enabled=true", "metrics.podMonitor.enabled=true", "metr
 
 
 def free_port() -> int:
-    import socket
+    from shardbench.trainer import ports
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return ports.free_port("127.0.0.1")
 
 
 def port_free(port: int) -> bool:

@@ -92,6 +92,33 @@ def test_a_killed_launcher_restarts_and_resumes(records):
 
 
 @pytest.mark.slow
+def test_a_launch_that_fails_before_the_fault_passes_it_on(tmp_path, monkeypatch):
+    """The first launch's rendezvous port is held by another socket, so rank 0 fails on EADDRINUSE
+    before its first step (as a CI run did when a connection took the port). The fault goes into
+    the next launch: the record names the first launch's error, and its recovery fields measure
+    the fault (before, the fault was never injected and the record read as a recovered fault)."""
+    import socket
+
+    from shardbench.suite.backends import local
+
+    with socket.socket() as held:
+        held.bind(("0.0.0.0", 0))
+        held.listen()
+        first = [held.getsockname()[1]]
+        drawn = local.free_port
+        monkeypatch.setattr(local, "free_port", lambda: first.pop() if first else drawn())
+        [rec] = Runner(specs_for("zero1", ["kill-rank:1@5"]), get_backend("local"), tmp_path, order_seed=1).run()
+    assert rec["status"] == "ok", rec["error"]
+    assert_same_losses(rec["loss_per_step"], reference("zero1")["loss_per_step"])
+    fault = rec["fault"]
+    assert fault["attempts"] == 3 and fault["injected_at_step"] >= 5
+    assert len(fault["failed_before_fault"]) == 1 and "EADDRINUSE" in fault["failed_before_fault"][0]
+    assert fault["steps_redone"] == fault["injected_at_step"] - 3 and fault["restart_s"] > 0
+    log = (tmp_path / rec["run_id"] / "log.txt").read_text()
+    assert "sent SIGKILL" in log.split("===== launch 1 =====")[1].split("===== launch 2 =====")[0]
+
+
+@pytest.mark.slow
 def test_a_fault_without_restarts_left_is_a_failed_row_with_the_reason(records):
     recs, _ = records
     failed = recs[("ddp", "kill-rank:1@5", 0)]

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from shardbench.trainer import ports
 from shardbench.trainer.launchers import LaunchPlan, build_command, remove_stale_mpi_sessions
 from shardbench.trainer.record import END_MARKER, START_MARKER
 
@@ -20,9 +21,7 @@ BIN = Path(sys.executable).parent
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return ports.free_port("127.0.0.1")
 
 
 def cpu_env() -> dict[str, str]:
