@@ -12,8 +12,8 @@ the trainer `--checkpoint-dir <run dir>/checkpoints` (the trainer resumes from i
 default `--resume auto`), runs every attempt (launch) in `<run dir>/launch-<k>/`, injects the fault
 from the progress lines into the first launch that reaches its step (one that fails before
 passes it on; the ranks are found by their command line and their launcher's rank variables),
-waits for the launcher to end, and relaunches up to `max_restarts` times. The record of the last attempt holds the whole run's losses and step times (they travel in
-the checkpoint); `fault` adds detection time (fault to the first rank's failure report, or to
+waits for the launcher to end, and relaunches up to `max_restarts` times. The record of the
+last attempt holds the whole run's losses and step times (they travel in the checkpoint); `fault` adds detection time (fault to the first rank's failure report, or to
 the launcher's exit when no rank reports), the launcher's own wait after that report (not part
 of the recovery: torchrun waited 30 s for a stopped rank where prterun did not), restart time
 (exit to the first step after resume), steps redone and goodput.
