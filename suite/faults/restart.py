@@ -7,16 +7,16 @@ On the kubernetes backend only kill-rank is injected (KUBE_FAULT_KINDS): the clu
 deletes the worker pod that holds the rank and follows the retried launcher
 (suite/backends/kube/pod_faults.py); the record gets the same `fault` fields through `merge`.
 
-`Recovering` wraps the local backend. For a run with checkpointing or a fault it gives
-the trainer `--checkpoint-dir <run dir>/checkpoints` (the trainer resumes from it with its
-default `--resume auto`), runs every attempt (launch) in `<run dir>/launch-<k>/`, injects the fault
-from the progress lines into the first launch that reaches its step (one that fails before
-passes it on; the ranks are found by their command line and their launcher's rank variables),
-waits for the launcher to end, and relaunches up to `max_restarts` times. The record of the
-last attempt holds the whole run's losses and step times (they travel in the checkpoint); `fault` adds detection time (fault to the first rank's failure report, or to
-the launcher's exit when no rank reports), the launcher's own wait after that report (not part
-of the recovery: torchrun waited 30 s for a stopped rank where prterun did not), restart time
-(exit to the first step after resume), steps redone and goodput.
+`Recovering` wraps the local backend. For a run with checkpointing or a fault it gives the trainer
+`--checkpoint-dir <run dir>/checkpoints` (the trainer resumes from it with its default `--resume
+auto`), runs every attempt (launch) in `<run dir>/launch-<k>/`, injects the fault from the progress
+lines into the first launch that reaches its step (one that fails before passes it on; the ranks are
+found by their command line and their launcher's rank variables), waits for the launcher to end, and
+relaunches up to `max_restarts` times. The record of the last attempt holds the whole run's losses
+and step times (they travel in the checkpoint); `fault` adds detection time (fault to the first
+rank's failure report, or to the launcher's exit when no rank reports), the launcher's own wait
+after that report (not part of the recovery: torchrun waited 30 s for a stopped rank where prterun
+did not), restart time (exit to the first step after resume), steps redone and goodput.
 """
 from __future__ import annotations
 
