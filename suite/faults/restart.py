@@ -167,8 +167,9 @@ def merge(spec, attempts: list[tuple[dict, "_Attempt", float]], start: float) ->
         info.detection_s = detected - watch0.injected_at
         info.detected_by = getattr(watch0, "failed_line", None) if failed_at is not None else "launcher exit"
         info.launcher_wait_s = ended0 - detected
-        if len(attempts) > hit + 1 and attempts[hit + 1][1].first_step_at is not None:
-            info.restart_s = attempts[hit + 1][1].first_step_at - ended0
+        resumed_at = attempts[hit + 1][1].first_step_at if len(attempts) > hit + 1 else None
+        if resumed_at is not None:
+            info.restart_s = resumed_at - ended0
             info.recovery_s = info.detection_s + info.restart_s
     resumed = [(a[0].get("checkpoint") or {}).get("resumed_from_step") or 0 for a in attempts[1:]]
     info.steps_redone = sum(max(0, prev[1].last_step - r) for prev, r in zip(attempts, resumed))
