@@ -18,9 +18,7 @@ MATRIX = {"strategies": ["ddp", "zero3"], "world_sizes": [2], "seq_lens": [32], 
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
     monkeypatch.setenv(plan_cache.CACHE_ENV, str(tmp_path / "cache"))
-    plan_cache.code_fingerprint.cache_clear()
     yield tmp_path / "cache" / "plans"
-    plan_cache.code_fingerprint.cache_clear()
 
 
 def specs():
@@ -48,11 +46,11 @@ def test_an_edit_to_the_trainers_sources_is_a_new_plan(cache, tmp_path, monkeypa
     planning.predict_specs(specs())
     trainer = shutil.copytree(plan_cache.TRAINER, tmp_path / "trainer")
     monkeypatch.setattr(plan_cache, "TRAINER", trainer)
-    plan_cache.code_fingerprint.cache_clear()
     same = plan_cache.code_fingerprint()
     with open(trainer / "plan" / "formulas.py", "a") as f:
         f.write("\n# an edit\n")
-    plan_cache.code_fingerprint.cache_clear()
+    # the same process, as a long-lived benchtui: the edit is seen (before, the first fingerprint
+    # was kept for the process's life and the old plans were served)
     assert plan_cache.code_fingerprint() != same
     no_planner(monkeypatch)  # nothing kept matches the edited code: the planner must run
     predictions, why = planning.predict_specs(specs())
@@ -68,3 +66,24 @@ def test_a_failed_plan_is_not_kept_and_off_keeps_nothing(cache, monkeypatch):
     assert plan_cache.cache_dir() is None and plan_cache.load("job") is None
     plan_cache.keep("other", {"peak_bytes": 2})
     assert len(list(cache.glob("*.json"))) == 1
+
+
+def test_unread_and_least_recently_used_plans_are_pruned(cache, monkeypatch):
+    """The cache never grows without bound: a plan unread for MAX_AGE_DAYS goes, and beyond
+    MAX_FILES the least recently read go; planning again reads (touches) its plans, so they stay
+    (before, nothing was ever removed)."""
+    import os
+    import time
+
+    planning.predict_specs(specs())
+    first, second = sorted(cache.glob("*.json"))
+    stale = cache / "stale.json"
+    stale.write_text("{}")
+    month_ago = time.time() - (plan_cache.MAX_AGE_DAYS + 1) * 86400
+    for plan in (stale, first, second):
+        os.utime(plan, (month_ago, month_ago))
+    no_planner(monkeypatch)
+    planning.predict_specs(specs())  # reads both plans: recently used now
+    assert plan_cache.prune(cache) == 1 and not stale.exists()
+    os.utime(first, (time.time() - 60,) * 2)  # read a minute before the other
+    assert plan_cache.prune(cache, max_files=1) == 1 and [p.name for p in cache.glob("*.json")] == [second.name]
