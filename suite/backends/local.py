@@ -138,14 +138,25 @@ def _close_quietly(fh) -> None:
     return None
 
 
+TEARDOWN_GRACE_S = 30.0
+"""How long a launcher may still run after rank 0 printed its record before it is stopped and the
+record kept. OpenMPI 5's mpirun (prterun) now and then never exits after every rank has
+(openpmix/prrte#1839, 5-10% of runs there; seen here with mpirun and DeepSpeed's openmpi runner);
+without a per-run timeout the suite waited for it forever. Ranks and launchers end within
+seconds of the record otherwise."""
+
+
 class LocalBackend:
     """Runs ranks as processes on this machine (CPU + gloo, or local GPUs + NCCL)."""
 
     name = "local"
 
-    def __init__(self, kill_grace_s: float = 5.0, search_path: str | None = None):
+    def __init__(self, kill_grace_s: float = 5.0, search_path: str | None = None,
+                 teardown_grace_s: float = TEARDOWN_GRACE_S):
         self.kill_grace_s = kill_grace_s
         """Seconds between SIGTERM and SIGKILL when a run is stopped."""
+        self.teardown_grace_s = teardown_grace_s
+        """Seconds the launcher may take to exit once rank 0's record is in (TEARDOWN_GRACE_S)."""
         self.search_path = search_path or default_search_path()
         """PATH the launchers are found on (and that the ranks get)."""
 
@@ -191,7 +202,7 @@ class LocalBackend:
         pump.start()
         stopped = None
         try:
-            stopped = self._wait(proc, tree, cancel, timeout_s, clock)
+            stopped = self._wait(proc, tree, cancel, timeout_s, clock, pump.collector)
         finally:
             # Whatever happened (done, stopped, an exception here), nothing of this run may
             # outlive it: anything left of the tree is an orphan rank.
@@ -214,8 +225,9 @@ class LocalBackend:
         return [sys.executable, "-m", "shardbench.suite.execute.procs", *cmd]
 
     def _wait(self, proc: subprocess.Popen, tree: ProcessTree, cancel: threading.Event,
-              timeout_s: float | None, clock: StartupClock | None = None) -> str | None:
-        """Wait for the launcher; returns 'cancelled' or 'timeout' when it had to be stopped."""
+              timeout_s: float | None, clock: StartupClock | None = None, collector=None) -> str | None:
+        """Wait for the launcher; returns 'cancelled', 'timeout' or 'teardown' (the launcher
+        outlived the record by teardown_grace_s) when it had to be stopped."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while proc.poll() is None:
             tree.refresh()  # learn every rank while its parent still lives
@@ -224,13 +236,22 @@ class LocalBackend:
                     clock.poll(tree)
                 except Exception:  # noqa: BLE001 - a side measurement: losing it must never end the run
                     clock.broken = True
-            if cancel.is_set():
+            why = self._why_stop(cancel, deadline, collector)
+            if why:
                 tree.kill(self.kill_grace_s)
-                return "cancelled"
-            if deadline is not None and time.monotonic() > deadline:
-                tree.kill(self.kill_grace_s)
-                return "timeout"
+                return why
             cancel.wait(0.25)
+        return None
+
+    def _why_stop(self, cancel: threading.Event, deadline: float | None, collector) -> str | None:
+        """'cancelled', 'timeout', 'teardown' (the launcher outlived the record by teardown_grace_s) or None."""
+        if cancel.is_set():
+            return "cancelled"
+        if deadline is not None and time.monotonic() > deadline:
+            return "timeout"
+        seen = collector.record_seen_at if collector is not None else None
+        if seen is not None and time.monotonic() > seen + self.teardown_grace_s:
+            return "teardown"
         return None
 
     def _record(self, spec, run_dir, returncode, stopped, timeout_s, pump: _LogPump) -> dict[str, Any]:
@@ -242,7 +263,10 @@ class LocalBackend:
             record = _trainer_file_record(run_dir)
             if record is not None:
                 notes.append(f"no usable record in the log ({found.error}); took the trainer's result.json")
-        if record is not None and stopped and record.get("status") == "ok":
+        if record is not None and stopped == "teardown":
+            notes.append(f"the launcher had not exited {self.teardown_grace_s:g} s after the record was printed "
+                         "(OpenMPI 5's teardown hang, openpmix/prrte#1839): stopped it; kept the record")
+        elif record is not None and stopped and record.get("status") == "ok":
             # The measurement was complete; only the launcher's teardown was still running.
             notes.append(f"stopped ({stopped}) after the record was printed; kept the record")
         elif stopped == "cancelled":

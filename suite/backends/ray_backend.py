@@ -126,15 +126,14 @@ class RayBackend(LocalBackend):
             shutil.rmtree(ckpt, ignore_errors=True)  # measured; the checkpoints were the means
         return record
 
-    def _wait(self, proc, tree, cancel, timeout_s, clock=None) -> str | None:
+    def _wait(self, proc, tree, cancel, timeout_s, clock=None, collector=None) -> str | None:
         """The local backend's wait, but a stop goes to Ray's driver first (see the module doc)."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while proc.poll() is None:
             tree.refresh()
             if clock is not None:
                 clock.poll(tree)
-            why = "cancelled" if cancel.is_set() else (
-                "timeout" if deadline is not None and time.monotonic() > deadline else None)
+            why = self._why_stop(cancel, deadline, collector)
             if why:
                 self._stop_driver(proc, tree)
                 return why

@@ -33,6 +33,7 @@ import json
 from collections import deque
 import os
 import re
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, BinaryIO
@@ -190,6 +191,8 @@ class Collector:
         self._problems: deque[str] = deque(maxlen=20)
         """Why blocks were not records (the latest few: a log of junk must not grow this)."""
         self._last_error: str | None = None
+        self.record_seen_at: float | None = None
+        """time.monotonic() when the first valid record's END marker was read."""
 
     def feed(self, raw: bytes | str) -> None:
         line = decode(raw).rstrip("\r\n")
@@ -233,6 +236,8 @@ class Collector:
                 continue
             self._valid += 1
             self._last = obj
+            if closed and self.record_seen_at is None:
+                self.record_seen_at = time.monotonic()
             if self.run_id is not None and obj.get("run_id") == self.run_id:
                 self._last_matching = obj
 

@@ -127,6 +127,33 @@ def test_timeout_with_a_hung_rank_under_torchrun(tmp_path):
     assert processes_mentioning(str(run_dir)) == []
 
 
+def test_a_launcher_that_outlives_the_record_is_stopped_and_the_record_kept(tmp_path):
+    """OpenMPI 5's mpirun now and then never exits after every rank has (openpmix/prrte#1839):
+    stood in for by SIGSTOPping mpirun as rank 0's record comes in (its ranks then end and stay
+    unreaped, the launcher never exits: the hang's picture; the hang itself cannot be had on
+    demand). The run ends teardown_grace_s later with the record and a note; before, it waited
+    for the per-run timeout, and without one for ever."""
+    spec = one_spec("ddp", 2, "mpirun", steps=4)
+    run_dir = run_dir_for(tmp_path, spec)
+    frozen = []
+
+    def emit(event):
+        if isinstance(event, ev.RunLogLine) and "BENCHMARK_RESULT_JSON_END" in event.line and not frozen:
+            for line in processes_mentioning(str(run_dir)):
+                pid, _, args = line.split(None, 2)
+                if os.path.basename(args.split()[0]) in ("mpirun", "prterun"):
+                    os.kill(int(pid), signal.SIGSTOP)
+                    frozen.append(int(pid))
+
+    started = time.monotonic()
+    record = LocalBackend(kill_grace_s=3, teardown_grace_s=5).run(spec, run_dir, emit, threading.Event(), timeout_s=120)
+    assert frozen, (run_dir / "log.txt").read_text()[-2000:]
+    assert record["status"] == "ok", record["error"]
+    assert time.monotonic() - started < 60  # the grace, not the 120 s timeout
+    assert "had not exited 5 s after the record was printed" in (run_dir / "collect-notes.txt").read_text()
+    assert processes_mentioning(str(run_dir)) == []
+
+
 def test_missing_launcher_is_one_clear_failed_record(tmp_path):
     spec = one_spec("ddp", 1, "mpirun", steps=4)
     backend = LocalBackend(search_path=str(tmp_path / "empty-bin"))
