@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Image entrypoint. On an MPIJob's launcher (the MPI Operator sets K_MPI_JOB_ROLE=launcher) it
 # first waits until every host of the hostfile answers ssh, then runs the command it was given
-# (the launch command the chart renders), as PID 1.
+# (the launch command the chart renders) under trainer/launch_guard.py, which stops a launcher
+# that outlives rank 0's record (OpenMPI 5's teardown hang). Elsewhere the command runs as PID 1.
 #
 # Why ssh and not only DNS: a worker is Ready before its DNS record of the job's headless Service
 # may exist (ssh does not retry a name that does not resolve), and under Kueue the operator's
@@ -45,4 +46,9 @@ if [ "${K_MPI_JOB_ROLE:-}" = "launcher" ] && [ -f "$hostfile" ]; then
   echo "SHARDBENCH_START {\"launcher\": $(date +%s.%N | cut -c1-14)}" >&2
 fi
 
+if [ "${K_MPI_JOB_ROLE:-}" = "launcher" ]; then
+  # OpenMPI 5's mpirun can hang after every rank has exited (openpmix/prrte#1839): the guard
+  # stops it once rank 0's record is out and the grace has passed (trainer/launch_guard.py).
+  exec python -m shardbench.trainer.launch_guard "$@"
+fi
 exec "$@"

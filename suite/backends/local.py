@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from shardbench.trainer.launch_guard import TEARDOWN_GRACE_S
 from shardbench.trainer.launchers import LaunchPlan, build_command, nccl_env_names
 from shardbench.trainer.ports import free_port
 from shardbench.suite.execute.collect import failed_record, iter_lines, now_iso, validate
@@ -138,14 +139,6 @@ def _close_quietly(fh) -> None:
     return None
 
 
-TEARDOWN_GRACE_S = 30.0
-"""How long a launcher may still run after rank 0 printed its record before it is stopped and the
-record kept. OpenMPI 5's mpirun (prterun) now and then never exits after every rank has
-(openpmix/prrte#1839, 5-10% of runs there; seen here with mpirun and DeepSpeed's openmpi runner);
-without a per-run timeout the suite waited for it forever. Ranks and launchers end within
-seconds of the record otherwise."""
-
-
 class LocalBackend:
     """Runs ranks as processes on this machine (CPU + gloo, or local GPUs + NCCL)."""
 
@@ -156,7 +149,9 @@ class LocalBackend:
         self.kill_grace_s = kill_grace_s
         """Seconds between SIGTERM and SIGKILL when a run is stopped."""
         self.teardown_grace_s = teardown_grace_s
-        """Seconds the launcher may take to exit once rank 0's record is in (TEARDOWN_GRACE_S)."""
+        """Seconds the launcher may take to exit once rank 0's record is in: OpenMPI 5's mpirun
+        now and then never exits after every rank has (trainer/launch_guard.py); without a per-run
+        timeout the suite waited for it for ever."""
         self.search_path = search_path or default_search_path()
         """PATH the launchers are found on (and that the ranks get)."""
 

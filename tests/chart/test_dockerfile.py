@@ -9,8 +9,11 @@ import json
 import os
 import re
 import shlex
+import signal
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -202,7 +205,8 @@ exit 255
 
 
 def run_entrypoint(tmp_path, hosts: str, role: str = "launcher", wait: str = "3", up: tuple[str, ...] = ("localhost",),
-                   up_after: tuple[str, float] | None = None):
+                   up_after: tuple[str, float] | None = None, command: tuple[str, ...] = ("echo", "launched"),
+                   **env_extra: str):
     hostfile = tmp_path / "hostfile"
     hostfile.write_text(hosts)
     bin_dir, up_dir = tmp_path / "bin", tmp_path / "up"
@@ -212,9 +216,10 @@ def run_entrypoint(tmp_path, hosts: str, role: str = "launcher", wait: str = "3"
     (bin_dir / "ssh").chmod(0o755)
     for host in up:
         (up_dir / host).touch()
+    # the image's `python` (the venv's here) runs the launch guard
     env = dict(os.environ, K_MPI_JOB_ROLE=role, SHARDBENCH_HOSTFILE=str(hostfile), SHARDBENCH_WORKER_WAIT_S=wait,
-               UP_DIR=str(up_dir), PATH=f"{bin_dir}:{os.environ['PATH']}")
-    proc = subprocess.Popen(["bash", str(ENTRYPOINT), "echo", "launched"], stdout=subprocess.PIPE,
+               UP_DIR=str(up_dir), PATH=f"{bin_dir}:{Path(sys.executable).parent}:{os.environ['PATH']}", **env_extra)
+    proc = subprocess.Popen(["bash", str(ENTRYPOINT), *command], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env)
     if up_after:  # a worker whose sshd comes up late (an image still pulling)
         time.sleep(up_after[1])
@@ -268,3 +273,33 @@ def test_entrypoint_gives_up_on_a_worker_that_never_answers_ssh(tmp_path):
 def test_entrypoint_does_not_wait_on_workers(tmp_path, role):
     proc = run_entrypoint(tmp_path, "no-such-host.invalid slots=1\n", role=role)
     assert proc.returncode == 0 and proc.stdout == "launched\n"
+
+
+# A launcher that prints rank 0's record and then never exits: OpenMPI 5's teardown hang
+# (openpmix/prrte#1839), which cannot be had on demand, stood in for by a shell.
+HUNG_AFTER = ("echo BENCHMARK_RESULT_JSON_START; echo '{\"status\": \"%s\"}'; echo BENCHMARK_RESULT_JSON_END; "
+              "exec sleep 600")
+
+
+@pytest.mark.parametrize("status,code", [("ok", 0), ("failed", 1)])
+def test_a_launcher_hung_after_the_record_is_stopped_after_the_grace(tmp_path, status, code):
+    """Before, the entrypoint exec'd the launcher: a hung mpirun kept the launcher pod (and the
+    job's GPUs) until the job's deadline; here the test's 30 s timeout."""
+    started = time.monotonic()
+    proc = run_entrypoint(tmp_path, "localhost slots=1\n", command=("sh", "-c", HUNG_AFTER % status),
+                          SHARDBENCH_TEARDOWN_GRACE_S="1")
+    assert proc.returncode == code and time.monotonic() - started < 20, proc.stderr
+    assert proc.stdout.splitlines()[1] == f'{{"status": "{status}"}}'  # the output passed through whole
+    assert "sh had not exited 1 s after rank 0's record" in proc.stderr and f"the record says {status}" in proc.stderr
+
+
+def test_the_guard_passes_the_launchers_exit_code_and_sigterm_on(tmp_path):
+    assert run_entrypoint(tmp_path, "localhost slots=1\n", command=("sh", "-c", "echo out; exit 3")).returncode == 3
+    env = dict(os.environ, K_MPI_JOB_ROLE="launcher", SHARDBENCH_HOSTFILE=str(tmp_path / "none"),
+               PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    proc = subprocess.Popen(["bash", str(ENTRYPOINT), "sh", "-c", "trap 'echo got-term; exit 7' TERM; echo up; "
+                             "while :; do sleep 0.1; done"], stdout=subprocess.PIPE, text=True, env=env)
+    assert proc.stdout.readline() == "up\n"  # type: ignore[union-attr]
+    proc.send_signal(signal.SIGTERM)  # the kubelet stopping the pod
+    out, _ = proc.communicate(timeout=20)
+    assert proc.returncode == 7 and out == "got-term\n"
