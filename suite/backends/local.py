@@ -83,7 +83,10 @@ def command_for(spec: RunSpec, run_dir: Path, port: int) -> list[str]:
         # One machine: ranks talk over loopback; DeepSpeed would otherwise force eth0.
         tcp_if_include="lo",
     )
-    return build_command(plan)
+    cmd = build_command(plan)
+    if cmd[0] == "deepspeed":  # DeepSpeed's own runner, without the mlflow import (trainer/deepspeed_runner.py)
+        cmd = [sys.executable, "-m", "shardbench.trainer.deepspeed_runner", *cmd[1:]]
+    return cmd
 
 
 class _LogPump(threading.Thread):

@@ -16,6 +16,7 @@ import pytest
 from tests.fsfaults import fill, tmpfs
 from shardbench.suite.execute import events as ev
 from shardbench.suite.backends.local import LocalBackend
+from shardbench.suite.faults.targets import _is_rank
 from shardbench.suite.matrix.expand import MatrixSpec, expand
 
 pytestmark = pytest.mark.slow
@@ -39,10 +40,7 @@ def rank_pids(run_dir: Path) -> list[int]:
     pids = []
     for line in processes_mentioning(str(run_dir)):
         pid, _, args = line.split(None, 2)
-        argv = args.split()
-        launcher = os.path.basename(argv[0]) in ("mpirun", "prterun") or any(
-            a.endswith(("bin/torchrun", "bin/deepspeed")) for a in argv[1:2])
-        if "-m shardbench.trainer" in args and not launcher:
+        if _is_rank(args.split()):  # the suite's own test of a rank (not a launcher, not DeepSpeed's runner)
             pids.append(int(pid))
     return pids
 

@@ -162,3 +162,23 @@ def test_ranks_import_deepspeed_without_mlflow():
     assert proc.returncode == 0, proc.stderr[-2000:]
     # mlflow is installed here (make setup's tracking extra), yet never imported by the rank.
     assert proc.stdout.splitlines()[-1].split() == ["deepspeed", "False", "True"]  # after DeepSpeed's log lines
+
+
+@pytest.mark.slow  # a fresh interpreter importing DeepSpeed: ~5 s idle
+def test_the_deepspeed_launcher_starts_without_mlflow(tmp_path):
+    """The `deepspeed` command imported mlflow too (its autotuner): 1.1 CPU-s and 1.5-3 s of wall
+    time per launch here, counted in DeepSpeed's launcher_startup_s only. The local backend runs
+    DeepSpeed's own runner with the same arguments under trainer/deepspeed_runner.py."""
+    from shardbench.suite.backends.local import command_for
+    from shardbench.suite.matrix.expand import MatrixSpec, expand
+
+    specs, _ = expand(MatrixSpec(strategies=["zero2"], world_sizes=[2], seq_lens=[32], launcher="deepspeed",
+                                 shape=None, device="cpu", precision="fp32"))
+    cmd = command_for(specs[0], tmp_path, 29500)
+    assert cmd[:4] == [sys.executable, "-m", "shardbench.trainer.deepspeed_runner", "--hostfile"]
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "shardbench.trainer.deepspeed_runner", "--help"],
+                          cwd=REPO, env=cpu_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "--master_port" in proc.stdout, proc.stderr[-2000:]  # DeepSpeed's runner's help
+    imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    # the autotuner asks for mlflow and is refused at once (a real import brings its submodules)
+    assert "deepspeed.autotuning.autotuner" in imported and not [m for m in imported if m.startswith("mlflow.")]

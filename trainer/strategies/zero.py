@@ -10,7 +10,6 @@ to deepspeed.initialize: DeepSpeed's own config "optimizer" block would JIT-comp
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import torch
@@ -94,14 +93,10 @@ def persist_root(optimizer, params: list) -> None:
 def import_deepspeed():
     """DeepSpeed, without the mlflow its autotuner imports when installed (the `tracking` extra):
     0.85 of DeepSpeed's 2.0 s import on every rank here, for a feature the trainer never uses."""
-    hidden = "mlflow" not in sys.modules
-    if hidden:
-        sys.modules["mlflow"] = None  # `import mlflow` raises ImportError: the autotuner goes without
-    try:
+    from shardbench.trainer.deepspeed_runner import mlflow_hidden
+
+    with mlflow_hidden():
         import deepspeed
-    finally:
-        if hidden and sys.modules.get("mlflow", 0) is None:
-            del sys.modules["mlflow"]
     return deepspeed
 
 
