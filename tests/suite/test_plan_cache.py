@@ -68,22 +68,22 @@ def test_a_failed_plan_is_not_kept_and_off_keeps_nothing(cache, monkeypatch):
     assert len(list(cache.glob("*.json"))) == 1
 
 
-def test_unread_and_least_recently_used_plans_are_pruned(cache, monkeypatch):
+def test_unread_and_least_recently_used_plans_are_pruned(cache):
     """The cache never grows without bound: a plan unread for MAX_AGE_DAYS goes, and beyond
-    MAX_FILES the least recently read go; planning again reads (touches) its plans, so they stay
-    (before, nothing was ever removed)."""
+    MAX_FILES the least recently read go; reading a plan touches it, so it stays (before, nothing
+    was ever removed)."""
     import os
     import time
 
-    planning.predict_specs(specs())
-    first, second = sorted(cache.glob("*.json"))
+    plan_cache.keep("job a", {"peak": 1})
+    plan_cache.keep("job b", {"peak": 2})
+    a, b = plan_cache._path("job a"), plan_cache._path("job b")
     stale = cache / "stale.json"
     stale.write_text("{}")
     month_ago = time.time() - (plan_cache.MAX_AGE_DAYS + 1) * 86400
-    for plan in (stale, first, second):
+    for plan in (stale, a, b):
         os.utime(plan, (month_ago, month_ago))
-    no_planner(monkeypatch)
-    planning.predict_specs(specs())  # reads both plans: recently used now
+    assert plan_cache.load("job a") == {"peak": 1} and plan_cache.load("job b") == {"peak": 2}  # read: touched
     assert plan_cache.prune(cache) == 1 and not stale.exists()
-    os.utime(first, (time.time() - 60,) * 2)  # read a minute before the other
-    assert plan_cache.prune(cache, max_files=1) == 1 and [p.name for p in cache.glob("*.json")] == [second.name]
+    os.utime(a, (time.time() - 60,) * 2)  # read a minute before the other
+    assert plan_cache.prune(cache, max_files=1) == 1 and [p.name for p in cache.glob("*.json")] == [b.name]
