@@ -23,10 +23,13 @@ SHARDBENCH = str(Path(sys.executable).parent / "shardbench")
 CASES = [("ddp", "mpirun")] * 3 + [("fsdp", "torchrun"), ("zero2", "deepspeed")]
 
 
+def _ps_lines() -> list[str]:
+    out = subprocess.run(["ps", "-ww", "-eo", "pid,ppid,stat,etimes,args"], capture_output=True, text=True).stdout
+    return [line.strip() for line in out.splitlines()[1:] if "ps -ww" not in line]
+
+
 def _ours(text: str) -> list[int]:
-    out = subprocess.run(["ps", "-ww", "-eo", "pid,stat,args"], capture_output=True, text=True).stdout
-    return [int(line.split()[0]) for line in out.splitlines()[1:]
-            if text in line and " Z" not in line and "ps -ww" not in line]
+    return [int(line.split()[0]) for line in _ps_lines() if text in line and line.split()[2][0] != "Z"]
 
 
 def _burners(n: int) -> list[subprocess.Popen]:
@@ -57,13 +60,15 @@ def test_kill_9_of_the_suite_keeps_rank_0s_record(tmp_path, strategy, launcher):
         while _ours(str(results)) and time.monotonic() < deadline:
             time.sleep(0.5)
         left = _ours(str(results))
+        # what lingered, for the failure message (seen once in a loaded CI run, fsdp-torchrun)
+        lingered = [line for line in _ps_lines() if line.split()[0] in {str(pid) for pid in left}]
     finally:
         for b in burners:
             b.kill()
             b.wait()
         for pid in _ours(str(results)):  # clean up what this test started
             os.kill(pid, signal.SIGKILL)
-    assert left == []
+    assert left == [], "\n".join(lingered)
     found = list(results.glob("*/trainer-output/result.json"))
     assert found, f"rank 0's record was lost ({strategy} under {launcher})"
     record = json.loads(found[0].read_text())
